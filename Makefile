@@ -1,0 +1,23 @@
+# Two commands (see README): `make demo` and `make test`. Both create and reuse .venv.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $@
+
+.PHONY: demo test lint clean
+demo: $(VENV)/.installed
+	$(VPY) examples/demo.py
+
+test: $(VENV)/.installed
+	$(VPY) -m pytest tests
+
+lint: $(VENV)/.installed
+	$(VPY) -m ruff check uopc tests examples bench
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,165 @@
+"""Scalar types: their C names, NumPy dtypes, sizes, and PyTorch-style promotion.
+
+    >>> dtypes.f32.cname, dtypes.i32.np, promote(dtypes.i32, dtypes.f16)
+    ('float', dtype('int32'), dtypes.f16)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class DType:
+    """A scalar type. `count` is the vector width (1 today; room for SIMD types later)."""
+
+    name: str
+    itemsize: int
+    kind: str  # 'b' bool, 'i' signed int, 'u' unsigned int, 'f' float
+    cname: str
+    count: int = 1
+
+    @property
+    def np(self) -> np.dtype:
+        return np.dtype(_NP_NAMES[self.name])
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "f"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in "iu"
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self.kind == "u"
+
+    @property
+    def is_bool(self) -> bool:
+        return self.kind == "b"
+
+    @property
+    def min(self) -> float | int | bool:
+        if self.is_float:
+            return -math.inf
+        return False if self.is_bool else int(np.iinfo(self.np).min)
+
+    @property
+    def max(self) -> float | int | bool:
+        if self.is_float:
+            return math.inf
+        return True if self.is_bool else int(np.iinfo(self.np).max)
+
+    def __repr__(self) -> str:
+        return f"dtypes.{_SHORT.get(self.name, self.name)}"
+
+    def __reduce__(self):  # pickling/copying keeps the singleton
+        return (getattr, (dtypes, self.name))
+
+
+class dtypes:
+    """The dtype namespace: dtypes.float32 (alias dtypes.f32), dtypes.int32 (dtypes.i32), ..."""
+
+    bool = DType("bool", 1, "b", "_Bool")
+    int8 = DType("int8", 1, "i", "signed char")
+    int16 = DType("int16", 2, "i", "short")
+    int32 = DType("int32", 4, "i", "int")
+    int64 = DType("int64", 8, "i", "long long")
+    uint8 = DType("uint8", 1, "u", "unsigned char")
+    uint16 = DType("uint16", 2, "u", "unsigned short")
+    uint32 = DType("uint32", 4, "u", "unsigned int")
+    uint64 = DType("uint64", 8, "u", "unsigned long long")
+    float16 = DType("float16", 2, "f", "_Float16")
+    float32 = DType("float32", 4, "f", "float")
+    float64 = DType("float64", 8, "f", "double")
+    # short aliases, as the chapters write them
+    i8, i16, i32, i64 = int8, int16, int32, int64
+    u8, u16, u32, u64 = uint8, uint16, uint32, uint64
+    f16, f32, f64 = float16, float32, float64
+    half, float, double, int, long, uchar = float16, float32, float64, int32, int64, uint8
+    default_float = float32
+    default_int = int32
+
+    @staticmethod
+    def all() -> list[DType]:
+        return list(_BY_NAME.values())
+
+    @staticmethod
+    def from_np(dt) -> DType:
+        """The DType of a NumPy dtype (raises TypeError for one uopc does not support)."""
+        name = np.dtype(dt).name
+        if name not in _BY_NAME:
+            raise TypeError(f"unsupported dtype {name!r}; uopc supports {', '.join(_BY_NAME)}")
+        return _BY_NAME[name]
+
+    @staticmethod
+    def from_py(x) -> DType:
+        """The dtype PyTorch gives a Python scalar: bool -> bool, int -> int32, float -> float32."""
+        if isinstance(x, (bool, np.bool_)):
+            return dtypes.bool
+        if isinstance(x, (int, np.integer)):
+            return dtypes.int32
+        if isinstance(x, (float, np.floating)):
+            return dtypes.float32
+        raise TypeError(f"cannot make a tensor element from {type(x).__name__} {x!r}")
+
+
+_NP_NAMES = {n: n for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
+_NP_NAMES.update(float16="float16", float32="float32", float64="float64")
+_BY_NAME = {n: getattr(dtypes, n) for n in _NP_NAMES}
+_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64"}
+
+
+def to_dtype(x) -> DType:
+    """Accept a DType, a NumPy dtype or type, or a name like 'float32'."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and hasattr(dtypes, x) and isinstance(getattr(dtypes, x), DType):
+        return getattr(dtypes, x)
+    try:
+        return dtypes.from_np(x)
+    except TypeError:
+        raise
+    except Exception:
+        raise TypeError(f"not a dtype: {x!r}") from None
+
+
+def np_dtype(dt: DType) -> np.dtype:
+    return dt.np
+
+
+def promote(a: DType, b: DType) -> DType:
+    """The result dtype of a binary op on two tensors, as PyTorch computes it.
+
+    bool < ints < floats; within ints NumPy's lattice (uint8 + int8 -> int16); a float and an int
+    give the float; two floats give the wider one.
+    """
+    if a is b:
+        return a
+    if a.is_bool:
+        return b
+    if b.is_bool:
+        return a
+    if a.is_float != b.is_float:
+        return a if a.is_float else b
+    return dtypes.from_np(np.promote_types(a.np, b.np))
+
+
+def least_upper_float(dt: DType) -> DType:
+    """The float dtype an op like sqrt or division produces from `dt` (ints -> default float)."""
+    return dt if dt.is_float else dtypes.default_float
+
+
+def truncate(dt: DType, x):
+    """A Python value converted the way a C store of type `dt` would (wraps ints, rounds floats)."""
+    if dt.is_bool:
+        return bool(x)
+    if dt.is_int:
+        bits = 8 * dt.itemsize
+        v = int(x) & ((1 << bits) - 1)
+        return v - (1 << bits) if dt.kind == "i" and v >= 1 << (bits - 1) else v
+    return float(np.array(x, dtype=dt.np))

@@ -1,0 +1,274 @@
+"""Lowering: one shaped value -> a SINK of STOREs over explicit RANGE loops.
+
+`rangeify(value, idx, ctx)` is the scalar expression of `value` at the output index `idx`:
+movement ops rewrite the index, a BUFFER becomes LOAD(INDEX), an ALU op applies to its sources'
+values, and a REDUCE allocates an accumulator that lives in exactly the loops its index mentions.
+
+    x (4, 8) -> x - max(x, axis=1)      becomes      for r0: acc = -inf; for r2: acc = max(acc, x[r0*8+r2])
+                                                             for r1: out[r0*8+r1] = x[r0*8+r1] - acc
+
+`lower(root, out, ctx)` makes the output loops (shaped by `Opts`: THREAD outermost, UPCAST copies,
+cache-block tiles), stores every element and simplifies. Loop-invariant loads are hoisted by where
+the linearizer places them, not by a separate pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from uopc.dtype import DType, dtypes
+from uopc.helpers import prod
+from uopc.symbolic import simplify
+from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp, identity_element, sink
+
+__all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "merge_ends", "ranges_in", "ravel"]
+
+
+@dataclass
+class Opts:
+    """How to map one kernel onto the machine. Chosen by uopc.opt, applied here during lowering."""
+
+    upcast: dict[int, int] = field(default_factory=dict)  # output axis -> copies per iteration (register tile)
+    thread: int | None = None  # output axis run in parallel (OpenMP)
+    unroll: int = 1  # unroll factor of the innermost reduce axis
+    tile: dict[int, int] = field(default_factory=dict)  # output axis -> cache block size
+    gpu: bool = False  # output axes become GLOBAL ranges (not implemented on the CPU backend)
+    local: dict[int, int] = field(default_factory=dict)  # output axis -> threads per block (LOCAL)
+
+    def key(self) -> tuple:
+        """A hashable identity of these choices (every field: a forgotten one silently merges candidates)."""
+        return (
+            tuple(sorted(self.upcast.items())),
+            self.thread,
+            self.unroll,
+            tuple(sorted(self.tile.items())),
+            self.gpu,
+            tuple(sorted(self.local.items())),
+        )
+
+
+class Ctx:
+    """Per-kernel lowering state: numbering of loops and accumulators, and memo tables."""
+
+    def __init__(self, opts: Opts | None = None):
+        self.opts = opts or Opts()
+        self.n_ranges = 0
+        self.n_allocs = 0
+        self.reduce_ranges: dict[tuple, list[tuple[UOp, int]]] = {}
+        self.memo: dict[tuple, UOp] = {}
+
+    def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
+        """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
+        r = UOp(Ops.RANGE, (UOp.const(size, dtypes.int32),), RangeArg(self.n_ranges, kind), dtypes.int32)
+        self.n_ranges += 1
+        return r
+
+    def alloc(self, dtype: DType, size: int = 1) -> UOp:
+        """A new accumulator (a local variable, or a small local array when size > 1)."""
+        a = UOp(Ops.ALLOC, (), (self.n_allocs, size), dtype)
+        self.n_allocs += 1
+        return a
+
+
+def ranges_in(*xs: UOp) -> list[UOp]:
+    """The RANGE loops an expression mentions, outermost (lowest number) first."""
+    seen: dict[UOp, None] = {}
+    for x in xs:
+        for u in x.toposort():
+            if u.op is Ops.RANGE:
+                seen[u] = None
+    return sorted(seen, key=lambda r: r.arg.idx)
+
+
+def ravel(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    """The row-major flat index of `idx` in `shape`."""
+    out: UOp = UOp.const(0, dtypes.int32)
+    stride = 1
+    for i, s in reversed(list(zip(idx, shape))):
+        if s != 1:
+            out = i * stride + out if stride != 1 else i + out
+        stride *= s
+    return out
+
+
+def _reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[UOp, ...]:
+    """Map an index of the reshaped value back to its source. Dims are matched in groups of equal
+    product, so splitting/merging axes costs one div/mod per affected axis, not a full unravel."""
+    res: list[UOp] = []
+    i = j = 0
+    while i < len(out_shape) or j < len(in_shape):
+        # grow a group on each side until the products agree (size-1 dims join whichever side is open)
+        gi, gj = [i], [j]
+        pi = out_shape[i] if i < len(out_shape) else 1
+        pj = in_shape[j] if j < len(in_shape) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= out_shape[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= in_shape[j]
+                j += 1
+        gi = [k for k in gi if k < len(out_shape)]
+        gj = [k for k in gj if k < len(in_shape)]
+        flat = ravel(tuple(idx[k] for k in gi), tuple(out_shape[k] for k in gi))
+        stride = prod(in_shape[k] for k in gj)
+        for k in gj:
+            stride //= in_shape[k]
+            part = flat if stride == 1 else flat // stride
+            res.append(UOp.const(0, dtypes.int32) if in_shape[k] == 1 else part % in_shape[k] if k != gj[0] else part)
+    return tuple(res)
+
+
+def _and(a: UOp | None, b: UOp | None) -> UOp | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a & b
+
+
+def rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:
+    """The scalar value of shaped `u` at index `idx`. `valid` (from PAD) gates every load under it."""
+    key = (u, idx, valid)
+    if (hit := ctx.memo.get(key)) is not None:
+        return hit
+    ret = _rangeify(u, idx, ctx, valid)
+    ctx.memo[key] = ret
+    return ret
+
+
+def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    op, src = u.op, u.src
+    if op is Ops.CONST:
+        return u
+    if op is Ops.BUFFER:
+        return u.index(idx[0] if idx else UOp.const(0, dtypes.int32), valid).load()
+    if op in (Ops.STAGE,):
+        return rangeify(src[0], idx, ctx, valid)
+    if op is Ops.RESHAPE:
+        return rangeify(src[0], _reshape_index(idx, u.shape, src[0].shape), ctx, valid)
+    if op is Ops.EXPAND:
+        zero = UOp.const(0, dtypes.int32)
+        return rangeify(src[0], tuple(zero if s == 1 else i for i, s in zip(idx, src[0].shape)), ctx, valid)
+    if op is Ops.PERMUTE:
+        new = [None] * len(idx)
+        for i, p in enumerate(u.arg):
+            new[p] = idx[i]
+        return rangeify(src[0], tuple(new), ctx, valid)
+    if op is Ops.SHRINK:
+        return rangeify(src[0], tuple(i + lo if lo else i for i, (lo, _) in zip(idx, u.arg)), ctx, valid)
+    if op is Ops.FLIP:
+        return rangeify(src[0], tuple((s - 1) - i if f else i for i, s, f in zip(idx, u.shape, u.arg)), ctx, valid)
+    if op is Ops.PAD:
+        cond: UOp | None = None
+        new = []
+        for i, s, (lo, _) in zip(idx, src[0].shape, u.arg):
+            if lo or s + lo < i.vmax + 1:
+                ok = simplify((UOp.const(lo - 1, dtypes.int32) < i) & (i < UOp.const(lo + s, dtypes.int32)))
+                if not (ok.op is Ops.CONST and ok.arg is True):
+                    cond = _and(cond, ok)
+            new.append(i - lo if lo else i)
+        if cond is None:
+            return rangeify(src[0], tuple(new), ctx, valid)
+        inner = rangeify(src[0], tuple(new), ctx, _and(valid, cond))
+        return cond.where(inner, UOp.const(0, u.dtype))
+    if op is Ops.REDUCE:
+        return _reduce(u, idx, ctx, valid)
+    if op in ALU:
+        return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
+    raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
+
+
+def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
+    """An axis of `size` as (loop or CONST 0, copies): index = loop * factor + c for c in 0..factor-1."""
+    if factor > 1 and size % factor == 0:
+        return (ctx.rng(size // factor, kind) if size > factor else UOp.const(0, dtypes.int32)), factor
+    return (ctx.rng(size, kind) if size > 1 else UOp.const(0, dtypes.int32)), 1
+
+
+def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
+    """Every index tuple obtained by fixing the unrolled part of each axis to a constant."""
+    out: list[tuple[UOp, ...]] = [()]
+    for b, f in parts:
+        zero = b.op is Ops.CONST and b.arg == 0
+        out = [c + (UOp.const(k, dtypes.int32) if zero else (b * f + k if f > 1 else b),) for c in out for k in range(f)]
+    return out
+
+
+def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    rop, n = u.arg
+    x = u.src[0]
+    rshape = x.shape[len(x.shape) - n :]
+    # unrolled copies of one reduce differ only by constants in idx: they share one set of loops
+    rkey = (u, frozenset(ranges_in(*idx)), valid)
+    if (parts := ctx.reduce_ranges.get(rkey)) is None:
+        unroll = ctx.opts.unroll
+        parts = [_axis_parts(ctx, s, unroll if k == n - 1 else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
+        ctx.reduce_ranges[rkey] = parts
+    real = [r for r, _ in parts if r.op is Ops.RANGE]
+    vals = [rangeify(x, idx + c, ctx, valid) for c in _combos(parts)]
+    while len(vals) > 1:  # unrolled reduce axis: combine the copies in a balanced tree
+        vals = [UOp(rop, (vals[i], vals[i + 1])) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    if not real:
+        return vals[0]
+    acc = ctx.alloc(u.dtype)
+    acc0 = acc.after(*ranges_in(*idx))  # the accumulator lives inside the loops the output index uses...
+    init = acc0.index(0).store(UOp.const(identity_element(rop, u.dtype), u.dtype))
+    accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
+    upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))
+    return acc0.after(upd.end(*real)).index(0).load()  # ...and read once more after they end
+
+
+def merge_ends(root: UOp) -> UOp:
+    """Unrolled copies each END the same shared loop: merge them into one END over a SINK."""
+    while True:
+        groups: dict[tuple, list[UOp]] = {}
+        for u in root.toposort():
+            if u.op is Ops.END:
+                groups.setdefault(u.src[1:], []).append(u)
+        dup = next((g for g in groups.values() if len(g) > 1), None)
+        if dup is None:
+            return root
+        merged = UOp(Ops.END, (UOp(Ops.SINK, tuple(e.src[0] for e in dup)), *dup[0].src[1:]))
+        root = root.substitute({e: merged for e in dup})
+
+
+def _output_parts(ctx: Ctx, shape: tuple[int, ...]) -> list[tuple[UOp, int]]:
+    """The loops of the output axes: THREAD first, cache-block loops outside the loops within a block."""
+    o = ctx.opts
+    kind = {k: AxisType.THREAD if k == o.thread else AxisType.LOOP for k in range(len(shape))}
+    order = ([o.thread] if o.thread is not None else []) + [k for k in range(len(shape)) if k != o.thread]
+    tiled = {
+        k: t
+        for k, t in o.tile.items()
+        if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % o.upcast.get(k, 1) == 0
+    }
+    # a block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache
+    outer = {k: ctx.rng(shape[k] // tiled[k], kind[k]) for k in order if k in tiled}
+    parts: dict[int, tuple[UOp, int]] = {}
+    for k in order:
+        f = o.upcast.get(k, 1)
+        if k in tiled:
+            inner = tiled[k] // f
+            parts[k] = (outer[k] * inner + ctx.rng(inner) if inner > 1 else outer[k], f)
+        else:
+            parts[k] = _axis_parts(ctx, shape[k], f, kind[k])
+    return [parts[k] for k in range(len(shape))]
+
+
+def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
+    """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major)."""
+    ctx = ctx or Ctx()
+    if ctx.opts.gpu:
+        raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
+    plist = _output_parts(ctx, root.shape)
+    stores = []
+    for idx in _combos(plist):
+        val = rangeify(root, idx, ctx)
+        flat = ravel(idx, root.shape) if root.shape else UOp.const(0, dtypes.int32)
+        stores.append(out.index(flat).store(val))
+    loops = ranges_in(*(b for b, _ in plist))
+    body = stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))
+    return simplify(merge_ends(sink(body.end(*loops))))

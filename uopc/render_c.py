@@ -1,0 +1,212 @@
+"""The C renderer: a lowered SINK -> one readable C function.
+
+    void e_2_4(float* restrict data0, float* restrict data1) {
+      for (int ridx0 = 0; ridx0 < 8; ridx0++) {
+        float val1 = data0[ridx0];
+        data1[ridx0] = ((val1*2.0f)+1.0f);
+      }
+    }
+
+Names follow the chapters: `dataN` parameters by buffer slot, `ridxN` loops, `accN` accumulators,
+`valN` loads, `aluN` values used more than once (or computed outside the loop that uses them).
+Each op's C form is one entry of a table.
+"""
+
+from __future__ import annotations
+
+import math
+
+from uopc.dtype import DType, dtypes
+from uopc.helpers import CHECK_OOB
+from uopc.linearize import Linear, Loop, linearize
+from uopc.uop import ALU, AxisType, Ops, UOp
+
+PRELUDE = """#include <math.h>
+#include <stdint.h>
+#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "uopc kernels need IEEE inf and NaN: remove -ffast-math / -ffinite-math-only from CFLAGS"
+#endif
+"""
+
+# floor division and modulo with Python's semantics; x/0 and x%0 give 0 (as NumPy does), INT_MIN/-1 wraps
+_FLOORDIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{
+  if (b == 0) return 0;
+  if (b == -1) return ({t})(0u - ({u})a);
+  {t} q = a / b;
+  return q - ((a % b != 0) & ((a < 0) != (b < 0)));
+}}
+static inline {t} uopc_mod_{n}({t} a, {t} b) {{
+  if (b == 0 || b == -1) return 0;
+  {t} r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}}
+"""
+_UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
+static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
+"""
+
+_MATH = {  # op -> (float, double) C function
+    Ops.SQRT: ("sqrtf", "sqrt"),
+    Ops.EXP2: ("exp2f", "exp2"),
+    Ops.LOG2: ("log2f", "log2"),
+    Ops.SIN: ("sinf", "sin"),
+    Ops.TRUNC: ("truncf", "trunc"),
+}
+
+_INFIX = {
+    Ops.ADD: "+",
+    Ops.MUL: "*",
+    Ops.CMPLT: "<",
+    Ops.CMPNE: "!=",
+    Ops.AND: "&",
+    Ops.OR: "|",
+    Ops.XOR: "^",
+}
+
+
+def render_const(v, dt: DType) -> str:
+    """A C literal of dtype `dt` (INFINITY/NAN for the non-finite floats)."""
+    if dt.is_bool:
+        return "1" if v else "0"
+    if dt.is_float:
+        suffix = "f" if dt is not dtypes.float64 else ""
+        if math.isnan(v):
+            s = "NAN"
+        elif math.isinf(v):
+            s = "INFINITY" if v > 0 else "-INFINITY"
+        else:
+            s = repr(float(v)) + suffix
+        return s if dt is not dtypes.float16 else f"(_Float16){s}"
+    if dt.is_unsigned:
+        return f"{v}u" if dt.itemsize <= 4 else f"{v}ull"
+    if v == dt.min:  # -2147483648 is not a literal in C: it is -(2147483648), which is a long
+        return f"({v + 1}{'LL' if dt.itemsize == 8 else ''}-1)"
+    return f"{v}LL" if dt.itemsize == 8 else str(v)
+
+
+class _Renderer:
+    def __init__(self, lin: Linear, name: str):
+        self.lin, self.name = lin, name
+        self.names: dict[UOp, str] = {}
+        self.n = 0
+        self.lines: list[str] = []
+        self.helpers: dict[str, str] = {}
+
+    def var(self, u: UOp, prefix: str) -> str:
+        self.n += 1
+        self.names[u] = f"{prefix}{self.n}"
+        return self.names[u]
+
+    def needs_var(self, u: UOp) -> bool:
+        """Compute into a named variable: used more than once, or hoisted out of its user's loop."""
+        if u.op not in ALU:
+            return False
+        users = self.lin.users[u]
+        return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
+
+    def expr(self, u: UOp) -> str:
+        if u in self.names:
+            return self.names[u]
+        op, s = u.op, u.src
+        if op is Ops.CONST:
+            return render_const(u.arg, u.dtype)
+        if op is Ops.AFTER:
+            return self.expr(s[0])
+        if op is Ops.INDEX:
+            return self.address(u)
+        if op in _INFIX:
+            return f"({self.expr(s[0])}{_INFIX[op]}{self.expr(s[1])})"
+        if op is Ops.NEG:
+            return f"(-{self.expr(s[0])})"
+        if op is Ops.MAX:
+            a, b = self.expr(s[0]), self.expr(s[1])
+            if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
+                return f"((({a}>{b})||({a}!={a}))?{a}:{b})"
+            return f"(({a}>{b})?{a}:{b})"
+        if op is Ops.WHERE:
+            return f"({self.expr(s[0])}?{self.expr(s[1])}:{self.expr(s[2])})"
+        if op is Ops.RECIP:
+            return f"({render_const(1.0, u.dtype)}/{self.expr(s[0])})"
+        if op in _MATH:
+            f, d = _MATH[op]
+            if u.dtype is dtypes.float16:
+                return f"((_Float16){f}((float){self.expr(s[0])}))"
+            return f"{d if u.dtype is dtypes.float64 else f}({self.expr(s[0])})"
+        if op is Ops.CAST:
+            return f"(({u.dtype.cname})({self.expr(s[0])}))"
+        if op in (Ops.IDIV, Ops.MOD):
+            return self.divmod(u)
+        raise NotImplementedError(f"render_c: no C form for {op}")
+
+    def divmod(self, u: UOp) -> str:
+        a, b = u.src
+        sym = "/" if u.op is Ops.IDIV else "%"
+        if b.op is Ops.CONST and b.arg > 0 and a.vmin >= 0:  # C truncation equals floor here
+            return f"({self.expr(a)}{sym}{self.expr(b)})"
+        dt = u.dtype
+        tag = dt.name
+        tmpl = _UNSIGNED_DIV if dt.is_unsigned else _FLOORDIV
+        unsigned = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}[dt.itemsize]
+        self.helpers[tag] = tmpl.format(t=dt.cname, n=tag, u=unsigned)
+        fn = "idiv" if u.op is Ops.IDIV else "mod"
+        return f"uopc_{fn}_{tag}({self.expr(a)}, {self.expr(b)})"
+
+    def address(self, idx: UOp) -> str:
+        buf, i = idx.src[0], idx.src[1]
+        base = buf
+        while base.op is Ops.AFTER:
+            base = base.src[0]
+        if base.op is Ops.ALLOC:
+            size = base.arg[1]
+            return self.names[base] if size == 1 else f"{self.names[base]}[{self.expr(i)}]"
+        return f"data{base.arg.slot}[{self.expr(i)}]"
+
+    def emit(self, u: UOp, ind: str) -> None:
+        op = u.op
+        if op is Ops.LOAD:
+            idx = u.src[0]
+            ref = self.address(idx)
+            if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
+                ref = f"({self.expr(idx.src[2])}?{ref}:{render_const(0, u.dtype)})"
+            name = self.var(u, "val")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
+        elif op is Ops.STORE:
+            self.lines.append(f"{ind}{self.address(u.src[0])} = {self.expr(u.src[1])};")
+        elif op is Ops.ALLOC:
+            n, size = u.arg
+            self.names[u] = f"acc{n}"
+            arr = f"[{size}]" if size > 1 else ""
+            self.lines.append(f"{ind}{u.dtype.cname} acc{n}{arr};")
+        elif self.needs_var(u):
+            val = self.expr(u)
+            name = self.var(u, "alu")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {val};")
+
+    def loop(self, lp: Loop, ind: str) -> None:
+        for x in lp.body:
+            if isinstance(x, Loop):
+                r = x.rng
+                name = f"ridx{r.arg.idx}"
+                self.names[r] = name
+                if r.arg.kind is AxisType.THREAD:
+                    self.lines.append(f"{ind}#pragma omp parallel for")
+                self.lines.append(f"{ind}for (int {name} = 0; {name} < {self.expr(r.src[0])}; {name}++) {{")
+                self.loop(x, ind + "  ")
+                self.lines.append(f"{ind}}}")
+            else:
+                self.emit(x, ind)
+
+
+def render_c(ast: UOp, name: str) -> str:
+    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
+    if CHECK_OOB:
+        from uopc.check import add_bounds_checks
+
+        ast = add_bounds_checks(ast)
+    lin = linearize(ast)
+    r = _Renderer(lin, name)
+    r.loop(lin.root, "  ")
+    bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
+    params = ", ".join(f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs)
+    head = PRELUDE + "".join(r.helpers[k] for k in sorted(r.helpers))
+    return head + f"\nvoid {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n"

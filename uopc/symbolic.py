@@ -1,0 +1,216 @@
+"""simplify: constant folding, algebraic identities, index arithmetic, canonical operand order.
+
+    ((ridx0*8 + ridx1) // 8) % 4      with ridx0 < 4, ridx1 < 8     ->  ridx0
+    (b + a), (a + b)                                                 ->  one UOp (operands sorted)
+    x * 0  (int x)                                                   ->  0
+
+Integer IDIV/MOD in the IR have Python's floor semantics (and x // 0 == x % 0 == 0, as NumPy gives);
+the renderer emits plain C `/` and `%` only where the bounds prove both agree.
+Float identities that would change NaN/inf results (x*0 -> 0) are not applied.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import reduce
+
+import numpy as np
+
+from uopc.dtype import DType, dtypes, truncate
+from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
+from uopc.uop import ALU, COMMUTATIVE, Ops, UOp
+
+
+# ------------------------------------------------------------------ constant folding
+
+
+def _floordiv(a: int, b: int) -> int:
+    return 0 if b == 0 else a // b
+
+
+def _floormod(a: int, b: int) -> int:
+    return 0 if b == 0 else a % b
+
+
+_PY_ALU = {
+    Ops.ADD: lambda a, b: a + b,
+    Ops.MUL: lambda a, b: a * b,
+    Ops.MAX: lambda a, b: a if (a > b or a != a) else b,
+    Ops.NEG: lambda a: -a,
+    Ops.IDIV: _floordiv,
+    Ops.MOD: _floormod,
+    Ops.CMPLT: lambda a, b: a < b,
+    Ops.CMPNE: lambda a, b: a != b,
+    Ops.AND: lambda a, b: a & b,
+    Ops.OR: lambda a, b: a | b,
+    Ops.XOR: lambda a, b: a ^ b,
+    Ops.WHERE: lambda c, a, b: a if c else b,
+}
+_NP_FLOAT = {
+    Ops.RECIP: lambda a: np.divide(1, a),
+    Ops.SQRT: np.sqrt,
+    Ops.EXP2: np.exp2,
+    Ops.LOG2: np.log2,
+    Ops.SIN: np.sin,
+    Ops.TRUNC: np.trunc,
+}
+
+
+def _fold(u: UOp) -> UOp | None:
+    """An ALU op whose sources are all constants becomes a constant, computed as C would in u's dtype."""
+    vals = [s.arg for s in u.src]
+    dt: DType = u.dtype
+    with np.errstate(all="ignore"):
+        if u.op is Ops.CAST:
+            src_dt = u.src[0].dtype
+            v = vals[0]
+            if dt.is_bool:
+                return UOp.const(bool(v), dt)
+            if dt.is_int and src_dt.is_float:
+                if not math.isfinite(v):
+                    return None  # UB in C; leave it to the hardware, as NumPy does
+                v = math.trunc(v)
+            return UOp.const(truncate(dt, v), dt)
+        if u.op in _NP_FLOAT:
+            if not dt.is_float:
+                return None
+            return UOp.const(float(_NP_FLOAT[u.op](dt.np.type(vals[0]))), dt)
+        if u.op in _PY_ALU:
+            if dt.is_float or (u.op is Ops.WHERE and u.src[1].dtype.is_float):
+                vals = [dt.np.type(v) if isinstance(v, float) else v for v in vals]
+            ret = _PY_ALU[u.op](*vals)
+            if dt.is_float:
+                return UOp.const(float(dt.np.type(ret)), dt)
+            return UOp.const(truncate(dt, ret) if not dt.is_bool else bool(ret), dt)
+    return None
+
+
+# ------------------------------------------------------------------ canonical order of commutative operands
+
+
+def order_key(u: UOp) -> tuple:
+    """A deterministic structural sort key (identical across processes, unlike hash())."""
+    k = u.__dict__.get("_order_key")
+    if k is None:
+        arg = repr(u.arg) if u.op is not Ops.RANGE else f"{u.arg.idx:08d}"
+        k = (u.op is Ops.CONST, u.op.value, arg, u.dtype.name if u.dtype else "", tuple(order_key(s) for s in u.src))
+        u.__dict__["_order_key"] = k
+    return k
+
+
+def _canonical(u: UOp) -> UOp | None:
+    if len(u.src) != 2:
+        return None
+    a, b = u.src
+    if order_key(b) < order_key(a):
+        return u.replace(src=(b, a))
+    return None
+
+
+# ------------------------------------------------------------------ index arithmetic
+
+
+def _terms(x: UOp) -> list[tuple[UOp | None, int]]:
+    """x as a sum of (term, coefficient); a None term is the constant part."""
+    if x.op is Ops.ADD:
+        return _terms(x.src[0]) + _terms(x.src[1])
+    if x.op is Ops.CONST:
+        return [(None, x.arg)]
+    if x.op is Ops.MUL and x.src[1].op is Ops.CONST:
+        return [(t, c * x.src[1].arg) if t is not None else (None, c * x.src[1].arg) for t, c in _terms(x.src[0])]
+    return [(x, 1)]
+
+
+def _build(terms: list[tuple[UOp | None, int]], dtype: DType) -> UOp:
+    const = sum(c for t, c in terms if t is None)
+    parts = [t if c == 1 else t * UOp.const(c, dtype) for t, c in terms if t is not None and c != 0]
+    out = reduce(lambda a, b: a + b, parts) if parts else None
+    if out is None:
+        return UOp.const(const, dtype)
+    return out + UOp.const(const, dtype) if const else out
+
+
+def _divmod_fold(x: UOp, c: UOp, op: Ops) -> UOp | None:
+    """x // c and x % c for a positive constant c: split off the terms that are multiples of c (exact for
+    floor division: (q*c + r) // c == q + r // c), drop a remainder whose bounds lie in [0, c)."""
+    d = c.arg
+    if d <= 0 or not x.dtype.is_int:
+        return None
+    if d == 1:
+        return x if op is Ops.IDIV else UOp.const(0, x.dtype)
+    if 0 <= x.vmin and x.vmax < d:
+        return UOp.const(0, x.dtype) if op is Ops.IDIV else x
+    if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[1].arg > 0 and op is Ops.IDIV:
+        return x.src[0] // UOp.const(x.src[1].arg * d, x.dtype)  # (x // a) // b -> x // (a*b)
+    if x.op is Ops.MOD and x.src[1].op is Ops.CONST and op is Ops.MOD and x.src[1].arg % d == 0:
+        return x.src[0] % c  # (x % (k*d)) % d -> x % d
+    terms = _terms(x)
+    whole = [(t, c_ // d) for t, c_ in terms if c_ % d == 0]
+    rest = [(t, c_) for t, c_ in terms if c_ % d != 0]
+    if whole and any(t is not None or q != 0 for t, q in whole):
+        r = _build(rest, x.dtype) if rest else UOp.const(0, x.dtype)
+        if op is Ops.MOD:
+            return r % c
+        return _build(whole, x.dtype) + (r // c)
+    # a common factor of every coefficient and the divisor: (g*a + g*b) // (g*d) -> (a + b) // d
+    g = reduce(math.gcd, [abs(c_) for _, c_ in terms] + [d])
+    if g > 1 and x.vmin >= 0:
+        inner = _build([(t, c_ // g) for t, c_ in terms], x.dtype)
+        if op is Ops.IDIV:
+            return inner // UOp.const(d // g, x.dtype)
+        return (inner % UOp.const(d // g, x.dtype)) * UOp.const(g, x.dtype)
+    return None
+
+
+def _is_int(*us: UOp) -> bool:
+    return all(u.dtype is not None and (u.dtype.is_int or u.dtype.is_bool) for u in us)
+
+
+def _const(v, dt: DType) -> UOp:
+    return UOp.const(v, dt)
+
+
+x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
+
+symbolic = PatternMatcher(
+    [
+        # constant folding: every source a CONST
+        (UPat(ALU, src=None, name="u"), lambda u: _fold(u) if u.src and all(s.op is Ops.CONST for s in u.src) else None),
+        # canonical order: a+b and b+a are one UOp, constants go last
+        (UPat(COMMUTATIVE, name="u"), _canonical),
+        (UPat(Ops.ADD, src=(x, UPat.cvar(value=0))), lambda x: x),  # x+0 -> x
+        (UPat(Ops.ADD, src=(x, UPat.cvar(value=0.0))), lambda x: x),  # x+0.0 -> x (signed zeros are not kept)
+        (UPat(Ops.MUL, src=(x, UPat.cvar(value=1))), lambda x: x),  # x*1 -> x
+        (UPat(Ops.MUL, src=(x, UPat.cvar(value=1.0))), lambda x: x),  # x*1.0 -> x
+        (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=0))), lambda x, c: c if _is_int(x) else None),  # int x*0 -> 0
+        (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=False))), lambda x, c: c),  # bool x*False -> False
+        (UPat(Ops.AND, src=(x, UPat.cvar(value=True))), lambda x: x),  # x & True -> x
+        (UPat(Ops.AND, src=(x, UPat.cvar("c", value=False))), lambda x, c: c),  # x & False -> False
+        (UPat(Ops.OR, src=(x, UPat.cvar(value=False))), lambda x: x),  # x | False -> x
+        (UPat(Ops.OR, src=(x, UPat.cvar("c", value=True))), lambda x, c: c),  # x | True -> True
+        (UPat(Ops.AND, src=(x, x)), lambda x: x),  # x & x -> x
+        (UPat(Ops.MAX, src=(x, x)), lambda x: x),  # max(x, x) -> x
+        (UPat(Ops.NEG, src=(UPat(Ops.NEG, src=(x,)),)), lambda x: x),  # -(-x) -> x
+        (UPat(Ops.WHERE, src=(UPat.cvar("c"), x, y)), lambda c, x, y: x if c.arg else y),  # where(const, x, y)
+        (UPat(Ops.WHERE, src=(UPat.var(), x, x)), lambda x: x),  # where(c, x, x) -> x
+        (UPat(Ops.CAST, src=(x,), name="u"), lambda u, x: x if u.dtype is x.dtype else None),
+        # integer reassociation: constants gather at the right, so index math folds
+        (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)), lambda x, c1, c2: x + (c1.arg + c2.arg) if _is_int(x) else None),
+        (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(x, c1)), c2)), lambda x, c1, c2: x * (c1.arg * c2.arg) if _is_int(x) else None),
+        (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), y)), lambda x, c1, y: (x + y) + c1 if _is_int(x, y) else None),
+        (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
+         lambda x, c1, c2: x * c2 + c1.arg * c2.arg if _is_int(x) else None),  # (x+c1)*c2 -> x*c2 + c1*c2
+        # comparisons decided by bounds
+        (UPat(Ops.CMPLT, src=(x, y)),
+         lambda x, y: _const(True, dtypes.bool) if _is_int(x, y) and x.vmax < y.vmin
+         else _const(False, dtypes.bool) if _is_int(x, y) and x.vmin >= y.vmax else None),
+        # div/mod by a positive constant, using the bounds of RANGEs
+        (UPat(Ops.IDIV, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.IDIV)),
+        (UPat(Ops.MOD, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.MOD)),
+    ]
+)
+
+
+def simplify(u: UOp) -> UOp:
+    """Apply the symbolic rules to the whole graph until nothing changes."""
+    return graph_rewrite(u, symbolic)

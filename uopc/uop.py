@@ -1,0 +1,477 @@
+"""The IR: immutable, hash-consed UOps.
+
+One node type serves both levels of the compiler:
+
+* the *shape graph* the Tensor builds: BUFFER, CONST, movement ops (index maps, never kernels by
+  themselves), ALU ops, REDUCE and STAGE. Every node has a `shape`;
+* the *lowered* program rangeify produces: RANGE loops, INDEX/LOAD/STORE, accumulators (ALLOC and
+  AFTER for ordering), END closing loops, SINK grouping side effects.
+
+Building the same (op, dtype, src, arg) twice returns the same object, so structural equality is `is`:
+
+    >>> a = UOp(Ops.BUFFER, (), ParamArg(0, dtypes.f32, (16,)))
+    >>> (a.reshape((4, 4)) * 2.0) is (a.reshape((4, 4)) * 2.0)
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from enum import Enum, auto
+from functools import cached_property
+from typing import Any, Callable, NamedTuple
+
+from uopc.dtype import DType, dtypes
+from uopc.helpers import prod
+
+
+class Ops(Enum):
+    # shape graph: storage and constants
+    BUFFER = auto()
+    CONST = auto()
+    # movement ops: index maps
+    RESHAPE = auto()
+    EXPAND = auto()
+    PERMUTE = auto()
+    PAD = auto()
+    SHRINK = auto()
+    FLIP = auto()
+    # reductions and materialization requests
+    REDUCE = auto()
+    STAGE = auto()
+    # ALU: unary
+    NEG = auto()
+    RECIP = auto()
+    SQRT = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    TRUNC = auto()
+    CAST = auto()
+    # ALU: binary
+    ADD = auto()
+    MUL = auto()
+    MAX = auto()
+    IDIV = auto()
+    MOD = auto()
+    CMPLT = auto()
+    CMPNE = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    # ALU: ternary
+    WHERE = auto()
+    # lowered program
+    RANGE = auto()
+    INDEX = auto()
+    LOAD = auto()
+    STORE = auto()
+    ALLOC = auto()
+    AFTER = auto()
+    END = auto()
+    SINK = auto()
+
+    def __repr__(self) -> str:
+        return f"Ops.{self.name}"
+
+
+MOVEMENT = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
+UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST})
+BINARY = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+TERNARY = frozenset({Ops.WHERE})
+ALU = UNARY | BINARY | TERNARY
+COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE})
+REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX})
+
+
+class ParamArg(NamedTuple):
+    """The arg of a BUFFER: its slot (identity), dtype, flat shape, and address space (None = host)."""
+
+    slot: int
+    dtype: DType
+    shape: tuple[int, ...]
+    addrspace: str | None = None
+
+
+class AxisType(Enum):
+    """What a RANGE loop is: a plain loop, a parallel (OpenMP) one, a reduction, or a GPU axis."""
+
+    LOOP = auto()
+    THREAD = auto()
+    REDUCE = auto()
+    UPCAST = auto()
+    GLOBAL = auto()
+    LOCAL = auto()
+
+    def __repr__(self) -> str:
+        return f"AxisType.{self.name}"
+
+
+class RangeArg(NamedTuple):
+    """The arg of a RANGE: its number in the kernel (ridxN) and its kind."""
+
+    idx: int
+    kind: AxisType = AxisType.LOOP
+
+
+def _argkey(arg: Any) -> Any:
+    """A hashable key for an arg that tells apart everything that renders differently (0.0 vs -0.0, 1 vs 1.0)."""
+    if isinstance(arg, float):
+        return (float, arg.hex())
+    if isinstance(arg, bool):
+        return (bool, arg)
+    if isinstance(arg, (tuple, list)):
+        return tuple(_argkey(a) for a in arg)
+    if isinstance(arg, dict):
+        return (dict, tuple(sorted((k, _argkey(v)) for k, v in arg.items())))
+    return arg
+
+
+def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
+    if op is Ops.BUFFER:
+        return arg.dtype
+    if op in COMPARE:
+        return dtypes.bool
+    if op is Ops.CAST:
+        return arg
+    if op is Ops.WHERE:
+        return src[1].dtype
+    if op in (Ops.SINK, Ops.END, Ops.STORE):
+        return None
+    if op is Ops.RANGE:
+        return dtypes.int32
+    return src[0].dtype if src else None
+
+
+_cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+
+class UOp:
+    """An immutable IR node. Construct with UOp(op, src, arg[, dtype]); equal constructions are one object."""
+
+    op: Ops
+    dtype: DType | None
+    src: tuple[UOp, ...]
+    arg: Any
+
+    def __new__(cls, op: Ops, src: tuple[UOp, ...] = (), arg: Any = None, dtype: DType | None = None) -> UOp:
+        src = tuple(src)
+        if dtype is None:
+            dtype = _infer_dtype(op, src, arg)
+        key = (op, dtype, src, _argkey(arg))
+        if (hit := _cache.get(key)) is not None:
+            return hit
+        u = object.__new__(cls)
+        d = u.__dict__
+        d["op"], d["dtype"], d["src"], d["arg"] = op, dtype, src, arg
+        _cache[key] = u
+        return u
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"UOp is immutable (tried to set {name!r})")
+
+    def __reduce__(self):
+        return (UOp, (self.op, self.src, self.arg, self.dtype))
+
+    def __repr__(self) -> str:
+        src = f", src=({', '.join(s.op.name for s in self.src)},)" if self.src else ""
+        return f"UOp({self.op!r}{src}, arg={self.arg!r})"
+
+    def pretty(self, depth: int = 8) -> str:
+        """A multi-line tree view of the graph (shared nodes are printed once per use)."""
+        lines: list[str] = []
+
+        def walk(u: UOp, d: int) -> None:
+            lines.append(f"{'  ' * d}{u.op.name} {u.dtype!r} {u.arg!r}")
+            if d < depth:
+                for s in u.src:
+                    walk(s, d + 1)
+
+        walk(self, 0)
+        return "\n".join(lines)
+
+    # ---------------------------------------------------------------- graph utilities
+
+    def toposort(self) -> list[UOp]:
+        """Every node of the graph, each after its sources (iterative DFS, children in src order)."""
+        out: list[UOp] = []
+        seen: set[int] = set()
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            u, done = stack.pop()
+            if done:
+                out.append(u)
+                continue
+            if id(u) in seen:
+                continue
+            seen.add(id(u))
+            stack.append((u, True))
+            stack.extend((s, False) for s in reversed(u.src) if id(s) not in seen)
+        return out
+
+    def replace(self, **kw: Any) -> UOp:
+        """This node with some of op/src/arg/dtype changed."""
+        return UOp(kw.get("op", self.op), kw.get("src", self.src), kw.get("arg", self.arg), kw.get("dtype", self.dtype))
+
+    def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
+        """Rebuild the graph with every node in `mapping` replaced (replacements are not recursed into)."""
+        if not mapping:
+            return self
+        new: dict[UOp, UOp] = {}
+        for u in self.toposort():
+            if u in mapping:
+                new[u] = mapping[u]
+                continue
+            src = tuple(new[s] for s in u.src)
+            new[u] = u if src == u.src else u.replace(src=src)
+        return new[self]
+
+    @staticmethod
+    def wrap(roots: list[UOp], targets: set[UOp], fn: Callable[[UOp], UOp]) -> list[UOp]:
+        """Rebuild bottom-up, replacing each target t by fn(t') where t' is t with its sources already rebuilt.
+
+        Unlike substitute(), nested targets compose: an outer target wraps the rewritten inner one.
+        """
+        new: dict[UOp, UOp] = {}
+        for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
+            src = tuple(new[s] for s in u.src)
+            n = u if src == u.src else u.replace(src=src)
+            new[u] = fn(n) if u in targets else n
+        return [new[r] for r in roots]
+
+    # ---------------------------------------------------------------- shapes
+
+    @cached_property
+    def shape(self) -> tuple[int, ...]:
+        op, arg = self.op, self.arg
+        if op is Ops.BUFFER:
+            return tuple(arg.shape)
+        if op in (Ops.RESHAPE, Ops.EXPAND):
+            return tuple(arg)
+        if op is Ops.PERMUTE:
+            return tuple(self.src[0].shape[i] for i in arg)
+        if op is Ops.PAD:
+            return tuple(s + lo + hi for s, (lo, hi) in zip(self.src[0].shape, arg))
+        if op is Ops.SHRINK:
+            return tuple(hi - lo for lo, hi in arg)
+        if op in (Ops.FLIP, Ops.STAGE):
+            return self.src[0].shape
+        if op is Ops.REDUCE:
+            s = self.src[0].shape
+            return s[: len(s) - arg[1]]
+        if op in ALU:
+            return next((s.shape for s in self.src if s.shape), ())
+        return ()
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return prod(self.shape)
+
+    # ---------------------------------------------------------------- shape-graph builders
+
+    @staticmethod
+    def const(value: Any, dtype: DType | None = None) -> UOp:
+        """A scalar constant (shape ()). The value is stored as the dtype's Python type."""
+        dtype = dtype or dtypes.from_py(value)
+        if dtype.is_float:
+            value = float(value)
+        elif dtype.is_bool:
+            value = bool(value)
+        else:
+            value = int(value)
+        return UOp(Ops.CONST, (), value, dtype)
+
+    def _check_ndim(self, what: str, n: int, arg: Any) -> None:
+        if n != len(self.shape):
+            raise ValueError(f"{what} {arg} has {n} entries but the input shape {self.shape} has {len(self.shape)} dims")
+
+    def reshape(self, shape: tuple[int, ...]) -> UOp:
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape) or prod(shape) != prod(self.shape):
+            raise ValueError(f"cannot reshape {self.shape} ({prod(self.shape)} elements) to {shape}")
+        return self if shape == self.shape else UOp(Ops.RESHAPE, (self,), shape)
+
+    def expand(self, shape: tuple[int, ...]) -> UOp:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != len(self.shape) or any(a != b and a != 1 for a, b in zip(self.shape, shape)):
+            raise ValueError(f"cannot expand {self.shape} to {shape}: only size-1 dims can grow")
+        return self if shape == self.shape else UOp(Ops.EXPAND, (self,), shape)
+
+    def permute(self, order: tuple[int, ...]) -> UOp:
+        order = tuple(int(i) for i in order)
+        if sorted(order) != list(range(len(self.shape))):
+            raise ValueError(f"permute order {order} is not a permutation of the {len(self.shape)} dims of {self.shape}")
+        return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, (self,), order)
+
+    def pad(self, pads: tuple[tuple[int, int], ...]) -> UOp:
+        pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+        self._check_ndim("pad", len(pads), pads)
+        if any(lo < 0 or hi < 0 for lo, hi in pads):
+            raise ValueError(f"pad {pads} of shape {self.shape}: pads must be >= 0 (shrink to cut)")
+        return self if all(p == (0, 0) for p in pads) else UOp(Ops.PAD, (self,), pads)
+
+    def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
+        bounds = tuple((int(lo), int(hi)) for lo, hi in bounds)
+        self._check_ndim("shrink", len(bounds), bounds)
+        for (lo, hi), s in zip(bounds, self.shape):
+            if not 0 <= lo <= hi <= s:
+                raise ValueError(f"shrink {bounds} does not fit shape {self.shape}: need 0 <= lo <= hi <= size")
+        if all(b == (0, s) for b, s in zip(bounds, self.shape)):
+            return self
+        return UOp(Ops.SHRINK, (self,), bounds)
+
+    def flip(self, axes: tuple[int, ...]) -> UOp:
+        """Reverse the given axes (arg: one bool per dim)."""
+        for a in axes:
+            if not 0 <= a < len(self.shape):
+                raise ValueError(f"flip axis {a} is out of range for shape {self.shape}")
+        mask = tuple(i in axes and s > 1 for i, s in enumerate(self.shape))
+        return UOp(Ops.FLIP, (self,), mask) if any(mask) else self
+
+    def reduce(self, op: Ops, n: int = 1) -> UOp:
+        """Reduce the last `n` axes with ADD or MAX."""
+        if op not in REDUCE_OPS:
+            raise ValueError(f"reduce op must be one of {sorted(o.name for o in REDUCE_OPS)}, got {op}")
+        if not 0 <= n <= len(self.shape):
+            raise ValueError(f"cannot reduce the last {n} axes of shape {self.shape}")
+        return self if n == 0 else UOp(Ops.REDUCE, (self,), (op, n))
+
+    def alu(self, op: Ops, *others: UOp) -> UOp:
+        """An ALU op. Shapes must match, except that shape-() operands (constants, index math) broadcast."""
+        srcs = (self, *others)
+        shapes = {s.shape for s in srcs if s.shape}
+        if len(shapes) > 1:
+            raise ValueError(f"{op.name}: operand shapes {' and '.join(str(s.shape) for s in srcs)} do not match")
+        return UOp(op, srcs)
+
+    def cast(self, dtype: DType) -> UOp:
+        return self if dtype is self.dtype else UOp(Ops.CAST, (self,), dtype)
+
+    def _cv(self, x: Any) -> UOp:
+        return x if isinstance(x, UOp) else UOp.const(x, self.dtype)
+
+    def __add__(self, x: Any) -> UOp:
+        return self.alu(Ops.ADD, self._cv(x))
+
+    def __radd__(self, x: Any) -> UOp:
+        return self._cv(x).alu(Ops.ADD, self)
+
+    def __mul__(self, x: Any) -> UOp:
+        return self.alu(Ops.MUL, self._cv(x))
+
+    def __rmul__(self, x: Any) -> UOp:
+        return self._cv(x).alu(Ops.MUL, self)
+
+    def __neg__(self) -> UOp:
+        return self.alu(Ops.NEG)
+
+    def __sub__(self, x: Any) -> UOp:
+        return self + (-self._cv(x))
+
+    def __rsub__(self, x: Any) -> UOp:
+        return self._cv(x) + (-self)
+
+    def __floordiv__(self, x: Any) -> UOp:
+        return self.alu(Ops.IDIV, self._cv(x))
+
+    def __mod__(self, x: Any) -> UOp:
+        return self.alu(Ops.MOD, self._cv(x))
+
+    def __lt__(self, x: Any) -> UOp:
+        return self.alu(Ops.CMPLT, self._cv(x))
+
+    def __and__(self, x: Any) -> UOp:
+        return self.alu(Ops.AND, self._cv(x))
+
+    def __or__(self, x: Any) -> UOp:
+        return self.alu(Ops.OR, self._cv(x))
+
+    def ne(self, x: Any) -> UOp:
+        return self.alu(Ops.CMPNE, self._cv(x))
+
+    def maximum(self, x: Any) -> UOp:
+        return self.alu(Ops.MAX, self._cv(x))
+
+    def where(self, a: Any, b: Any) -> UOp:
+        a = a if isinstance(a, UOp) else UOp.const(a, b.dtype if isinstance(b, UOp) else None)
+        return self.alu(Ops.WHERE, a, a._cv(b))
+
+    # ---------------------------------------------------------------- lowered-program builders
+
+    def index(self, idx: UOp | int, valid: UOp | None = None) -> UOp:
+        """Address element `idx` of a BUFFER (or accumulator); `valid` gates the access (PAD)."""
+        idx = idx if isinstance(idx, UOp) else UOp.const(idx, dtypes.int32)
+        return UOp(Ops.INDEX, (self, idx) if valid is None else (self, idx, valid), dtype=self.dtype)
+
+    def load(self) -> UOp:
+        return UOp(Ops.LOAD, (self,), dtype=self.dtype)
+
+    def store(self, val: UOp) -> UOp:
+        return UOp(Ops.STORE, (self, val))
+
+    def end(self, *ranges: UOp) -> UOp:
+        """Close loops: the END of `self` over `ranges` (a no-op when there are none)."""
+        return UOp(Ops.END, (self, *ranges)) if ranges else self
+
+    def after(self, *deps: UOp) -> UOp:
+        """This value, ordered after `deps` (loops it lives in, stores it must see)."""
+        return UOp(Ops.AFTER, (self, *deps), dtype=self.dtype) if deps else self
+
+    # ---------------------------------------------------------------- bounds of integer expressions
+
+    @cached_property
+    def vmin(self) -> int | float:
+        return _bounds(self)[0]
+
+    @cached_property
+    def vmax(self) -> int | float:
+        return _bounds(self)[1]
+
+
+def _bounds(u: UOp) -> tuple[Any, Any]:
+    """Inclusive (min, max) of an index expression, from RANGE sizes and constants."""
+    op, s = u.op, u.src
+    if op is Ops.CONST:
+        return u.arg, u.arg
+    if op is Ops.RANGE:
+        return 0, s[0].arg - 1
+    if u.dtype is not None and u.dtype.is_bool:
+        return False, True
+    if u.dtype is None or not u.dtype.is_int:
+        return -math.inf, math.inf
+    lo, hi = u.dtype.min, u.dtype.max
+    if op is Ops.ADD:
+        return max(lo, s[0].vmin + s[1].vmin), min(hi, s[0].vmax + s[1].vmax)
+    if op is Ops.MUL:
+        c = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
+        return max(lo, min(c)), min(hi, max(c))
+    if op is Ops.NEG:
+        return -s[0].vmax, -s[0].vmin
+    if op is Ops.MAX:
+        return max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax)
+    if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg > 0:
+        return s[0].vmin // s[1].arg, s[0].vmax // s[1].arg
+    if op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg > 0:
+        if s[0].vmin >= 0:
+            return 0, min(s[0].vmax, s[1].arg - 1)
+        return 0, s[1].arg - 1  # floor semantics: the sign follows the divisor
+    if op is Ops.WHERE:
+        return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
+    if op is Ops.CAST and s[0].dtype is not None and s[0].dtype.is_int:
+        return max(lo, s[0].vmin), min(hi, s[0].vmax)
+    return lo, hi
+
+
+def identity_element(rop: Ops, dtype: DType) -> Any:
+    """The starting value of a reduction: 0 for ADD, the dtype's minimum (-inf for floats) for MAX."""
+    return 0 if rop is Ops.ADD else dtype.min
+
+
+def sink(*xs: UOp) -> UOp:
+    return UOp(Ops.SINK, xs)
