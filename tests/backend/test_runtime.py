@@ -1,0 +1,453 @@
+"""Tests for uopc.runtime: compiling, the on-disk kernel cache, argument checks and OpenMP threads."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from uopc import helpers, runtime
+from uopc.runtime import CacheDirError, CompileError, CompilerNotFoundError, Program
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ADD = ("void add(float* restrict a, float* restrict b, float* restrict c) "
+       "{ for (int i = 0; i < 16; i++) c[i] = a[i] + b[i]; }")
+
+# Elementwise (no reduction), so the thread count cannot change any result bit; also reports the team size.
+N_PAR = 1 << 16
+PAR = textwrap.dedent(f"""
+    #include <omp.h>
+    void par(const float* restrict a, float* restrict out, int* restrict nt) {{
+      #pragma omp parallel for
+      for (int i = 0; i < {N_PAR}; i++) out[i] = a[i] * 1.5f + a[i] * a[i] - 0.25f;
+      #pragma omp parallel
+      {{
+        #pragma omp single
+        nt[0] = omp_get_num_threads();
+      }}
+    }}
+""")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh cache directory per test, with the in-process cache emptied so nothing leaks between tests."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("UOPC_CACHE", str(path))
+    runtime._clear_memory_cache()
+    return path
+
+
+@pytest.fixture
+def threads():
+    """Restore the thread count a test changes."""
+    before = runtime.get_num_threads()
+    yield
+    runtime.set_num_threads(before)
+
+
+def run_add(prg: Program) -> None:
+    a = np.random.default_rng(0).standard_normal(16).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal(16).astype(np.float32)
+    c = np.zeros(16, np.float32)
+    prg(a, b, c)
+    np.testing.assert_array_equal(c, a + b)  # a single float add is exact either way
+
+
+def run_par(prg: Program) -> tuple[np.ndarray, int]:
+    a = np.linspace(-3, 3, N_PAR, dtype=np.float32)
+    out, nt = np.zeros(N_PAR, np.float32), np.zeros(1, np.int32)
+    prg(a, out, nt)
+    return out, int(nt[0])
+
+
+def entry_files(cache: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    return sorted(cache.glob("*.so")), sorted(cache.glob("*.json")), sorted(cache.glob(".tmp-*"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compiling and the cache
+
+def test_add_matches_numpy(cache: Path):
+    prg = Program(ADD, "add")
+    run_add(prg)
+    assert prg.src == ADD and prg.name == "add"
+    assert Path(prg.lib_path).parent == cache and prg.lib_path.endswith(".so")
+
+
+def test_same_source_compiles_once(cache: Path):
+    before = dict(runtime.stats)
+    p1, p2 = Program(ADD, "add"), Program(ADD, "add")
+    assert runtime.stats["compiles"] == before["compiles"] + 1
+    assert runtime.stats["loads"] == before["loads"] + 1
+    assert p1.lib_path == p2.lib_path
+    run_add(p2)
+    # a new process (simulated by forgetting loaded libraries) finds it on disk: a load, no compile
+    runtime._clear_memory_cache()
+    run_add(Program(ADD, "add"))
+    assert runtime.stats["compiles"] == before["compiles"] + 1
+    assert runtime.stats["loads"] == before["loads"] + 2
+    so, js, tmp = entry_files(cache)
+    assert len(so) == 1 and len(js) == 1 and not tmp
+
+
+def test_two_functions_one_compile():
+    src = "void f(int* a) { a[0] = 1; }\nvoid g(int* a) { a[0] = 2; }"
+    before = runtime.stats["compiles"]
+    f, g = Program(src, "f"), Program(src, "g")
+    assert runtime.stats["compiles"] == before + 1
+    x = np.zeros(1, np.int32)
+    f(x)
+    assert x[0] == 1
+    g(x)
+    assert x[0] == 2
+    with pytest.raises(AttributeError, match="nope"):
+        Program(src, "nope")
+
+
+def test_json_records_size_and_hash():
+    path = Path(Program(ADD, "add").lib_path)
+    meta = json.loads(path.with_suffix(".json").read_text())
+    data = path.read_bytes()
+    assert meta == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_key_depends_on_flags_and_source(cache: Path, monkeypatch: pytest.MonkeyPatch):
+    base = Program(ADD, "add").lib_path
+    assert Program(ADD, "add").lib_path == base
+    other_src = Program(ADD + "\n", "add").lib_path
+    monkeypatch.setattr(runtime, "CFLAGS", [*runtime.CFLAGS, "-DUOPC_TEST_FLAG=1"])
+    other_flags = Program(ADD, "add")
+    run_add(other_flags)
+    assert len({base, other_src, other_flags.lib_path}) == 3
+    assert len(entry_files(cache)[0]) == 3
+
+
+def test_compile_error_reports_gcc_and_saves_source(cache: Path):
+    bad = "void bad(float* a) { a[0] = undefined_thing; }"
+    with pytest.raises(CompileError) as info:
+        Program(bad, "bad")
+    err = info.value
+    assert "undefined_thing" in str(err) and "undeclared" in str(err)  # gcc's own text
+    assert "undeclared" in err.stderr and err.src == bad
+    assert err.c_path and Path(err.c_path).read_text() == bad
+    assert Path(err.c_path).parent == cache / "failed" and err.c_path in str(err)
+    assert isinstance(err.cmd, list) and err.cmd[0] == os.path.abspath(shutil.which(helpers.CC))
+    assert "-shared" in err.cmd and "-fPIC" in err.cmd
+    so, js, tmp = entry_files(cache)
+    assert not so and not js and not tmp
+
+
+def corrupt_truncate(so: Path, js: Path) -> None:
+    so.write_bytes(so.read_bytes()[: so.stat().st_size // 2])
+
+
+def corrupt_empty(so: Path, js: Path) -> None:
+    so.write_bytes(b"")
+
+
+def corrupt_flip_byte(so: Path, js: Path) -> None:
+    data = bytearray(so.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, so only the hash can catch it
+    so.write_bytes(bytes(data))
+
+
+def corrupt_missing_json(so: Path, js: Path) -> None:
+    js.unlink()
+
+
+def corrupt_garbled_json(so: Path, js: Path) -> None:
+    js.write_text('{"size": 12, "sha2')
+
+
+def corrupt_wrong_json(so: Path, js: Path) -> None:
+    js.write_text(json.dumps({"size": so.stat().st_size, "sha256": "0" * 64}))
+
+
+def corrupt_missing_so(so: Path, js: Path) -> None:
+    so.unlink()
+
+
+@pytest.mark.parametrize("corrupt", [corrupt_truncate, corrupt_empty, corrupt_flip_byte, corrupt_missing_json,
+                                     corrupt_garbled_json, corrupt_wrong_json, corrupt_missing_so])
+def test_bad_entry_is_rebuilt(cache: Path, corrupt):
+    # Build without loading: a file dlopened in this process must not be rewritten in place (it is mapped).
+    so = Path(runtime._build(ADD))
+    js = so.with_suffix(".json")
+    good = so.read_bytes()
+    corrupt(so, js)
+    before = dict(runtime.stats)
+    prg = Program(ADD, "add")  # no exception: the entry is silently recompiled
+    run_add(prg)
+    assert runtime.stats["compiles"] == before["compiles"] + 1
+    assert runtime.stats["rebuilds"] == before["rebuilds"] + 1
+    assert so.read_bytes() == good  # gcc output is deterministic
+    assert json.loads(js.read_text())["sha256"] == hashlib.sha256(good).hexdigest()
+    files, jsons, tmp = entry_files(cache)
+    assert files == [so] and jsons == [js] and not tmp
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the cache directory
+
+def test_cache_dir_created_0700(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    path = tmp_path / "deep" / "er" / "cache"
+    monkeypatch.setenv("UOPC_CACHE", str(path))
+    old = os.umask(0)  # even with a permissive umask
+    try:
+        run_add(Program(ADD, "add"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+
+
+def test_existing_private_dir_is_accepted(cache: Path):
+    cache.mkdir(mode=0o755)
+    os.chmod(cache, 0o755)  # readable by others is fine; only writable is not
+    run_add(Program(ADD, "add"))
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o755  # we never change a directory we did not create
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o722])
+def test_writable_by_others_dir_refused(cache: Path, mode: int):
+    cache.mkdir()
+    os.chmod(cache, mode)
+    with pytest.raises(CacheDirError) as info:
+        Program(ADD, "add")
+    assert isinstance(info.value, PermissionError)
+    assert str(cache) in str(info.value) and f"chmod 700 {cache}" in str(info.value)
+    assert info.value.path == str(cache)
+    assert not list(cache.iterdir())  # nothing was written into it
+    # a refusal is not remembered: fixing the directory is enough
+    os.chmod(cache, 0o700)
+    run_add(Program(ADD, "add"))
+
+
+def test_symlinked_dir_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setenv("UOPC_CACHE", str(link))
+    with pytest.raises(CacheDirError, match="symlink") as info:
+        Program(ADD, "add")
+    assert str(link) in str(info.value) and "UOPC_CACHE" in str(info.value)
+    assert not list(real.iterdir())
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to chown")
+def test_dir_owned_by_other_user_refused(cache: Path):
+    cache.mkdir(mode=0o700)
+    os.chown(cache, 65534, 65534)
+    with pytest.raises(CacheDirError, match="owned by uid 65534") as info:
+        Program(ADD, "add")
+    assert str(cache) in str(info.value)
+
+
+def test_cache_dir_removed_while_running(cache: Path):
+    run_add(Program(ADD, "add"))
+    shutil.rmtree(cache)
+    runtime._libs.clear()  # keep the directory verdict, lose the loaded library
+    run_add(Program(ADD, "add"))
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700 and len(entry_files(cache)[0]) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the compiler
+
+def test_missing_compiler(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(helpers, "CC", "/nonexistent/gcc")
+    with pytest.raises(CompilerNotFoundError) as info:
+        Program(ADD, "add")
+    msg = str(info.value)
+    assert "/nonexistent/gcc" in msg and "CC" in msg and "CFLAGS" in msg and "apt-get install gcc" in msg
+    monkeypatch.setattr(helpers, "CC", "uopc-no-such-compiler")
+    with pytest.raises(CompilerNotFoundError, match="uopc-no-such-compiler.*on PATH"):
+        Program(ADD, "add")
+
+
+def test_compiler_that_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    fake = tmp_path / "fakecc"
+    fake.write_text("#!/nonexistent/interpreter\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(helpers, "CC", str(fake))
+    with pytest.raises(CompilerNotFoundError, match="could not be executed"):
+        Program(ADD, "add")
+
+
+def test_env_settings_read_at_import_and_error_at_first_compile(tmp_path: Path):
+    # CFLAGS replaces the defaults entirely; a bad CC only fails when something is compiled, not at import.
+    code = textwrap.dedent(f"""
+        from uopc import runtime
+        print(runtime.CFLAGS)
+        try:
+            runtime.Program({ADD!r}, "add")
+        except runtime.CompilerNotFoundError:
+            print("not found")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CFLAGS": "-O1  -fopenmp", "CC": "/nonexistent/gcc",
+           "UOPC_CACHE": str(tmp_path / "c")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["['-O1', '-fopenmp']", "not found"]
+
+
+def test_default_cflags():
+    if helpers.CFLAGS_ENV:
+        pytest.skip("CFLAGS is set in the environment")
+    assert runtime.CFLAGS[0] == "-O3" and "-fopenmp" in runtime.CFLAGS and "-ffast-math" not in runtime.CFLAGS
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# arguments
+
+def test_arguments_must_be_contiguous_arrays():
+    prg = Program(ADD, "add")
+    a, b, c = (np.zeros(16, np.float32) for _ in range(3))
+    with pytest.raises(TypeError, match="argument 1 .*C-contiguous"):
+        prg(a, np.zeros(32, np.float32)[::2], c)
+    with pytest.raises(TypeError, match="argument 0 .*C-contiguous"):
+        prg(np.asfortranarray(np.zeros((4, 4), np.float32)), b, c)
+    with pytest.raises(TypeError, match="argument 2 .*ndarray.*list"):
+        prg(a, b, [0.0] * 16)
+    with pytest.raises(TypeError, match="argument 0 .*ndarray"):
+        prg(np.float32(1), b, c)
+    ro = np.ones(16, np.float32)
+    ro.flags.writeable = False  # read-only inputs are fine
+    prg(ro, b, c)
+    assert (c == 1).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# several processes sharing one cache
+
+WORKER = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from uopc.runtime import Program
+    ready, go, rnd = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    open(ready, "w").close()
+    deadline = time.time() + 60
+    while not os.path.exists(go):  # start compiling together with the other workers
+        assert time.time() < deadline, "never got the go signal"
+        time.sleep(0.002)
+    for k in range(3):
+        src = ("void k(float* restrict a, float* restrict out) "
+               "{ for (int i = 0; i < 16; i++) out[i] = a[i] + %d.0f; }" % (rnd * 10 + k))
+        a = np.arange(16, dtype=np.float32)
+        out = np.zeros(16, np.float32)
+        Program(src, "k")(a, out)
+        assert (out == a + (rnd * 10 + k)).all()
+""")
+
+
+def test_concurrent_processes_share_cache(cache: Path, tmp_path: Path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "UOPC_CACHE": str(cache)}
+    for rnd in range(3):
+        go = tmp_path / f"go{rnd}"
+        readies = [tmp_path / f"ready{rnd}-{i}" for i in range(4)]
+        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(go), str(rnd)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in readies]
+        try:
+            deadline = time.time() + 60
+            while not all(r.exists() for r in readies) and time.time() < deadline:
+                time.sleep(0.005)
+            go.touch()
+            results = [p.communicate(timeout=60) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for p, (_, err) in zip(procs, results, strict=True):
+            assert p.returncode == 0, err
+    so, js, tmp = entry_files(cache)
+    assert len(so) == 9 and len(js) == 9 and not tmp
+    for s in so:
+        meta = json.loads(s.with_suffix(".json").read_text())
+        assert meta["sha256"] == hashlib.sha256(s.read_bytes()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenMP threads
+
+def test_thread_count_does_not_change_results(threads):
+    prg = Program(PAR, "par")
+    runtime.set_num_threads(1)
+    out1, nt1 = run_par(prg)
+    runtime.set_num_threads(2)
+    out2, nt2 = run_par(prg)
+    out2b, _ = run_par(prg)
+    assert (nt1, nt2) == (1, 2) and runtime.get_num_threads() == 2
+    assert out1.tobytes() == out2.tobytes() == out2b.tobytes()
+
+
+def test_threads_applied_per_python_thread(threads):
+    # omp_set_num_threads is per OS thread; a new Python thread must still get the chosen count
+    prg = Program(PAR, "par")
+    for n in (1, 2, 1):
+        runtime.set_num_threads(n)
+        seen: list[int] = []
+        t = threading.Thread(target=lambda out=seen: out.append(run_par(prg)[1]))
+        t.start()
+        t.join(30)
+        assert seen == [n]
+        assert run_par(prg)[1] == n
+
+
+@pytest.mark.parametrize(("bad", "exc"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("2", TypeError),
+                                          (True, TypeError)])
+def test_set_num_threads_validates(bad, exc, threads):
+    with pytest.raises(exc):
+        runtime.set_num_threads(bad)
+    runtime.set_num_threads(np.int64(1))
+    assert runtime.get_num_threads() == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_runs_parallel_kernel(threads):
+    prg = Program(PAR, "par")
+    runtime.set_num_threads(2)
+    expect, nt = run_par(prg)  # starts libgomp's thread pool in this process
+    assert nt == 2
+    pid = os.fork()
+    if pid == 0:  # child: report through the exit code, never return into pytest
+        code = 10
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out, nt = run_par(prg)
+                run_par(Program(PAR, "par"))
+            forked = [w for w in caught if issubclass(w.category, RuntimeWarning) and "forked child" in str(w.message)]
+            code = (0 if out.tobytes() == expect.tobytes() else 1) | (0 if nt == 1 else 2) \
+                | (0 if len(forked) == 1 else 4) | (0 if runtime.get_num_threads() == 1 else 8)
+        finally:
+            os._exit(code)
+    deadline = time.time() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("kernel in the forked child hung")
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert runtime.get_num_threads() == 2 and run_par(prg)[1] == 2  # the parent is unaffected
+

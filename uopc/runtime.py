@@ -1,0 +1,465 @@
+"""Compile C kernels with the system C compiler, cache the shared objects on disk, and call them on NumPy arrays.
+
+    import numpy as np
+    from uopc.runtime import Program
+    prg = Program("void inc(float* a) { for (int i = 0; i < 4; i++) a[i] += 1.0f; }", "inc")
+    a = np.zeros(4, np.float32)
+    prg(a)  # a == [1, 1, 1, 1]
+
+Compiled objects live in `helpers.cache_dir()` as `<key>.so` + `<key>.json` (size and sha256 of the .so); an entry
+that fails that check is rebuilt silently. OpenMP threads are set with `set_num_threads`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from uopc import helpers
+
+__all__ = [
+    "CFLAGS", "CacheDirError", "CompileError", "CompilerNotFoundError", "Program", "get_num_threads",
+    "set_num_threads", "stats",
+]
+
+# Bump when the on-disk layout or the meaning of a key changes, so old entries are simply never looked up again.
+CACHE_VERSION = 1
+
+_DEFAULT_CFLAGS = [
+    "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fassociative-math", "-fno-signed-zeros",
+    "-fno-trapping-math",
+]
+# -ffast-math is deliberately absent: it implies -ffinite-math-only, which lets gcc drop the NaN/inf handling
+# that reductions and comparisons in generated code rely on.
+CFLAGS: list[str] = helpers.CFLAGS_ENV.split() if helpers.CFLAGS_ENV else list(_DEFAULT_CFLAGS)
+# Always needed to get a loadable shared object; part of the key like every other flag.
+_FIXED_FLAGS = ["-shared", "-fPIC"]
+# Libraries go after the input on the command line (link order matters for static archives).
+_LIBS = ["-lm"]
+
+stats: dict[str, int] = {"compiles": 0, "loads": 0, "disk_hits": 0, "rebuilds": 0}
+
+
+class CompileError(RuntimeError):
+    """The C compiler rejected a kernel; `.c_path` holds a copy of the source to reproduce it."""
+
+    def __init__(self, msg: str, cmd: list[str], stderr: str, src: str, c_path: str | None):
+        super().__init__(msg)
+        self.cmd, self.stderr, self.src, self.c_path = cmd, stderr, src, c_path
+
+
+class CompilerNotFoundError(RuntimeError):
+    """The C compiler named by CC is missing or cannot be executed."""
+
+
+class CacheDirError(PermissionError):
+    """The kernel cache directory is unsafe to load code from (symlink, writable by others, or not ours)."""
+
+    def __init__(self, msg: str, path: str):
+        super().__init__(msg)
+        self.path = path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compiler identity and cache key
+
+_which_cache: dict[tuple[str, str], str | None] = {}
+_version_cache: dict[str, str] = {}
+_cpu_id: str | None = None
+
+
+def _not_found(cc: str, why: str) -> CompilerNotFoundError:
+    return CompilerNotFoundError(
+        f"uopc: C compiler {cc!r} {why}. uopc compiles kernels with the compiler named by the CC environment "
+        f"variable (default gcc; flags come from CFLAGS). Install one (Debian/Ubuntu: apt-get install gcc; "
+        f"Fedora: dnf install gcc; Alpine: apk add gcc musl-dev; macOS: xcode-select --install) or set CC to "
+        f"the full path of a working compiler.")
+
+
+def _resolve_compiler() -> str:
+    """Absolute path of `helpers.CC` (read now, so it can be changed at run time)."""
+    cc = helpers.CC
+    # PATH is part of the memo key: the same name can resolve elsewhere once PATH changes.
+    memo = (cc, os.environ.get("PATH", ""))
+    if memo not in _which_cache:
+        found = shutil.which(cc)
+        # abspath, not realpath: tools like ccache and clang++ dispatch on the name they were invoked by
+        _which_cache[memo] = os.path.abspath(found) if found else None
+    path = _which_cache[memo]
+    if path is None:
+        raise _not_found(cc, "was not found" + ("" if os.sep in cc else " on PATH"))
+    return path
+
+
+def _compiler_version(cc_path: str) -> str:
+    """First line of `cc --version`, run once per process per compiler."""
+    if cc_path not in _version_cache:
+        try:
+            out = subprocess.run([cc_path, "--version"], capture_output=True, text=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise _not_found(cc_path, f"could not be executed ({e})") from e
+        _version_cache[cc_path] = (out.stdout or out.stderr).strip().split("\n")[0]
+    return _version_cache[cc_path]
+
+
+def _host_cpu() -> str:
+    """A fingerprint of this CPU, so a cache shared between machines (NFS home) never runs -march=native code
+    built for a different CPU."""
+    global _cpu_id
+    if _cpu_id is None:
+        parts = [platform.machine()]
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    field = line.split(":", 1)[0].strip()
+                    if field in ("model name", "flags", "Features", "CPU implementer", "CPU part"):
+                        parts.append(line.strip())
+                    elif not line.strip() and len(parts) > 1:
+                        break  # the first processor's block is enough
+        except OSError:
+            parts.append(platform.processor())
+        _cpu_id = hashlib.sha256("\n".join(parts).encode()).hexdigest()
+    return _cpu_id
+
+
+def _command(cc_path: str, flags: list[str], out: str, src_file: str = "-") -> list[str]:
+    """The compile command; "-" reads C from stdin, so no temporary source file is needed."""
+    lang = ["-x", "c"] if src_file == "-" else []
+    return [cc_path, *flags, *_FIXED_FLAGS, "-o", out, *lang, src_file, *_LIBS]
+
+
+def _cache_key(src: str, cc_path: str, flags: list[str]) -> str:
+    """sha256 over the format version, compiler path and version, every flag (fixed ones included) and the source."""
+    h = hashlib.sha256()
+    parts = [f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *_command(cc_path, flags, "")]
+    if any(f.endswith("=native") for f in flags):
+        parts.append(_host_cpu())
+    for p in parts:
+        # length-prefix every part so ("ab", "c") and ("a", "bc") cannot collide
+        h.update(f"{len(p)}:".encode() + p.encode() + b"\0")
+    h.update(src.encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cache directory
+
+_good_dirs: set[str] = set()
+
+
+def _check_cache_dir(path: str) -> str:
+    """Create `path` (mode 0700) if missing and refuse it if anyone else could plant code in it."""
+    if path in _good_dirs:
+        if os.path.isdir(path):
+            return path
+        _good_dirs.discard(path)  # removed while we ran (rm -rf ~/.cache/uopc): check and create it again
+    if not os.path.islink(path):
+        try:
+            os.makedirs(path, mode=0o700)
+            os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask; make it exact
+        except FileExistsError:
+            pass
+    st = os.lstat(path)
+    fix = "set UOPC_CACHE to a directory you own (e.g. mkdir -m 700 ~/.cache/uopc)"
+    # Only the directory itself is checked, not its parents: /tmp and macOS's /var are symlinks or shared.
+    if stat.S_ISLNK(st.st_mode):
+        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is a symlink; {fix}", path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheDirError(f"uopc: kernel cache path {path} is not a directory; {fix}", path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is owned by uid {st.st_uid}, "
+                            f"not by you (uid {os.getuid()}); {fix}", path)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is group- or world-writable "
+                            f"(mode {stat.S_IMODE(st.st_mode):o}), so others could plant code in it; "
+                            f"fix with: chmod 700 {shlex.quote(path)}, or {fix}", path)
+    # Only good verdicts are remembered: a refused directory is re-checked, so fixing it needs no restart.
+    _good_dirs.add(path)
+    return path
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` via a temp file in the same directory and os.replace, so readers never see half."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# building and loading
+
+def _entry_ok(so_path: str, json_path: str) -> bool:
+    """True when the .so exists and matches the size and sha256 recorded in its json."""
+    try:
+        with open(json_path) as f:
+            meta = json.load(f)
+        size, digest = meta["size"], meta["sha256"]
+        if not isinstance(size, int) or not isinstance(digest, str) or size <= 0:
+            return False
+        if os.path.getsize(so_path) != size:  # cheap check before hashing
+            return False
+        with open(so_path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == digest
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def _save_failed_source(cache: str, key: str, src: str) -> str | None:
+    """Keep the source of a failed compile under <cache>/failed/ so the user can rerun the compiler on it."""
+    try:
+        failed = os.path.join(cache, "failed")
+        os.makedirs(failed, mode=0o700, exist_ok=True)
+        c_path = os.path.join(failed, f"{key}.c")
+        _write_atomic(c_path, src.encode())
+        return c_path
+    except OSError:
+        return None  # reporting the compile error matters more than saving the copy
+
+
+def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> str:
+    """Run the compiler into a temp file, then move the .so and its json into place; return the .so path."""
+    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
+    fd, tmp = tempfile.mkstemp(dir=cache, prefix=".tmp-", suffix=".so")
+    os.close(fd)
+    try:
+        cmd = _command(cc_path, flags, tmp)
+        try:
+            proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
+        except OSError as e:
+            raise _not_found(cc_path, f"could not be executed ({e})") from e
+        stats["compiles"] += 1
+        stderr = proc.stderr.decode(errors="replace")
+        if proc.returncode != 0:
+            c_path = _save_failed_source(cache, key, src)
+            where = (f"source saved to {c_path}; reproduce with:\n  "
+                     + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
+                     if c_path else "(could not save the failing source)")
+            raise CompileError(f"uopc: C compiler failed (exit {proc.returncode})\ncommand: {shlex.join(cmd)}\n"
+                               f"{stderr.rstrip()}\n{where}", cmd, stderr, src, c_path)
+        with open(tmp, "rb") as f:
+            data = f.read()
+        os.replace(tmp, so_path)
+        # The json goes last: a .so without a matching json is treated as corrupt, so a crash in between is safe.
+        meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        _write_atomic(json_path, json.dumps(meta).encode())
+        return so_path
+    finally:
+        _unlink_quiet(tmp)  # already gone after a successful os.replace
+
+
+def _compile_cached(src: str, cc_path: str, flags: list[str], key: str) -> str:
+    """Path of a verified .so for `src` in the cache directory, compiling or rebuilding it if needed."""
+    cache = _check_cache_dir(helpers.cache_dir())
+    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
+    if _entry_ok(so_path, json_path):
+        stats["disk_hits"] += 1
+        return so_path
+    if os.path.exists(so_path) or os.path.exists(json_path):
+        stats["rebuilds"] += 1  # missing, truncated or altered entry: recompile over it
+    return _compile(src, cc_path, flags, cache, key)
+
+
+def _resolve(src: str) -> tuple[str, list[str], str]:
+    """Compiler path, flags and cache key for `src`; CC and CFLAGS are read now so they can change at run time."""
+    cc_path, flags = _resolve_compiler(), list(CFLAGS)
+    return cc_path, flags, _cache_key(src, cc_path, flags)
+
+
+def _build(src: str) -> str:
+    """Compile `src` into the disk cache (or verify it is there) without loading it; returns the .so path."""
+    return _compile_cached(src, *_resolve(src))
+
+
+# (cache dir, key) -> loaded library; the dir is part of it so a changed UOPC_CACHE gets its own entries.
+_libs: dict[tuple[str, str], tuple[ctypes.CDLL, str]] = {}
+_libs_guard = threading.Lock()
+_key_locks: dict[tuple[str, str], threading.Lock] = {}
+
+
+def _clear_memory_cache() -> None:
+    """Forget loaded libraries (tests use this; already dlopened objects stay mapped)."""
+    with _libs_guard:
+        _libs.clear()
+        _key_locks.clear()
+    _good_dirs.clear()
+
+
+def _load(src: str) -> tuple[ctypes.CDLL, str]:
+    """The loaded library for `src`: from memory, else from the disk cache, else freshly compiled."""
+    cc_path, flags, key = _resolve(src)
+    mkey = (helpers.cache_dir(), key)
+    hit = _libs.get(mkey)
+    if hit is not None:
+        return hit
+    with _libs_guard:
+        lock = _key_locks.setdefault(mkey, threading.Lock())
+    with lock:  # one build per key per process; other keys build in parallel
+        if (hit := _libs.get(mkey)) is not None:
+            return hit
+        path = _compile_cached(src, cc_path, flags, key)
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        except OSError:
+            # Verified but unloadable (e.g. a consistent-but-bad pair written by something else): rebuild once.
+            _unlink_quiet(path)
+            path = _compile_cached(src, cc_path, flags, key)
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+        stats["loads"] += 1
+        _libs[mkey] = (lib, path)
+        return lib, path
+
+
+class Program:
+    """A compiled C function; call it with C-contiguous NumPy arrays, each passed as a pointer to its data."""
+
+    def __init__(self, src: str, name: str):
+        self.src, self.name = src, name
+        lib, self.lib_path = _load(src)
+        try:
+            # lib[name] is a fresh function pointer, so this Program's argtypes never affect another's
+            self._fn: Any = lib[name]
+        except AttributeError:
+            raise AttributeError(f"uopc: function {name!r} not found in the compiled source ({self.lib_path})") \
+                from None
+        self._fn.restype = None
+        self._nargs = -1
+
+    def __repr__(self) -> str:
+        return f"Program({self.name!r}, {self.lib_path!r})"
+
+    def __call__(self, *args: np.ndarray) -> None:
+        """Run the kernel on `args` (C-contiguous ndarrays)."""
+        if _tls.applied != _target:
+            _apply_threads()
+        ptrs = []
+        for i, a in enumerate(args):
+            if not isinstance(a, np.ndarray):
+                raise TypeError(f"uopc: argument {i} of {self.name}: expected a numpy.ndarray, got {type(a).__name__}")
+            if not a.flags.c_contiguous:
+                raise TypeError(f"uopc: argument {i} of {self.name}: array is not C-contiguous "
+                                f"(shape {a.shape}, strides {a.strides}); pass np.ascontiguousarray(...)")
+            ptrs.append(a.ctypes.data)
+        if len(ptrs) != self._nargs:
+            # set once: without argtypes ctypes would pass Python ints as 32-bit C ints and truncate pointers
+            self._fn.argtypes = [ctypes.c_void_p] * len(ptrs)
+            self._nargs = len(ptrs)
+        self._fn(*ptrs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# OpenMP threads
+
+class _ThreadState(threading.local):
+    applied = 0  # thread count last given to omp_set_num_threads on this OS thread; 0 = never
+
+
+_tls = _ThreadState()
+_wanted: int = max(1, helpers.NUM_THREADS_ENV or os.cpu_count() or 1)
+_target: int = _wanted  # what kernels run with: _wanted, or 1 in a forked child (see _after_fork_in_child)
+_ran_parallel = False  # this process may have started libgomp's thread pool
+_forked_unsafe = False
+_fork_warned = False
+_gomp: Any = None
+_gomp_loaded = False
+
+
+def _libgomp() -> Any:
+    """libgomp, loaded once (None when unavailable, e.g. a compiler with another OpenMP runtime)."""
+    global _gomp, _gomp_loaded
+    if not _gomp_loaded:
+        for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
+            if not name:
+                continue
+            try:
+                _gomp = ctypes.CDLL(name)
+                _gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
+                _gomp.omp_set_num_threads.restype = None
+                break
+            except (OSError, AttributeError):
+                _gomp = None
+        _gomp_loaded = True
+    return _gomp
+
+
+def _warn_forked() -> None:
+    global _fork_warned
+    if not _fork_warned:
+        _fork_warned = True
+        warnings.warn("uopc: running OpenMP kernels single-threaded in a forked child (GNU libgomp's thread pool "
+                      "does not survive fork); use the 'spawn' or 'forkserver' start method to keep all threads",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _apply_threads() -> None:
+    """Give the current OS thread's OpenMP ICV the target count (it is per thread, so each thread needs it)."""
+    global _ran_parallel
+    n = _target
+    if _forked_unsafe and _wanted > 1:
+        _warn_forked()
+    gomp = _libgomp()
+    if gomp is not None:
+        gomp.omp_set_num_threads(n)
+    if n > 1:
+        _ran_parallel = True  # libgomp only starts its pool for regions with more than one thread
+    _tls.applied = n
+
+
+def set_num_threads(n: int) -> None:
+    """Run later kernels with `n` OpenMP threads (forced to 1 in a forked child of a parallel parent)."""
+    global _wanted, _target
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"uopc: set_num_threads needs an int, got {type(n).__name__}")
+    if n < 1:
+        raise ValueError(f"uopc: set_num_threads needs n >= 1, got {n}")
+    _wanted = int(n)
+    _target = 1 if _forked_unsafe else _wanted
+    if _forked_unsafe and _wanted > 1:
+        _warn_forked()
+
+
+def get_num_threads() -> int:
+    """The number of OpenMP threads kernels run with."""
+    return _target
+
+
+def _after_fork_in_child() -> None:
+    global _target, _forked_unsafe, _libs_guard
+    # A lock held by another thread at fork time would stay locked forever in the child.
+    _libs_guard = threading.Lock()
+    _key_locks.clear()
+    if _ran_parallel:
+        # The child has no pool threads but libgomp still thinks it does: a region with >1 threads would hang.
+        # A single-thread region never touches the pool.
+        _forked_unsafe = True
+        _target = 1
+        _tls.applied = 0  # so the child's first kernel goes through _apply_threads (and warns)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
