@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 
 from uopc.dtype import DType, dtypes
-from uopc.helpers import CHECK_OOB
+from uopc import helpers
 from uopc.linearize import Linear, Loop, linearize
 from uopc.uop import ALU, AxisType, Ops, UOp
 
@@ -40,6 +40,15 @@ static inline {t} uopc_mod_{n}({t} a, {t} b) {{
   {t} r = a % b;
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }}
+"""
+# UOPC_CHECK_OOB=1: every buffer index goes through this check; the first failure is recorded for the
+# runtime to raise (naming kernel, buffer, index and bound) and the access is redirected to element 0
+_OOB_CHECK = """long long uopc_oob[4] = {0, 0, 0, 0};  /* failed, buffer slot, index, size */
+static inline long long uopc_chk(long long i, long long n, long long slot) {
+  if (i >= 0 && i < n) return i;
+  if (!uopc_oob[0]) { uopc_oob[1] = slot; uopc_oob[2] = i; uopc_oob[3] = n; uopc_oob[0] = 1; }
+  return 0;
+}
 """
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
@@ -91,6 +100,9 @@ class _Renderer:
         self.n = 0
         self.lines: list[str] = []
         self.helpers: dict[str, str] = {}
+        self.check_oob = bool(helpers.CHECK_OOB)
+        if self.check_oob:
+            self.helpers["~oob"] = _OOB_CHECK
 
     def var(self, u: UOp, prefix: str) -> str:
         self.n += 1
@@ -159,6 +171,8 @@ class _Renderer:
         if base.op is Ops.ALLOC:
             size = base.arg[1]
             return self.names[base] if size == 1 else f"{self.names[base]}[{self.expr(i)}]"
+        if self.check_oob:
+            return f"data{base.arg.slot}[uopc_chk({self.expr(i)}, {base.arg.shape[0]}, {base.arg.slot})]"
         return f"data{base.arg.slot}[{self.expr(i)}]"
 
     def emit(self, u: UOp, ind: str) -> None:
@@ -199,10 +213,6 @@ class _Renderer:
 
 def render_c(ast: UOp, name: str) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
-    if CHECK_OOB:
-        from uopc.check import add_bounds_checks
-
-        ast = add_bounds_checks(ast)
     lin = linearize(ast)
     r = _Renderer(lin, name)
     r.loop(lin.root, "  ")

@@ -349,6 +349,10 @@ class Program:
                 from None
         self._fn.restype = None
         self._nargs = -1
+        try:  # sources rendered with UOPC_CHECK_OOB=1 record their first out-of-range index here
+            self._oob: Any = (ctypes.c_longlong * 4).in_dll(lib, "uopc_oob")
+        except ValueError:
+            self._oob = None
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {self.lib_path!r})"
@@ -370,6 +374,11 @@ class Program:
             self._fn.argtypes = [ctypes.c_void_p] * len(ptrs)
             self._nargs = len(ptrs)
         self._fn(*ptrs)
+        if self._oob is not None and self._oob[0]:
+            slot, idx, size = self._oob[1], self._oob[2], self._oob[3]
+            self._oob[0] = 0
+            raise IndexError(f"uopc: out-of-bounds access in kernel {self.name}: data{slot}[{idx}], "
+                             f"but data{slot} has {size} elements (valid indices 0..{size - 1})")
 
 
 # ---------------------------------------------------------------------------------------------------------------
