@@ -58,7 +58,8 @@ _NP_FLOAT = {
 
 def _fold(u: UOp) -> UOp | None:
     """An ALU op whose sources are all constants becomes a constant, computed as C would in u's dtype."""
-    vals = [s.arg for s in u.src]
+    # a float CONST keeps its Python double; C sees it rounded to its dtype, so fold with the rounded value
+    vals = [float(s.dtype.np.type(s.arg)) if s.dtype.is_float else s.arg for s in u.src]
     dt: DType = u.dtype
     with np.errstate(all="ignore"):
         if u.op is Ops.CAST:
@@ -142,7 +143,7 @@ def _divmod_fold(x: UOp, c: UOp, op: Ops) -> UOp | None:
         return UOp.const(0, x.dtype) if op is Ops.IDIV else x
     if x.op is Ops.IDIV and x.src[1].op is Ops.CONST and x.src[1].arg > 0 and op is Ops.IDIV:
         return x.src[0] // UOp.const(x.src[1].arg * d, x.dtype)  # (x // a) // b -> x // (a*b)
-    if x.op is Ops.MOD and x.src[1].op is Ops.CONST and op is Ops.MOD and x.src[1].arg % d == 0:
+    if x.op is Ops.MOD and x.src[1].op is Ops.CONST and op is Ops.MOD and x.src[1].arg > 0 and x.src[1].arg % d == 0:
         return x.src[0] % c  # (x % (k*d)) % d -> x % d
     terms = _terms(x)
     whole = [(t, c_ // d) for t, c_ in terms if c_ % d == 0]

@@ -172,6 +172,9 @@ class UOp:
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"UOp is immutable (tried to set {name!r})")
 
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"UOp is immutable (tried to delete {name!r})")
+
     def __reduce__(self):
         return (UOp, (self.op, self.src, self.arg, self.dtype))
 

@@ -1,0 +1,191 @@
+"""The kernelizer of Chapter 7: kernel counts and names, plans, the structural cache, STAGE, fuse_reduce.
+
+Kernel counts are stated at OPT=0 (no layout pass), as the chapter states them. Numeric references: NumPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uopc import helpers, kernelize
+from uopc.kernelize import make_plan
+from uopc.tensor import Tensor
+from uopc.uop import Ops, UOp
+
+rng = np.random.default_rng(0)
+
+
+def r(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def opt0(monkeypatch):
+    monkeypatch.setattr(helpers, "OPT", 0)
+
+
+def names(*ts: Tensor, fuse_reduce: bool = False) -> list[str]:
+    plan, _ = make_plan([t.uop for t in ts], fuse_reduce=fuse_reduce)
+    return [k.name for k in plan.kernels]
+
+
+def check_schedule(t: Tensor, n: int) -> list[str]:
+    ks = names(t)
+    assert len(ks) == n, ks
+    return ks
+
+
+@pytest.mark.parametrize(
+    "name,fn,n",
+    [
+        ("add", lambda a, b, c: a + b, 1),  # elementwise: fused
+        ("add_sum", lambda a, b, c: (a + b).sum(), 1),  # the add fuses into the reduction's loop
+        ("softmax", lambda a, b, c: a.softmax(-1), 3),  # max, sum, elementwise output
+        ("var", lambda a, b, c: a.var(-1), 3),  # mean, sum of squared deviations, scale
+        ("chain", lambda a, b, c: ((a * 2 + 1).relu() * 3), 1),
+    ],
+)
+def test_kernel_counts(opt0, name, fn, n):
+    a, b, c = (Tensor(r(64, 64)) for _ in range(3))
+    check_schedule(fn(a, b, c), n)
+
+
+def test_matmul_relu_matmul_stages_the_relu(opt0):
+    a, b, c = (Tensor(r(64, 64)) for _ in range(3))
+    # the relu (2 ALU ops x 4096 elements) is broadcast 64-fold into the second matmul: it gets its own kernel
+    assert names((a @ b).relu() @ c) == ["r_64_64", "e_64_64", "r_64_64"]
+
+
+def _layernorm_matmul():
+    x, W = Tensor(r(128, 256)), Tensor(r(256, 256))
+    m = x.mean(-1, keepdim=True)
+    return ((x - m) * ((x - m).square().mean(-1, keepdim=True) + 1e-5).rsqrt()) @ W
+
+
+def test_layernorm_into_matmul(opt0, monkeypatch):
+    assert names(_layernorm_matmul()) == ["r_128", "r_128", "e_128_256", "r_128_256"]
+    monkeypatch.setattr(kernelize, "stage_broadcast_compute", lambda roots: roots)
+    assert names(_layernorm_matmul()) == ["r_128", "r_128", "r_128_256"]
+
+
+def test_softmax_plan_refs_and_temps(opt0):
+    x = Tensor(r(4, 8))
+    plan, inputs = make_plan([x.softmax(-1).uop])
+    assert [(k.name, k.refs) for k in plan.kernels] == [
+        ("r_4", [("in", 0), ("tmp", 0)]),
+        ("r_4", [("in", 0), ("tmp", 0), ("tmp", 1)]),
+        ("e_4_8", [("in", 0), ("tmp", 0), ("tmp", 1), ("out", 0)]),
+    ]
+    assert [(d.name, n) for d, n in plan.temps] == [("float32", 4), ("float32", 4)]
+    assert [(d.name, n) for d, n in plan.outs] == [("float32", 32)]
+    assert len(inputs) == 1 and inputs[0].op is Ops.BUFFER
+
+
+def test_identical_kernels_identical_c(opt0):
+    a, b = Tensor(r(16, 16)), Tensor(r(16, 16))
+    plan, _ = make_plan([a.sum(1).uop, b.sum(1).uop])
+    k0, k1 = plan.kernels
+    assert k0.refs == [("in", 0), ("out", 0)] and k1.refs == [("in", 1), ("out", 1)]
+    assert k0.src == k1.src  # local renumbering: one compile for both
+
+
+def test_plan_runs_on_new_inputs(opt0):
+    from uopc.kernelize import buffer_data, new_buffer
+    from uopc.runtime import Program
+
+    x1, x2 = r(4, 8), r(4, 8)
+    plan, _ = make_plan([Tensor(x1).softmax(-1).uop])
+    for x in (x1, x2):  # one plan, two different inputs
+        arrays = {"in": [buffer_data(new_buffer(Tensor(x).dtype, 32, x))], "tmp": [np.empty(4, np.float32)] * 0}
+        arrays["tmp"] = [np.empty(n, d.np) for d, n in plan.temps]
+        arrays["out"] = [np.empty(32, np.float32)]
+        for k in plan.kernels:
+            Program(k.src, k.name)(*(arrays[kind][i] for kind, i in k.refs))
+        e = np.exp(x - x.max(1, keepdims=True))
+        np.testing.assert_allclose(arrays["out"][0].reshape(4, 8), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_second_realize_hits_the_cache(opt0, capsys, monkeypatch):
+    x = r(64, 64)
+    Tensor(x).softmax(-1).realize()
+    n = len(kernelize._plans)
+    monkeypatch.setattr(helpers, "DEBUG", 1)
+    Tensor(r(64, 64)).softmax(-1).realize()  # same structure, different data
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("realize:")][-1]
+    assert len(kernelize._plans) == n
+    assert float(line.split("schedule ")[1].split(" ms")[0]) < 1.0, line
+
+
+def test_python_floats_are_structure_tensors_are_data(opt0):
+    w = Tensor(r(8))
+    n0 = len(kernelize._plans)
+    for t in range(1, 4):
+        (w * (1 / (1 - 0.9**t))).realize()  # a new CONST each step: a new plan each step
+    assert len(kernelize._plans) == n0 + 3
+    for t in range(1, 4):
+        (w * Tensor(np.array([1 / (1 - 0.9**t)], np.float32))).realize()  # a BUFFER: one plan
+    assert len(kernelize._plans) == n0 + 4
+
+
+def test_fuse_reduce_softmax_one_kernel(opt0, monkeypatch):
+    x = r(4, 8)
+    t = Tensor(x).softmax(-1)
+    assert names(t, fuse_reduce=True) == ["r_4_8"]
+    monkeypatch.setattr(Tensor, "fuse_reduce", True)
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_deleted_reads_do_not_shift_kernel_arguments():
+    # regression (pitfall 7): int t*0 folds to 0, the kernel no longer reads t, and must not write into it
+    t = Tensor(np.array([1, 2, 3], np.int32))
+    assert (t * 0).numpy().tolist() == [0, 0, 0]
+    assert t.numpy().tolist() == [1, 2, 3]
+
+
+def test_contiguous_is_a_cut(opt0):
+    a = Tensor(r(256, 256))
+    assert names((a.exp() * 2).contiguous().sum(1)) == ["e_256_256", "r_256"]
+    assert names((a.exp() * 2).sum(1)) == ["r_256"]
+
+
+def test_detach_is_not_a_kernel(opt0):
+    a = Tensor(r(8, 8))
+    assert names((a.detach() * 2)) == ["e_8_8"]
+
+
+def test_wrap_nested_targets():
+    # NOTES 16: substitute() wraps the original outer node and loses the inner STAGE; wrap() composes
+    x = Tensor(r(8, 8)).uop
+    inner = x * 2.0 + 1.0
+    outer = UOp(Ops.EXP2, (inner,)) * inner
+    root = outer.reduce(Ops.ADD, 1)
+    sub = root.substitute({inner: UOp(Ops.STAGE, (inner,)), outer: UOp(Ops.STAGE, (outer,))})
+    (wrapped,) = UOp.wrap([root], {inner, outer}, lambda n: UOp(Ops.STAGE, (n,)))
+    assert sum(u.op is Ops.STAGE for u in sub.toposort()) == 1
+    assert sum(u.op is Ops.STAGE for u in wrapped.toposort()) == 2
+
+
+def test_temporaries_are_reused_across_runs(opt0):
+    x = r(32, 32)
+    Tensor(x).softmax(-1).realize()
+    plan = next(reversed(kernelize._plans.values()))
+    temps = plan.temp_arrays
+    Tensor(r(32, 32)).softmax(-1).realize()
+    assert plan.temp_arrays is temps and all(a is b for a, b in zip(plan.temp_arrays, temps))
+
+
+def test_plan_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(kernelize, "plan_cache_size", 8)
+    for n in range(1, 30):
+        (Tensor(np.ones(n, np.float32)) + 1).realize()
+    assert len(kernelize._plans) <= 8
+
+
+def test_debug4_prints_the_c(opt0, capsys, monkeypatch):
+    monkeypatch.setattr(helpers, "DEBUG", 4)
+    (Tensor(r(3, 5)) * 7 - 1).realize()  # a structure no other test uses: a cache miss, so the C is printed
+    out = capsys.readouterr().out
+    assert "void e_3_5(float* restrict data0, float* restrict data1)" in out
+    assert "realize: 1 kernels" in out and "GFLOP/s" in out
