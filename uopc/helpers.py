@@ -13,9 +13,11 @@ Settings (all optional):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
+import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -43,6 +45,17 @@ def cache_dir() -> str:
         return os.path.abspath(os.environ["UOPC_CACHE"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "uopc")
+
+
+@contextlib.contextmanager
+def deep_recursion(limit: int = 20000):
+    """Let the recursive lowering and rendering walk long chains (a 400-op elementwise chain is ~1200 frames)."""
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old)
 
 
 def prod(xs: Iterable[int]) -> int:

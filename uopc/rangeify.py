@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from uopc.dtype import DType, dtypes
-from uopc.helpers import prod
+from uopc.helpers import deep_recursion, prod
 from uopc.symbolic import simplify
 from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp, identity_element, sink
 
@@ -260,7 +260,11 @@ def _output_parts(ctx: Ctx, shape: tuple[int, ...]) -> list[tuple[UOp, int]]:
 
 def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
     """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major)."""
-    ctx = ctx or Ctx()
+    with deep_recursion():
+        return _lower(root, out, ctx or Ctx())
+
+
+def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     if ctx.opts.gpu:
         raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
     plist = _output_parts(ctx, root.shape)

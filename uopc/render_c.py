@@ -215,7 +215,8 @@ def render_c(ast: UOp, name: str) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
     lin = linearize(ast)
     r = _Renderer(lin, name)
-    r.loop(lin.root, "  ")
+    with helpers.deep_recursion():
+        r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     params = ", ".join(f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs)
     head = PRELUDE + "".join(r.helpers[k] for k in sorted(r.helpers))

@@ -41,8 +41,11 @@ CACHE_VERSION = 1
 
 _DEFAULT_CFLAGS = [
     "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fassociative-math", "-fno-signed-zeros",
-    "-fno-trapping-math",
+    "-fno-trapping-math", "-fno-tree-loop-if-convert",
 ]
+# -fno-tree-loop-if-convert: gcc 12.2's if-conversion + loop vectorization miscompiles a guarded (PAD) load in
+# a reduce nested under an invariant loop (tests/backend/test_lowering.py, padded window sum); GEMM inner loops
+# have no conditionals, so this costs them nothing.
 # -ffast-math is deliberately absent: it implies -ffinite-math-only, which lets gcc drop the NaN/inf handling
 # that reductions and comparisons in generated code rely on.
 CFLAGS: list[str] = helpers.CFLAGS_ENV.split() if helpers.CFLAGS_ENV else list(_DEFAULT_CFLAGS)

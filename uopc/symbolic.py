@@ -185,6 +185,9 @@ symbolic = PatternMatcher(
         (UPat(Ops.MUL, src=(x, UPat.cvar(value=1.0))), lambda x: x),  # x*1.0 -> x
         (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=0))), lambda x, c: c if _is_int(x) else None),  # int x*0 -> 0
         (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=False))), lambda x, c: c),  # bool x*False -> False
+        # float x*0.0 -> x+(-x): same value (0, or NaN for NaN/inf), but gcc's -fno-signed-zeros folds a literal
+        # x*0.0f to 0 and would turn NaN and inf into 0
+        (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=0.0))), lambda x, c: x + (-x) if x.dtype.is_float else None),
         (UPat(Ops.AND, src=(x, UPat.cvar(value=True))), lambda x: x),  # x & True -> x
         (UPat(Ops.AND, src=(x, UPat.cvar("c", value=False))), lambda x, c: c),  # x & False -> False
         (UPat(Ops.OR, src=(x, UPat.cvar(value=False))), lambda x: x),  # x | False -> x

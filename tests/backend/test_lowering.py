@@ -1,0 +1,405 @@
+"""Lowering end to end: shape graphs are lowered, rendered to C, compiled with gcc and run, and compared with NumPy.
+
+Covers every movement op alone and chained, every ALU op per dtype (and CAST between all pairs of five dtypes),
+reductions over trailing and permuted axes, 0-d outputs and size-1 dims, the loop structure of Chapter 7.1's
+mm(mm(A, B), C) and of x - max(x), Chapter 10's GEMM under each Opts, and gated PAD loads.
+Every distinct kernel costs a gcc compile, so graphs are shared between tests where possible.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import buf, c_lines, c_loops, cc_major, cpu_has, gemm_graph, mm, render_graph, run
+from uopc import runtime
+from uopc.dtype import DType, dtypes
+from uopc.rangeify import Opts
+from uopc.uop import Ops, UOp
+
+f32, f64, i32, u8, bl = dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint8, dtypes.bool
+
+A234 = np.arange(1, 25, dtype=np.float32).reshape(2, 3, 4)  # distinct values: any misplaced element shows
+X = buf(0, 24).reshape((2, 3, 4))
+
+# ------------------------------------------------------------------ movement ops
+
+MOVES = {
+    "reshape_merge": (lambda x: x.reshape((6, 4)), lambda a: a.reshape(6, 4)),
+    "reshape_split": (lambda x: x.reshape((2, 3, 2, 2)), lambda a: a.reshape(2, 3, 2, 2)),
+    "reshape_regroup": (lambda x: x.reshape((4, 6)), lambda a: a.reshape(4, 6)),
+    "reshape_flat": (lambda x: x.reshape((24,)), lambda a: a.reshape(24)),
+    "reshape_size1": (lambda x: x.reshape((1, 6, 1, 4, 1)), lambda a: a.reshape(1, 6, 1, 4, 1)),
+    "permute": (lambda x: x.permute((2, 0, 1)), lambda a: a.transpose(2, 0, 1)),
+    "pad": (lambda x: x.pad(((1, 0), (0, 2), (1, 1))), lambda a: np.pad(a, ((1, 0), (0, 2), (1, 1)))),
+    "shrink": (lambda x: x.shrink(((1, 2), (1, 3), (1, 4))), lambda a: a[1:2, 1:3, 1:4]),
+    "flip": (lambda x: x.flip((0, 2)), lambda a: a[::-1, :, ::-1]),
+    "expand": (lambda x: x.reshape((2, 3, 1, 4)).expand((2, 3, 5, 4)),
+               lambda a: np.broadcast_to(a.reshape(2, 3, 1, 4), (2, 3, 5, 4))),
+    # non-contiguous reads: a transposed view merged or split by a reshape (index div/mod)
+    "permute_then_merge": (lambda x: x.permute((1, 0, 2)).reshape((3, 8)),
+                           lambda a: a.transpose(1, 0, 2).reshape(3, 8)),
+    "permute_then_split": (lambda x: x.permute((2, 1, 0)).reshape((2, 2, 6)),
+                           lambda a: a.transpose(2, 1, 0).reshape(2, 2, 6)),
+    "flip_then_merge": (lambda x: x.flip((1,)).reshape((6, 4)).permute((1, 0)),
+                        lambda a: a[:, ::-1].reshape(6, 4).T),
+    # permute -> pad -> flip -> shrink -> reshape (split) -> reshape (merge) -> expand
+    "chain": (lambda x: x.permute((2, 0, 1)).pad(((1, 0), (0, 1), (2, 1))).flip((0, 2))
+              .shrink(((1, 5), (0, 3), (1, 5))).reshape((4, 3, 2, 2)).reshape((4, 3, 4, 1)).expand((4, 3, 4, 3)),
+              lambda a: np.broadcast_to(
+                  np.pad(a.transpose(2, 0, 1), ((1, 0), (0, 1), (2, 1)))[::-1, :, ::-1][1:5, 0:3, 1:5]
+                  .reshape(4, 3, 2, 2).reshape(4, 3, 4, 1), (4, 3, 4, 3))),
+}
+
+
+@pytest.mark.parametrize("name", list(MOVES))
+def test_movement_ops(name: str):
+    # reference: NumPy views of the same array; exact
+    build, ref = MOVES[name]
+    g = build(X)
+    want = ref(A234)
+    assert g.shape == want.shape
+    np.testing.assert_array_equal(run(g, [A234]), want)
+
+
+def test_shrink_expand_of_a_strided_window():
+    # a 2-wide column window of a (4, 6) matrix, broadcast along a new axis; reference: NumPy; exact
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    g = buf(0, 24).reshape((4, 6)).shrink(((1, 4), (2, 4))).reshape((3, 1, 2)).expand((3, 4, 2))
+    np.testing.assert_array_equal(run(g, [a]), np.broadcast_to(a[1:4, None, 2:4], (3, 4, 2)))
+
+
+# ------------------------------------------------------------------ ALU ops per dtype
+
+N = 16
+_r = np.random.default_rng(1234)
+DATA = {
+    f32: (_r.standard_normal(N) * 3).astype(np.float32),
+    f64: _r.standard_normal(N) * 3,
+    i32: _r.integers(-50, 50, N).astype(np.int32),
+    bl: _r.integers(0, 2, N).astype(bool),
+}
+DATA2 = {
+    f32: np.concatenate([DATA[f32][:4], (_r.standard_normal(N - 4) * 3).astype(np.float32)]),  # some equal elements
+    f64: np.concatenate([DATA[f64][:4], _r.standard_normal(N - 4) * 3]),
+    i32: np.concatenate([DATA[i32][:4], _r.integers(-50, 50, N - 4).astype(np.int32)]),
+    bl: _r.integers(0, 2, N).astype(bool),
+}
+DATA2[i32][DATA2[i32] == 0] = 7  # divisors
+
+BINARY = {
+    Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal,
+    Ops.IDIV: np.floor_divide, Ops.MOD: np.mod, Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or,
+    Ops.XOR: np.bitwise_xor,
+}
+BINARY_CASES = [(dt, op) for dt in (f32, f64) for op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE)]
+BINARY_CASES += [(i32, op) for op in BINARY]
+BINARY_CASES += [(bl, op) for op in BINARY if op not in (Ops.IDIV, Ops.MOD)]
+
+
+@pytest.mark.parametrize("dt, op", BINARY_CASES, ids=[f"{dt.name}-{op.name}" for dt, op in BINARY_CASES])
+def test_binary_alu(dt: DType, op: Ops):
+    # reference: NumPy on the same dtype (bool ADD/MUL are C's _Bool or/and, like NumPy's); exact
+    a, b = DATA[dt], DATA2[dt]
+    got = run(buf(0, N, dt).alu(op, buf(1, N, dt)), [a, b])
+    want = BINARY[op](a, b)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+UNARY = {
+    Ops.NEG: (np.negative, 0), Ops.RECIP: (np.reciprocal, 0), Ops.SQRT: (np.sqrt, 0), Ops.TRUNC: (np.trunc, 0),
+    Ops.EXP2: (np.exp2, 4), Ops.LOG2: (np.log2, 4), Ops.SIN: (np.sin, 4),
+}
+UNARY_CASES = [(dt, op) for dt in (f32, f64) for op in UNARY]
+
+
+@pytest.mark.parametrize("dt, op", UNARY_CASES, ids=[f"{dt.name}-{op.name}" for dt, op in UNARY_CASES])
+def test_unary_alu_float(dt: DType, op: Ops):
+    # reference: NumPy; exact for the IEEE-exact ops (neg, recip, sqrt, trunc), libm's exp2/log2/sin within 4 ulp
+    fn, ulps = UNARY[op]
+    a = np.abs(DATA[dt]) + 0.25 if op in (Ops.SQRT, Ops.LOG2) else DATA[dt]
+    got = run(buf(0, N, dt).alu(op), [a])
+    want = fn(a)
+    assert got.dtype == dt.np
+    if ulps == 0:
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_array_max_ulp(got, want, maxulp=ulps)
+
+
+def test_neg_int32():
+    # reference: NumPy; exact (INT_MIN is left out: negating it is undefined behaviour in C)
+    a = np.array([0, 1, -1, 7, -50, 2**31 - 1, -(2**31) + 1, 12345], np.int32)
+    np.testing.assert_array_equal(run(-buf(0, 8, i32), [a]), -a)
+
+
+@pytest.mark.parametrize("dt", [f32, f64, i32, bl], ids=lambda d: d.name)
+def test_where(dt: DType):
+    # reference: np.where; exact
+    c = DATA[bl] ^ DATA2[bl]
+    g = buf(0, N, bl).where(buf(1, N, dt), buf(2, N, dt))
+    np.testing.assert_array_equal(run(g, [c, DATA[dt], DATA2[dt]]), np.where(c, DATA[dt], DATA2[dt]))
+
+
+def test_mixed_expression_with_constants():
+    # relu(x * 2 - 1) + max(x, y) / 4, one fused kernel; reference: NumPy float32; rtol=1e-6
+    x, y = buf(0, N), buf(1, N)
+    t = x * 2.0 - 1.0
+    g = (t < 0.0).where(0.0, t) + x.maximum(y) * UOp.const(4.0).alu(Ops.RECIP)
+    a, b = DATA[f32], DATA2[f32]
+    np.testing.assert_allclose(run(g, [a, b]), np.maximum(a * 2 - 1, 0) + np.maximum(a, b) / 4, rtol=1e-6)
+
+
+CAST_DTYPES = [i32, f32, bl, f64, u8]
+CAST_VALUES = {
+    i32: np.array([0, 1, -1, 7, 200, 255, -300, 1000, 2**31 - 1, -(2**31)], np.int32),
+    f32: np.array([0, 0.5, -0.75, 1.5, 2.9, -2.9, 200.2, 255.0, 1e9, -0.0], np.float32),
+    f64: np.array([0, 0.5, -0.75, 1.5, 2.9, -2.9, 200.2, 255.0, 1e9, 16777217.0], np.float64),
+    bl: np.array([0, 1, 1, 0, 1, 0, 0, 1, 1, 0], bool),
+    u8: np.array([0, 1, 2, 127, 128, 200, 255, 3, 254, 64], np.uint8),
+}
+CAST_CASES = [(s, d) for s in CAST_DTYPES for d in CAST_DTYPES if s is not d]
+
+
+@pytest.mark.parametrize("src, dst", CAST_CASES, ids=[f"{s.name}-to-{d.name}" for s, d in CAST_CASES])
+def test_cast(src: DType, dst: DType):
+    # reference: NumPy astype (C conversion: truncation toward zero, modular for unsigned, nonzero -> True); exact.
+    # Float -> int values that do not fit the target are undefined behaviour in C and are left out.
+    a = CAST_VALUES[src]
+    if src.is_float and dst.is_int:
+        a = a[(np.trunc(a) >= dst.min) & (np.trunc(a) <= dst.max)]
+    got = run(buf(0, len(a), src).cast(dst), [a])
+    assert got.dtype == dst.np
+    np.testing.assert_array_equal(got, a.astype(dst.np))
+
+
+# ------------------------------------------------------------------ reductions
+
+R345 = (np.random.default_rng(7).standard_normal((3, 4, 5)) * 4).astype(np.float32)
+X345 = buf(0, 60).reshape((3, 4, 5))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("op", [Ops.ADD, Ops.MAX], ids=lambda o: o.name)
+def test_reduce_trailing_axes(op: Ops, n: int):
+    # reference: np.sum / np.max over the last n axes; rtol=1e-6 (float32 summation order), MAX exact
+    got = run(X345.reduce(op, n), [R345])
+    axes = tuple(range(3 - n, 3))
+    want = R345.sum(axes) if op is Ops.ADD else R345.max(axes)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_reduce_permuted_axes():
+    # sum over axis 1 and max over axis 0, by permuting the axis last; reference: NumPy; rtol=1e-6, MAX exact
+    np.testing.assert_allclose(run(X345.permute((0, 2, 1)).reduce(Ops.ADD, 1), [R345]), R345.sum(1), rtol=1e-6,
+                               atol=1e-6)
+    np.testing.assert_array_equal(run(X345.permute((1, 2, 0)).reduce(Ops.MAX, 1), [R345]), R345.max(0))
+    # a middle and a first axis together: (3, 4, 5) -> sum over axes 0 and 1
+    np.testing.assert_allclose(run(X345.permute((2, 0, 1)).reduce(Ops.ADD, 2), [R345]), R345.sum((0, 1)), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_reduce_int32():
+    # reference: NumPy int32; exact
+    a = np.arange(-30, 30, dtype=np.int32).reshape(3, 4, 5)
+    g = buf(0, 60, i32).reshape((3, 4, 5)).reduce(Ops.ADD, 2)
+    np.testing.assert_array_equal(run(g, [a]), a.sum((1, 2), dtype=np.int32))
+
+
+def test_reduce_then_elementwise_and_reduce_again():
+    # mean of squared deviation per row; reference: NumPy float64 of the same data; rtol=1e-5
+    x = X345.reshape((12, 5))
+    mean = x.reduce(Ops.ADD, 1) * 0.2
+    d = x - mean.reshape((12, 1)).expand((12, 5))
+    got = run((d * d).reduce(Ops.ADD, 1), [R345])
+    a = R345.reshape(12, 5).astype(np.float64)
+    np.testing.assert_allclose(got, ((a - a.mean(1, keepdims=True)) ** 2).sum(1), rtol=1e-5)
+
+
+# ------------------------------------------------------------------ 0-d outputs and size-1 dims
+
+
+def test_zero_d_outputs():
+    # reference: NumPy / Python arithmetic; exact
+    one = buf(0, 1).reshape(())
+    got = run(one * 2.0 + 1.0, [np.array([3.0], np.float32)])
+    assert got.shape == () and got == 7.0
+    got = run(UOp.const(3.0) + UOp.const(1.5), [])  # no inputs: the kernel only writes its output
+    assert got.shape == () and got == 4.5
+    got = run(UOp.const(7, i32) // UOp.const(-2, i32), [])
+    assert got.shape == () and got.dtype == np.int32 and got == -4
+    got = run(one.reshape((1, 1)).expand((1, 1)).reduce(Ops.MAX, 2), [np.array([-5.0], np.float32)])
+    assert got.shape == () and got == -5.0
+
+
+def test_size_one_dims():
+    # reference: NumPy; exact (sums of two small integers in float32 are exact)
+    b = np.arange(12, dtype=np.float32).reshape(1, 3, 1, 4)
+    y = buf(0, 12).reshape((1, 3, 1, 4))
+    np.testing.assert_array_equal(run(y.permute((3, 2, 1, 0)), [b]), b.transpose(3, 2, 1, 0))
+    np.testing.assert_array_equal(run(y.reduce(Ops.ADD, 2), [b]), b.sum((2, 3)))
+    np.testing.assert_array_equal(run(y.reshape((1, 3, 4, 1)).reduce(Ops.ADD, 1), [b]), b.reshape(1, 3, 4))
+    np.testing.assert_array_equal(run(y.expand((2, 3, 5, 4)), [b]), np.broadcast_to(b, (2, 3, 5, 4)))
+    np.testing.assert_array_equal(run(y.reshape((3, 4)).shrink(((1, 2), (0, 4))).reshape((1, 1, 4)), [b]),
+                                  b.reshape(3, 4)[1:2].reshape(1, 1, 4))
+
+
+# ------------------------------------------------------------------ Chapter 7.1: mm(mm(A, B), C)
+
+
+def _abc(n: int) -> UOp:
+    a, b, c = (buf(s, n * n).reshape((n, n)) for s in range(3))
+    return mm(mm(a, b), c)
+
+
+def test_mm_mm_is_one_nest_of_four_loops():
+    src = render_graph(_abc(4), 3)
+    assert src.count("for (") == 4
+    loops = c_loops(src)
+    assert [d for d, _, _ in loops] == [1, 2, 3, 4]
+    for (_, s0, e0), (_, s1, e1) in zip(loops, loops[1:], strict=False):
+        assert s0 < s1 and e1 < e0, "each loop must be nested inside the previous one"
+    # reference: NumPy float32 matmuls; rtol=1e-5
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal((4, 4)).astype(np.float32) for _ in range(3))
+    np.testing.assert_allclose(run(_abc(4), [a, b, c]), (a @ b) @ c, rtol=1e-5, atol=1e-5)
+
+
+def test_mm_mm_n128_matches_numpy():
+    # reference: NumPy float64 (A @ B) @ C; rtol=1e-3 (float32 accumulation in a different order)
+    rng = np.random.default_rng(4)
+    a, b, c = (rng.standard_normal((128, 128)).astype(np.float32) for _ in range(3))
+    want = (a.astype(np.float64) @ b) @ c
+    np.testing.assert_allclose(run(_abc(128), [a, b, c]), want, rtol=1e-3, atol=1e-3)
+
+
+# ------------------------------------------------------------------ Chapter 6/7: x - max(x)
+
+
+def _sub_max() -> UOp:
+    x = buf(0, 32).reshape((4, 8))
+    return x - x.reduce(Ops.MAX, 1).reshape((4, 1)).expand((4, 8))
+
+
+def test_sub_max_reduce_loop_is_a_sibling_of_the_output_loop():
+    src = render_graph(_sub_max(), 1)
+    loops = c_loops(src)
+    assert len(loops) == 3 and max(d for d, _, _ in loops) == 2
+    lines = c_lines(src)
+    (_, s_row, e_row), inner = loops[0], loops[1:]
+    assert all(s_row < s and e < e_row for _, s, e in inner)
+
+    def loop_of(pred):
+        (hit,) = [(s, e) for _, s, e in inner if any(pred(lines[k]) for k in range(s, e))]
+        return hit
+
+    red = loop_of(lambda line: line.lstrip().startswith("acc"))  # the accumulator update
+    out = loop_of(lambda line: line.lstrip().startswith("data1["))  # the output store
+    assert red[1] < out[0], f"the max loop must close before the output column loop opens\n{src}"
+    # reference: NumPy; exact
+    a = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(run(_sub_max(), [a]), a - a.max(1, keepdims=True))
+
+
+# ------------------------------------------------------------------ Chapter 10: GEMM under each Opts
+
+GEMM_OPTS = {
+    "naive": Opts(),
+    "threads": Opts(thread=0),
+    "tile4x4_threads": Opts(upcast={0: 4, 1: 4}, thread=0),
+    "tile4x4_threads_blocks64": Opts(upcast={0: 4, 1: 4}, thread=0, tile={0: 64, 1: 64}),
+}
+_g = np.random.default_rng(10)
+GA, GB = (_g.standard_normal((128, 128)).astype(np.float32) for _ in range(2))
+GREF = GA.astype(np.float64) @ GB
+
+
+@pytest.mark.parametrize("bt", [False, True], ids=["B_strided", "B_transposed"])
+@pytest.mark.parametrize("name", list(GEMM_OPTS))
+def test_gemm_n128(name: str, bt: bool):
+    # reference: NumPy float64 matmul; rtol=1e-4 (float32 accumulation)
+    got = run(gemm_graph(128, bt=bt), [GA, np.ascontiguousarray(GB.T) if bt else GB], GEMM_OPTS[name])
+    np.testing.assert_allclose(got, GREF, rtol=1e-4, atol=1e-4)
+
+
+def test_gemm_opts_shape_the_loops():
+    o = GEMM_OPTS
+    naive = render_graph(gemm_graph(128, bt=True), 2, o["naive"])
+    assert naive.count("for (") == 3 and "#pragma omp parallel for" not in naive
+    thr = render_graph(gemm_graph(128, bt=True), 2, o["threads"])
+    assert thr.count("#pragma omp parallel for") == 1
+    assert c_lines(thr)[0].strip() == "#pragma omp parallel for"  # the THREAD loop is the outermost one
+    tiled = render_graph(gemm_graph(128, bt=True), 2, o["tile4x4_threads"])
+    assert tiled.count("for (") == 3 and tiled.count("float acc") == 16
+    blocked = render_graph(gemm_graph(128, bt=True), 2, o["tile4x4_threads_blocks64"])
+    assert blocked.count("for (") == 5  # 2 block loops, 2 loops within a block, 1 reduce loop
+    assert "ridx0 < 2;" in blocked and "ridx1 < 2;" in blocked
+
+
+# ------------------------------------------------------------------ gated PAD loads
+
+
+def _guarded(data: np.ndarray, guard: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """`data` as a contiguous view into a larger NaN-filled array: an ungated out-of-range read returns NaN."""
+    big = np.full(data.size + 2 * guard, np.nan, data.dtype)
+    big[guard:guard + data.size] = data.reshape(-1)
+    return big, big[guard:guard + data.size]
+
+
+def test_heavily_padded_loads_stay_in_range():
+    # reference: np.pad; exact (any NaN means an out-of-range element was read)
+    _, c = _guarded(np.array([1, 2, 3], np.float32))
+    g = buf(0, 3).pad(((100, 200),))
+    np.testing.assert_array_equal(run(g, [c]), np.pad(c, (100, 200)))
+    _, d = _guarded(np.arange(1, 5, dtype=np.float32))
+    g2 = buf(0, 4).reshape((2, 2)).pad(((50, 50), (60, 70)))
+    np.testing.assert_array_equal(run(g2, [d]), np.pad(d.reshape(2, 2), ((50, 50), (60, 70))))
+    src = render_graph(g2, 1)
+    (load,) = [line for line in c_lines(src) if "data0[" in line]
+    assert "?data0[" in load, f"the load of a padded buffer must be gated\n{src}"
+
+
+def test_padded_reduce_and_flip_stay_in_range():
+    # reference: NumPy; exact (small integers; any NaN means an out-of-range element was read)
+    _, e = _guarded(np.arange(1, 7, dtype=np.float32))
+    x = buf(0, 6).reshape((2, 3))
+    padded = np.pad(e.reshape(2, 3), ((2, 2), (3, 3)))
+    np.testing.assert_array_equal(run(x.pad(((2, 2), (3, 3))).flip((1,)).reduce(Ops.ADD, 1), [e]), padded.sum(1))
+    # an elementwise op on a padded value pads with op(0), not with a read
+    h = (x.pad(((1, 1), (1, 1))) + 1.0).reduce(Ops.MAX, 1)
+    np.testing.assert_array_equal(run(h, [e]), (np.pad(e.reshape(2, 3), 1) + 1).max(1))
+
+
+# gcc 12 with -O3 and AVX-512 (-march=native on an AVX-512 CPU) vectorizes the row loop of the kernel below with
+# AVX-512 masks and gets it wrong (standalone C repro in the bug report); with other compilers the test must pass.
+GCC12_AVX512_O3 = cc_major() == 12 and cpu_has("avx512f") and {"-O3", "-march=native"} <= set(runtime.CFLAGS)
+
+
+@pytest.mark.parametrize("flip", [False, True], ids=["plain", "flipped"])
+def test_padded_window_sum_under_an_invariant_loop(flip: bool):
+    # regression: PAD on both axes, an EXPANDed (loop-invariant) axis between the row loop and the reduce loop:
+    # gcc 12 vectorizes the row loop with AVX-512 masks and sums the wrong elements (no out-of-range read needed).
+    # reference: NumPy; exact (small integers)
+    a = np.arange(1, 7, dtype=np.float32)
+    p = buf(0, 6).reshape((2, 3)).pad(((1, 1), (1, 1)))
+    ref = np.pad(a.reshape(2, 3), 1)
+    if flip:
+        p, ref = p.flip((1,)), ref[:, ::-1]
+    g = p.reshape((4, 1, 5)).expand((4, 4, 5)).reduce(Ops.ADD, 1)
+    np.testing.assert_array_equal(run(g, [a]), np.broadcast_to(ref.sum(1)[:, None], (4, 4)))
+
+
+# ------------------------------------------------------------------ deep graphs
+
+
+def test_deep_elementwise_chain_lowers():
+    # regression: graph_rewrite/simplify are iterative, but lowering a 1000-op elementwise chain (e.g. summing 1000
+    # tensors) raised RecursionError. reference: NumPy float32 (small integers: exact)
+    x = buf(0, 4)
+    y = x
+    for _ in range(1000):
+        y = y + x
+    a = np.array([1, -2, 3, 7], np.float32)
+    np.testing.assert_array_equal(run(y, [a]), a * 1001)

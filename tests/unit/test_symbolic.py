@@ -1,0 +1,348 @@
+"""Tests for uopc.symbolic.simplify: constant folding as C computes in each dtype, algebraic identities (and the
+float ones that must NOT apply), canonical operand order, div/mod folding from RANGE bounds, the Chapter 10
+exercise 9 regression, and a hypothesis check that simplify never changes the value of integer index arithmetic."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import buf, gemm_graph, int_alu_rhs, render_graph
+from uopc.dtype import DType, dtypes
+from uopc.rangeify import Opts
+from uopc.symbolic import simplify
+from uopc.uop import Ops, RangeArg, UOp
+
+i32, f32, f64 = dtypes.int32, dtypes.float32, dtypes.float64
+INT_MIN, INT_MAX = -(2**31), 2**31 - 1
+
+
+def C(v, dt: DType = i32) -> UOp:
+    return UOp.const(v, dt)
+
+
+def rng(idx: int, size: int) -> UOp:
+    return UOp(Ops.RANGE, (C(size),), RangeArg(idx), i32)
+
+
+def folded(u: UOp):
+    s = simplify(u)
+    assert s.op is Ops.CONST, s.pretty()
+    assert s.dtype is u.dtype
+    return s.arg
+
+
+# ------------------------------------------------------------------ constant folding
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        ("C(INT_MAX) + C(1)", INT_MIN),  # int32 wraps
+        ("C(INT_MIN) + C(-1)", INT_MAX),
+        ("C(65536) * C(65536)", 0),
+        ("C(46341) * C(46341)", 46341 * 46341 - 2**32),
+        ("-C(INT_MIN)", INT_MIN),
+        ("C(200, dtypes.u8) + C(100, dtypes.u8)", 44),  # uint8 wraps
+        ("C(3, dtypes.u8) * C(100, dtypes.u8)", 44),
+        ("C(100, dtypes.i8) + C(100, dtypes.i8)", -56),
+        ("C(2**62, dtypes.i64) * C(4, dtypes.i64)", 0),
+        ("C(-7) // C(2)", -4),  # floor semantics, as Python
+        ("C(-7) % C(2)", 1),
+        ("C(7) // C(-2)", -4),
+        ("C(7) % C(-2)", -1),
+        ("C(-7) // C(-2)", 3),
+        ("C(-7) % C(-2)", -1),
+        ("C(-8) // C(2)", -4),
+        ("C(-8) % C(2)", 0),
+        ("C(7) // C(0)", 0),  # x // 0 == x % 0 == 0 (documented choice)
+        ("C(-7) % C(0)", 0),
+        ("C(INT_MIN) // C(-1)", INT_MIN),  # wraps
+        ("C(INT_MIN) % C(-1)", 0),
+        ("C(5).maximum(C(-9))", 5),
+        ("C(3) < C(4)", True),
+        ("C(3).ne(C(3))", False),
+        ("C(6) & C(3)", 2),
+        ("C(6) | C(3)", 7),
+        ("C(6).alu(Ops.XOR, C(3))", 6 ^ 3),
+        ("C(True, dtypes.bool) + C(True, dtypes.bool)", True),  # C _Bool: 1 + 1 stored as 1
+    ],
+)
+def test_int_constant_folding(expr: str, want):
+    # reference: Python ints with floor division, wrapped to the dtype; exact
+    assert folded(eval(expr)) == want
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        ("C(16777216.0, f32) + C(1.0, f32)", 16777216.0),  # float32 rounding
+        ("C(16777216.0, f64) + C(1.0, f64)", 16777217.0),
+        ("C(0.1, f32) + C(0.2, f32)", float(np.float32(0.1) + np.float32(0.2))),
+        ("C(0.1, f64) + C(0.2, f64)", 0.1 + 0.2),
+        ("C(1.1, f32) * C(1.1, f32)", float(np.float32(1.1) * np.float32(1.1))),
+        ("C(3e38, f32) * C(10.0, f32)", math.inf),  # float32 overflow
+        ("C(3e38, f64) * C(10.0, f64)", 3e39),
+        ("C(1.0, f32).alu(Ops.RECIP)", 1.0),
+        ("C(3.0, f32).alu(Ops.RECIP)", float(np.float32(1) / np.float32(3))),
+        ("C(2.0, f32).alu(Ops.SQRT)", float(np.sqrt(np.float32(2.0)))),
+        ("C(128.0, f32).alu(Ops.EXP2)", math.inf),
+        ("C(0.0, f32).alu(Ops.RECIP)", math.inf),
+        ("C(0.0, f32).alu(Ops.LOG2)", -math.inf),
+        ("C(-2.5, f32).alu(Ops.TRUNC)", -2.0),
+        ("C(2.9, f32).cast(i32)", 2),  # C conversion truncates toward zero
+        ("C(-2.9, f32).cast(i32)", -2),
+        ("C(300, i32).cast(dtypes.u8)", 44),
+        ("C(-1, i32).cast(dtypes.u8)", 255),
+        ("C(16777217, i32).cast(f32)", 16777216.0),
+        ("C(0.5, f32).cast(dtypes.bool)", True),  # nonzero -> 1, not int(0.5)
+        ("C(True, dtypes.bool).cast(f32)", 1.0),
+        ("C(1e300, f64).cast(f32)", math.inf),
+        ("C(0.1, f64).cast(f32)", float(np.float32(0.1))),
+    ],
+)
+def test_float_constant_folding(expr: str, want):
+    # reference: NumPy scalars of the dtype (C arithmetic in that type); exact
+    with np.errstate(all="ignore"):
+        assert folded(eval(expr)) == want
+
+
+def test_float_constant_folding_nan():
+    # reference: IEEE 754 / np.maximum; exact
+    nan = C(math.nan, f32)
+    assert math.isnan(folded(C(-1.0, f32).alu(Ops.LOG2)))
+    assert math.isnan(folded(C(-1.0, f32).alu(Ops.SQRT)))
+    assert math.isnan(folded(C(math.inf, f32) + C(-math.inf, f32)))
+    assert math.isnan(folded(nan.maximum(C(1.0, f32))))
+    assert math.isnan(folded(C(1.0, f32).maximum(nan)))
+    assert folded(nan < C(1.0, f32)) is False
+    assert folded(nan.ne(nan)) is True
+
+
+@pytest.mark.parametrize(
+    "expr, want",
+    [
+        ("C(0.1, f32).cast(f64)", float(np.float32(0.1))),  # C: (double)0.1f == 0.10000000149011612
+        ("C(16777217.0, f32).cast(i32)", 16777216),  # C: (int)16777217.0f == 16777216
+        ("C(0.1, f32) < C(0.10000000001, f32)", False),  # both literals are the same float
+        ("C(0.1, f32).ne(C(0.10000000001, f32))", False),
+    ],
+)
+def test_folding_rounds_float32_constants_first(expr: str, want):
+    # regression: folding CAST/CMPLT/CMPNE read a float32 CONST's unrounded double, not the C float literal it renders
+    # reference: NumPy float32 scalars; exact
+    assert folded(eval(expr)) == want
+
+
+# ------------------------------------------------------------------ identities
+
+
+def test_identities():
+    xi, xf = buf(0, 4, i32), buf(1, 4, f32)
+    assert simplify(xi + 0) is xi
+    assert simplify(0 + xi) is xi
+    assert simplify(xf + 0.0) is xf
+    assert simplify(xi * 1) is xi
+    assert simplify(1 * xi) is xi
+    assert simplify(xf * 1.0) is xf
+    assert simplify(xi * 0) is C(0)
+    assert simplify(0 * xi) is C(0)
+    xb = buf(2, 4, dtypes.bool)
+    assert simplify(xb & True) is xb and simplify(xb | False) is xb
+    assert simplify(xb & False) is C(False, dtypes.bool) and simplify(xb | True) is C(True, dtypes.bool)
+    nxf = -xf
+    assert simplify(-nxf) is xf
+    assert simplify(xf.maximum(xf)) is xf
+    assert simplify(xf.cast(f32)) is xf
+
+
+def test_float_times_zero_is_not_folded_to_zero():
+    # x*0 is NaN for x = NaN or inf: only the integer form may fold to 0; the float form becomes x+(-x), which
+    # keeps NaN/inf (gcc folds a literal x*0.0f to 0 under -fno-signed-zeros)
+    xf = buf(0, 4, f32)
+    for u in (xf * 0.0, 0.0 * xf, xf * -0.0):
+        s = simplify(u)
+        assert s.op is Ops.ADD and xf in s.src and any(v.op is Ops.NEG and v.src[0] is xf for v in s.src)
+
+
+def test_where_with_constant_condition():
+    a, b = buf(0, 4), buf(1, 4)
+    assert simplify(C(True, dtypes.bool).where(a, b)) is a
+    assert simplify(C(False, dtypes.bool).where(a, b)) is b
+    assert simplify((C(1) < C(2)).where(a, b)) is a
+    c = buf(2, 4, dtypes.bool)
+    assert simplify(c.where(a, a)) is a
+    assert simplify(c.where(a, b)) is c.where(a, b)
+
+
+# ------------------------------------------------------------------ canonical order
+
+
+def test_canonical_operand_order():
+    a, b, c = buf(0, 4), buf(1, 4), buf(2, 4)
+    assert simplify(a + b) is simplify(b + a)
+    assert simplify(a * b) is simplify(b * a)
+    assert simplify(a.maximum(b)) is simplify(b.maximum(a))
+    assert simplify(a.ne(b)) is simplify(b.ne(a))
+    assert simplify((a * b) + c) is simplify(c + (b * a))
+    assert simplify((a + b).alu(Ops.EXP2) * c) is simplify(c * (b + a).alu(Ops.EXP2))
+    # constants go last
+    s = simplify(2.0 * a)
+    assert s.op is Ops.MUL and s.src == (a, C(2.0, f32))
+    r = rng(0, 8)
+    s = simplify(3 + r * 4)
+    assert s.op is Ops.ADD and s.src[1] is C(3)
+    # CMPLT is not commutative and keeps its order
+    assert simplify(b < a) is (b < a)
+
+
+# ------------------------------------------------------------------ div/mod with RANGE bounds
+
+
+def test_divmod_folding_with_range_bounds():
+    r0, r1 = rng(0, 4), rng(1, 8)
+    flat = r0 * 8 + r1
+    assert simplify((flat // 8) % 4) is r0
+    assert simplify(flat % 8) is r1
+    assert simplify(flat // 8) is r0
+    assert simplify(r1 // 8) is C(0) and simplify(r1 % 8) is r1
+    assert simplify(r0 % 1) is C(0) and simplify(r0 // 1) is r0
+    assert simplify((r1 // 2) // 2) is simplify(r1 // 4)
+    assert simplify((r1 % 4) % 2) is simplify(r1 % 2)
+    assert simplify((r0 * 8 + r1 + 16) // 8) is simplify(r0 + 2)
+    assert simplify(r0 * 4 < C(16)) is C(True, dtypes.bool)
+    assert simplify(r0 < C(0)) is C(False, dtypes.bool)
+
+
+def test_mod_by_zero_is_not_reassociated():
+    # regression: the (x % (k*d)) % d -> x % d rule fired for k*d == 0 (0 % d == 0), but x % 0 == 0
+    r = rng(0, 10)
+    s = simplify((r % 0) % 3)
+    for v in range(10):
+        assert folded(s.substitute({r: C(v)})) == 0
+
+
+# ------------------------------------------------------------------ Chapter 10 exercise 9
+
+
+def _norm(e: str):
+    """A C expression as a tree whose commutative operands are sorted, so (a+b) and (b+a) compare equal."""
+    e = e.strip()
+    if e.startswith("(") and e.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(e):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i != len(e) - 1:
+                break
+        else:
+            inner = e[1:-1]
+            depth = 0
+            for i, ch in enumerate(inner):
+                depth += ch == "("
+                depth -= ch == ")"
+                if depth == 0 and i > 0:
+                    for op in ("!=", "+", "*", "&", "|", "^", "<", "/", "%"):
+                        if inner.startswith(op, i):
+                            left, right = _norm(inner[:i]), _norm(inner[i + len(op):])
+                            if op in ("+", "*", "&", "|", "^", "!="):
+                                return (op, *sorted((left, right), key=repr))
+                            return (op, left, right)
+            if inner.startswith("-"):
+                return ("neg", _norm(inner[1:]))
+            return _norm(inner)
+    return e
+
+
+def test_norm_helper():
+    assert _norm("(alu1+alu2)") == _norm("(alu2+alu1)")
+    assert _norm("((ridx1*16)+ridx2)") == _norm("(ridx2+(16*ridx1))")
+    assert _norm("(a+(b*c))") != _norm("((a+b)*c)")
+    assert _norm("(a<b)") != _norm("(b<a)")
+
+
+@pytest.mark.parametrize("upcast, bt", [({0: 2, 1: 2}, False), ({0: 2, 1: 2}, True), ({0: 4, 1: 4}, True)])
+def test_upcast_gemm_has_no_duplicate_index_terms(upcast, bt):
+    # regression: Chapter 10 exercise 9, alu3 = (alu1+alu2) and alu4 = (alu2+alu1) computed the same index twice
+    src = render_graph(gemm_graph(8, 8, 8, bt=bt), 2, Opts(upcast=upcast))
+    rhs = int_alu_rhs(src)
+    assert rhs, src
+    seen: dict = {}
+    for name, e in rhs.items():
+        key = _norm(e)
+        assert key not in seen, f"{name} = {e} duplicates {seen.get(key)}\n{src}"
+        seen[key] = f"{name} = {e}"
+    # and the chapter's structure: two output loops plus one shared reduce loop
+    assert src.count("for (") == 3
+    assert len(re.findall(r"float acc\d+;", src)) == math.prod(upcast.values())
+
+
+# ------------------------------------------------------------------ hypothesis: simplify keeps values
+
+SIZES = (4, 3, 8)
+RANGES = [rng(i, s) for i, s in enumerate(SIZES)]
+
+_leaf = st.one_of(
+    st.sampled_from([("r", i) for i in range(len(SIZES))]),
+    st.integers(-9, 9).map(lambda c: ("c", c)),
+)
+
+
+def _extend(ch):
+    return st.one_of(
+        st.tuples(st.sampled_from(["+", "*", "-", "max"]), ch, ch),
+        st.tuples(st.sampled_from(["//", "%"]), ch, st.integers(1, 9)),
+    )
+
+
+EXPRS = st.recursive(_leaf, _extend, max_leaves=10)
+
+
+def _build(e) -> UOp:
+    k = e[0]
+    if k == "r":
+        return RANGES[e[1]]
+    if k == "c":
+        return C(e[1])
+    a = _build(e[1])
+    if k in ("//", "%"):
+        return a // e[2] if k == "//" else a % e[2]
+    b = _build(e[2])
+    return {"+": a + b, "*": a * b, "-": a - b, "max": a.maximum(b)}[k]
+
+
+def _eval(e, env) -> int:
+    k = e[0]
+    if k == "r":
+        return env[e[1]]
+    if k == "c":
+        return e[1]
+    a = _eval(e[1], env)
+    if k == "//":
+        return a // e[2]
+    if k == "%":
+        return a % e[2]
+    b = _eval(e[2], env)
+    return {"+": a + b, "*": a * b, "-": a - b, "max": max(a, b)}[k]
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(EXPRS)
+def test_simplify_preserves_integer_index_arithmetic(e):
+    # reference: direct Python evaluation with floor // and %, for every assignment of the RANGEs; exact
+    # (values stay far below 2**31, so int32 wrap-around never matters)
+    u = _build(e)
+    s = simplify(u)
+    for env in itertools.product(*(range(n) for n in SIZES)):
+        sub = {RANGES[i]: C(v) for i, v in enumerate(env)}
+        want = _eval(e, env)
+        assert folded(s.substitute(sub)) == want, (e, env, s.pretty())
+        assert folded(u.substitute(sub)) == want, (e, env)
+    assert s.vmin <= min(_eval(e, env) for env in itertools.product(*(range(n) for n in SIZES)))
+    assert s.vmax >= max(_eval(e, env) for env in itertools.product(*(range(n) for n in SIZES)))
