@@ -82,7 +82,8 @@ def _push(m: UOp, a: UOp) -> UOp | None:
     # PAD is not pushed: pad(f(x)) != f(pad(x)) when f(0) != 0 (exp2, cmp, where, ...)
     if m.op is Ops.PAD:
         return None
-    return a.replace(src=tuple(m.replace(src=(s,)) if s.shape else s for s in a.src))
+    # operands of the ALU's own shape take the view; shape-() operands broadcast (unless the ALU itself is 0-d)
+    return a.replace(src=tuple(m.replace(src=(s,)) if s.shape == a.shape else s for s in a.src))
 
 
 # movement(alu(a, b)) -> alu(movement(a), movement(b)): exposes each operand's own chain of views
@@ -112,7 +113,7 @@ def _last_axis_stride(view: UOp, base: UOp) -> int | None:
 
     Rangeify is the stride oracle: lower the view against a fake buffer, evaluate its index at k=0 and k=1.
     """
-    if view.shape[-1] == 1:
+    if not view.shape or view.shape[-1] == 1:  # a 0-d view (e.g. reshape to ()) has no last axis to stride
         return 0
     fake = UOp(Ops.BUFFER, (), ParamArg(-999, base.dtype, (max(1, prod(base.shape)),)))
     v = view.substitute({base: fake.reshape(base.shape) if base.shape != fake.shape else fake})

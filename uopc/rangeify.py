@@ -214,7 +214,8 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     if not real:
         return vals[0]
     acc = ctx.alloc(u.dtype)
-    acc0 = acc.after(*ranges_in(*idx))  # the accumulator lives inside the loops the output index uses...
+    # the accumulator lives inside the loops the output index (and a PAD gate over it) uses...
+    acc0 = acc.after(*ranges_in(*idx, *([valid] if valid is not None else [])))
     init = acc0.index(0).store(UOp.const(identity_element(rop, u.dtype), u.dtype))
     accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))

@@ -127,7 +127,10 @@ class _Renderer:
         if op is Ops.INDEX:
             return self.address(u)
         if op in _INFIX:
-            return f"({self.expr(s[0])}{_INFIX[op]}{self.expr(s[1])})"
+            sym = _INFIX[op]
+            if u.dtype is dtypes.bool and op in (Ops.ADD, Ops.MUL):  # bool + is OR, * is AND (C would make 2)
+                sym = "|" if op is Ops.ADD else "&"
+            return f"({self.expr(s[0])}{sym}{self.expr(s[1])})"
         if op is Ops.NEG:
             return f"(-{self.expr(s[0])})"
         if op is Ops.MAX:

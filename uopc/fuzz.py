@@ -1,0 +1,302 @@
+"""Differential fuzzing: random valid Tensor programs, run by uopc and by NumPy, must agree.
+
+    python -m uopc.fuzz --n 10000 --seed 0        # a long run; prints the seed and a reproduction on a mismatch
+
+Program i runs under one of four modes (OPT=0 or 1, fuse_reduce off or on), cycling, so every mode sees
+every kind of program. Shapes include 1, 0-size and broadcast dims; dtypes int32, float32 and bool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from uopc import helpers
+from uopc.dtype import dtypes, promote
+from uopc.tensor import Tensor
+
+MODES = [(0, False), (1, False), (0, True), (1, True)]  # (OPT, fuse_reduce)
+NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool: np.bool_}
+
+
+@dataclass
+class Val:
+    t: Tensor
+    a: np.ndarray
+    name: str
+
+
+class Program:
+    """A random program built step by step; every step records the Python line that reproduces it."""
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng, self.vals, self.lines, self.n = rng, [], [], 0
+
+    def fresh(self, shape: tuple[int, ...], dt=None) -> Val:
+        rng = self.rng
+        dt = dt or rng.choice([dtypes.float32, dtypes.float32, dtypes.int32, dtypes.bool])
+        if dt is dtypes.float32:
+            a = rng.standard_normal(shape).astype(np.float32)
+        elif dt is dtypes.int32:
+            a = rng.integers(-6, 7, shape).astype(np.int32)
+        else:
+            a = rng.random(shape) < 0.5
+        name = f"x{self.n}"
+        self.lines.append(f"{name} = Tensor(np.array({a.tolist()!r}, dtype=np.{a.dtype.name}).reshape({shape}))")
+        return self.add(Val(Tensor(a), a, name))
+
+    def add(self, v: Val) -> Val:
+        self.n += 1
+        self.vals.append(v)
+        return v
+
+    def step(self, code: str, t: Tensor, a: np.ndarray) -> Val:
+        name = f"x{self.n}"
+        self.lines.append(f"{name} = {code}")
+        return self.add(Val(t, np.asarray(a).astype(NP[t.dtype]) if t.dtype in NP else np.asarray(a), name))
+
+    def pick(self) -> Val:
+        return self.vals[int(self.rng.integers(len(self.vals)))]
+
+
+def _shape(rng) -> tuple[int, ...]:
+    nd = int(rng.integers(0, 4))
+    return tuple(int(rng.choice([1, 2, 3, 4, 5, 0] if rng.random() < 0.1 else [1, 2, 3, 4, 5])) for _ in range(nd))
+
+
+def _partner(p: Program, v: Val) -> Val:
+    """Another value broadcastable with v: some dims dropped or set to 1."""
+    shape = list(v.a.shape)
+    for i in range(len(shape)):
+        if p.rng.random() < 0.3:
+            shape[i] = 1
+    if shape and p.rng.random() < 0.3:
+        shape = shape[int(p.rng.integers(len(shape) + 1)):]
+    return p.fresh(tuple(shape))
+
+
+def _np_dtype(t: Tensor):
+    return NP.get(t.dtype)
+
+
+# every op: (program, value) -> new value or None when it does not apply
+def op_unary(p: Program, v: Val):
+    fl = v.t.dtype is dtypes.float32
+    choices = ["neg", "abs", "relu", "sigmoid", "tanh", "sin", "exp", "sqrt", "square"] if fl else ["neg", "abs", "square"]
+    if v.t.dtype is dtypes.bool:
+        return p.step(f"{v.name}.logical_not()", v.t.logical_not(), np.logical_not(v.a))
+    f = str(p.rng.choice(choices))
+    with np.errstate(all="ignore"):
+        ref = {
+            "neg": lambda a: -a,
+            "abs": np.abs,
+            "relu": lambda a: np.where(a > 0, a, 0),
+            "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+            "tanh": np.tanh,
+            "sin": np.sin,
+            "exp": lambda a: np.exp(np.clip(a, -10, 10)),
+            "sqrt": lambda a: np.sqrt(np.abs(a)),
+            "square": np.square,
+        }[f](v.a)
+    if f == "exp":
+        return p.step(f"{v.name}.clip(-10, 10).exp()", v.t.clip(-10, 10).exp(), ref)
+    if f == "sqrt":
+        return p.step(f"{v.name}.abs().sqrt()", v.t.abs().sqrt(), ref)
+    if f == "square" and v.t.dtype is dtypes.int32 and np.abs(v.a).max(initial=0) > 1000:
+        return None
+    return p.step(f"{v.name}.{f}()", getattr(v.t, f)(), ref)
+
+
+def op_binary(p: Program, v: Val):
+    w = _partner(p, v) if p.rng.random() < 0.7 else p.pick()
+    try:
+        np.broadcast_shapes(v.a.shape, w.a.shape)
+    except ValueError:
+        return None
+    f = str(p.rng.choice(["+", "*", "-", "maximum", "minimum", "<", "==", "where", "//", "%"]))
+    out_dt = promote(v.t.dtype, w.t.dtype)
+    if f in ("//", "%"):
+        if out_dt is not dtypes.int32:
+            return None
+        # a nonzero divisor of either sign: floor semantics on negative operands
+        d_t, d_a = (w.t * w.t + 1) * (1 - 2 * (w.t < 0).int()), (w.a * w.a + 1) * (1 - 2 * (w.a < 0).astype(np.int32))
+        code = f"({w.name} * {w.name} + 1) * (1 - 2 * ({w.name} < 0).int())"
+        t = v.t // d_t if f == "//" else v.t % d_t
+        ref = np.floor_divide(v.a, d_a) if f == "//" else np.mod(v.a, d_a)
+        return p.step(f"{v.name} {f} ({code})", t, ref.astype(np.int32))
+    if f == "-" and out_dt is dtypes.bool:
+        return None
+    if f == "where":
+        c = p.fresh(np.broadcast_shapes(v.a.shape, w.a.shape), dtypes.bool)
+        return p.step(f"{c.name}.where({v.name}, {w.name})", c.t.where(v.t, w.t),
+                      np.where(c.a, v.a, w.a).astype(NP[out_dt]))
+    a, b = v.a.astype(NP[out_dt]), w.a.astype(NP[out_dt])
+    with np.errstate(all="ignore"):
+        if f in ("+", "*", "-", "<", "=="):
+            fns = {"+": lambda: v.t + w.t, "*": lambda: v.t * w.t, "-": lambda: v.t - w.t, "<": lambda: v.t < w.t,
+                   "==": lambda: v.t == w.t}
+            t = fns[f]()
+            if out_dt is dtypes.bool and f in "+*":
+                ref = (a | b) if f == "+" else (a & b)
+            else:
+                refs = {"+": lambda: a + b, "*": lambda: a * b, "-": lambda: a - b, "<": lambda: a < b,
+                        "==": lambda: a == b}
+                ref = refs[f]()
+            return p.step(f"{v.name} {f} {w.name}", t, ref)
+        t = getattr(v.t, f)(w.t)
+        return p.step(f"{v.name}.{f}({w.name})", t, getattr(np, f)(a, b))
+
+
+def op_movement(p: Program, v: Val):
+    rng, s = p.rng, v.a.shape
+    f = str(rng.choice(["permute", "flip", "pad", "shrink", "reshape", "expand", "slice"]))
+    if not s:
+        f = "reshape"
+    if f == "permute":
+        order = tuple(int(i) for i in rng.permutation(len(s)))
+        return p.step(f"{v.name}.permute({order})", v.t.permute(order), v.a.transpose(order))
+    if f == "flip":
+        ax = int(rng.integers(len(s)))
+        return p.step(f"{v.name}.flip({ax})", v.t.flip(ax), np.flip(v.a, ax))
+    if f == "pad":
+        pads = tuple((int(rng.integers(0, 3)), int(rng.integers(0, 3))) for _ in s)
+        return p.step(f"{v.name}.pad({pads})", v.t.pad(pads), np.pad(v.a, pads))
+    if f == "shrink":
+        bounds = []
+        for n in s:
+            lo = int(rng.integers(0, n + 1))
+            bounds.append((lo, int(rng.integers(lo, n + 1))))
+        bounds = tuple(bounds)
+        return p.step(f"{v.name}.shrink({bounds})", v.t.shrink(bounds), v.a[tuple(slice(lo, hi) for lo, hi in bounds)])
+    if f == "slice":
+        ax = int(rng.integers(len(s)))
+        st = int(rng.choice([-3, -2, -1, 2, 3]))
+        idx = (slice(None),) * ax + (slice(None, None, st),)
+        return p.step(f"{v.name}[{'' if not ax else ':, ' * ax}::{st}]", v.t[idx], v.a[idx])
+    if f == "expand":
+        if 1 not in s:
+            return None
+        new = tuple(int(rng.integers(1, 4)) if n == 1 else n for n in s)
+        return p.step(f"{v.name}.expand({new})", v.t.expand(new), np.broadcast_to(v.a, new))
+    n = int(np.prod(s))
+    new = [n] if n else [0]
+    if n > 1 and rng.random() < 0.7:
+        d = [k for k in range(2, n + 1) if n % k == 0]
+        k = int(rng.choice(d))
+        new = [k, n // k]
+    new = tuple(new) if rng.random() < 0.8 else (1, *new)
+    return p.step(f"{v.name}.reshape({new})", v.t.reshape(new), v.a.reshape(new))
+
+
+def op_reduce(p: Program, v: Val):
+    rng, s = p.rng, v.a.shape
+    if not s:
+        return None
+    axes = tuple(sorted({int(a) for a in rng.integers(0, len(s), int(rng.integers(1, len(s) + 1)))}))
+    keep = bool(rng.random() < 0.5)
+    f = str(rng.choice(["sum", "max", "mean"] if v.t.dtype is dtypes.float32 else ["sum", "max"]))
+    if f == "max" and any(s[a] == 0 for a in axes):
+        return None
+    if v.t.dtype is dtypes.bool:
+        f = "sum"
+    if f == "mean" and any(s[a] == 0 for a in axes):
+        return None
+    a = v.a.astype(np.int32) if v.t.dtype is dtypes.bool else v.a
+    ref = getattr(np, f)(a, axis=axes, keepdims=keep)
+    return p.step(f"{v.name}.{f}({axes}, keepdim={keep})", getattr(v.t, f)(axes, keepdim=keep), ref)
+
+
+def op_matmul(p: Program, v: Val):
+    if v.t.dtype is not dtypes.float32 or not v.a.shape or v.a.size == 0:
+        return None
+    w = p.fresh((v.a.shape[-1], int(p.rng.integers(1, 6))), dtypes.float32)
+    return p.step(f"{v.name} @ {w.name}", v.t @ w.t, v.a @ w.a)
+
+
+def op_softmax(p: Program, v: Val):
+    if v.t.dtype is not dtypes.float32 or not v.a.shape or v.a.size == 0:
+        return None
+    e = np.exp(v.a - v.a.max(-1, keepdims=True))
+    return p.step(f"{v.name}.softmax(-1)", v.t.softmax(-1), e / e.sum(-1, keepdims=True))
+
+
+def op_cast(p: Program, v: Val):
+    dt = p.rng.choice([dtypes.float32, dtypes.int32, dtypes.bool])
+    if dt is dtypes.int32 and v.t.dtype is dtypes.float32:
+        a = np.clip(v.a, -100, 100)
+        return p.step(f"{v.name}.clip(-100, 100).cast(dtypes.int32)", v.t.clip(-100, 100).cast(dt), np.trunc(a))
+    return p.step(f"{v.name}.cast(dtypes.{dt.name})", v.t.cast(dt), v.a.astype(NP[dt]))
+
+
+OPS = [op_unary, op_binary, op_binary, op_movement, op_movement, op_reduce, op_matmul, op_softmax, op_cast]
+
+
+def generate(seed: int) -> Program:
+    rng = np.random.default_rng(seed)
+    p = Program(rng)
+    p.fresh(_shape(rng))
+    for _ in range(int(rng.integers(1, 7))):
+        v = p.vals[-1] if rng.random() < 0.7 else p.pick()
+        op = OPS[int(rng.integers(len(OPS)))]
+        op(p, v)
+    return p
+
+
+def check(seed: int) -> str | None:
+    """Run program `seed` in its mode; None if uopc and NumPy agree, else a report with a reproduction."""
+    opt, fuse = MODES[seed % len(MODES)]
+    old_opt, old_fuse = helpers.OPT, Tensor.fuse_reduce
+    helpers.OPT, Tensor.fuse_reduce = opt, fuse
+    try:
+        try:
+            p = generate(seed)
+        except Exception:
+            return f"MISMATCH seed={seed}: building the program raised:\n{traceback.format_exc()}"
+        out = p.vals[-1]
+        try:
+            got = out.t.numpy()
+        except Exception:
+            return _report(seed, p, f"uopc raised:\n{traceback.format_exc()}")
+        if got.shape != out.a.shape or got.dtype != out.a.dtype:
+            return _report(seed, p, f"shape/dtype {got.shape} {got.dtype} != numpy {out.a.shape} {out.a.dtype}")
+        if got.dtype.kind == "f":
+            ok = np.allclose(got, out.a, rtol=1e-3, atol=1e-4, equal_nan=True)
+        else:
+            ok = np.array_equal(got, out.a)
+        return None if ok else _report(seed, p, f"values differ:\nuopc  {got!r}\nnumpy {out.a!r}")
+    finally:
+        helpers.OPT, Tensor.fuse_reduce = old_opt, old_fuse
+
+
+def _report(seed: int, p: Program, what: str) -> str:
+    opt, fuse = MODES[seed % len(MODES)]
+    code = "\n".join(p.lines)
+    return (f"MISMATCH seed={seed} (OPT={opt}, fuse_reduce={fuse}): {what}\n--- reproduction ---\n"
+            f"import numpy as np\nfrom uopc import helpers, dtypes\nfrom uopc.tensor import Tensor\n"
+            f"helpers.OPT = {opt}; Tensor.fuse_reduce = {fuse}\n{code}\nprint({p.vals[-1].name}.numpy())\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="differential fuzzing of uopc against NumPy")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0, help="first seed; program i uses seed + i")
+    args = ap.parse_args(argv)
+    bad, t0 = 0, time.perf_counter()
+    for i in range(args.n):
+        rep = check(args.seed + i)
+        if rep:
+            bad += 1
+            print(rep, flush=True)
+        if (i + 1) % 100 == 0:
+            print(f"  {i + 1}/{args.n} programs, {bad} mismatches, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    print(f"fuzz: {args.n} programs (seeds {args.seed}..{args.seed + args.n - 1}), {bad} mismatches")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
