@@ -14,7 +14,7 @@ demo: $(VENV)/.installed
 	$(VPY) examples/demo.py
 
 test: $(VENV)/.installed
-	$(VPY) -m pytest tests
+	$(VPY) -m pytest tests -q
 	# once more with every load and store index checked against its buffer
 	UOPC_CHECK_OOB=1 $(VPY) -m pytest tests -q
 

@@ -151,8 +151,9 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
 
     inputs = [u for u in UOp(Ops.SINK, tuple(roots)).toposort() if u.op is Ops.BUFFER]
     in_idx = {u: i for i, u in enumerate(inputs)}
-    # 1. strip detach markers: they only stop gradients
-    roots = [graph_rewrite(r, strip_detach) for r in roots]
+    # 1. strip detach markers (they only stop gradients) and reshapes of roots (outputs are flat buffers anyway,
+    #    and a reshaped reduce would otherwise be a reduce kernel plus a copy)
+    roots = [base_buffer(graph_rewrite(r, strip_detach)) for r in roots]
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:
         roots = stage_broadcast_compute(roots)
