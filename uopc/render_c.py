@@ -62,6 +62,8 @@ _MATH = {  # op -> (float, double) C function
     Ops.TRUNC: ("truncf", "trunc"),
 }
 
+_NARROW_WRAP = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD}
+
 _INFIX = {
     Ops.ADD: "+",
     Ops.MUL: "*",
@@ -119,6 +121,12 @@ class _Renderer:
     def expr(self, u: UOp) -> str:
         if u in self.names:
             return self.names[u]
+        if u.op in _NARROW_WRAP and u.dtype is not None and u.dtype.is_int and u.dtype.itemsize < 4:
+            # C computes narrow ints in int: cast back so int8 100+100 wraps to -56, as NumPy and PyTorch do
+            return f"(({u.dtype.cname}){self._expr(u)})"
+        return self._expr(u)
+
+    def _expr(self, u: UOp) -> str:
         op, s = u.op, u.src
         if op is Ops.CONST:
             return render_const(u.arg, u.dtype)

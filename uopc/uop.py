@@ -22,7 +22,7 @@ from enum import Enum, auto
 from functools import cached_property
 from typing import Any, Callable, NamedTuple
 
-from uopc.dtype import DType, dtypes
+from uopc.dtype import DType, dtypes, truncate
 from uopc.helpers import prod
 
 
@@ -287,7 +287,7 @@ class UOp:
         elif dtype.is_bool:
             value = bool(value)
         else:
-            value = int(value)
+            value = truncate(dtype, int(value))  # -1 as uint8 is 255: the value C would store
         return UOp(Ops.CONST, (), value, dtype)
 
     def _check_ndim(self, what: str, n: int, arg: Any) -> None:
