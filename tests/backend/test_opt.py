@@ -1,0 +1,200 @@
+"""The CPU optimizer of Chapter 10: Opts in lowering, the layout pass, the heuristic, the search and its cache.
+
+Numeric references: NumPy (float32 GEMMs: rtol 1e-4, atol 1e-4, accumulation order differs between Opts).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import buf, gemm_graph
+from uopc import helpers, opt
+from uopc.dtype import dtypes
+from uopc.opt import _dedup, candidate_opts, hand_opt_choice, layout_pass, search_opt
+from uopc.rangeify import Ctx, Opts, lower
+from uopc.render_c import render_c
+from uopc.runtime import Program
+from uopc.uop import Ops
+
+rng = np.random.default_rng(0)
+
+
+def run_gemm(M, N, K, opts, bt=False):
+    a, b = rng.standard_normal((M, K)).astype(np.float32), rng.standard_normal((K, N)).astype(np.float32)
+    c = np.zeros(M * N, np.float32)
+    src = render_c(lower(gemm_graph(M, N, K, bt=bt), buf(2, M * N), Ctx(opts=opts)), "k")
+    Program(src, "k")(a, np.ascontiguousarray(b.T) if bt else b, c)
+    return src, c.reshape(M, N), a @ b
+
+
+def test_layout_pass_stages_transposed_operand():
+    (g2,) = layout_pass([gemm_graph(64, 64, 64)])
+    assert any(u.op is Ops.STAGE for u in g2.toposort())
+    (g3,) = layout_pass([gemm_graph(64, 64, 64, bt=True)])  # already contiguous: nothing to do
+    assert not any(u.op is Ops.STAGE for u in g3.toposort())
+
+
+def test_upcast_shares_reduce_loop():
+    src = render_c(lower(gemm_graph(8, 8, 8), buf(2, 64), Ctx(opts=Opts(upcast={0: 2, 1: 2}))), "k")
+    assert src.count("for (") == 3  # 2 output loops + ONE shared reduce loop
+    assert src.count("float acc") >= 4
+
+
+@pytest.mark.parametrize("tile", [{0: 8, 1: 16}, {1: 32}, {0: 16}])
+def test_cache_blocking_correct(tile):
+    src, got, ref = run_gemm(32, 64, 48, Opts(upcast={0: 4, 1: 4}, thread=0, tile=tile))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert src.count("for (") == 3 + len(tile)  # one extra block loop per tiled axis
+
+
+def test_ignored_tiles():
+    # a tile that does not divide, is not a multiple of the upcast, or covers the whole axis is ignored
+    for tile in ({0: 7}, {0: 6}, {0: 32}):
+        src, got, ref = run_gemm(32, 32, 8, Opts(upcast={0: 4}, tile=tile))
+        assert src.count("for (") == 3
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_reduce_unroll_has_no_inner_loop():
+    x = buf(0, 16)
+    src = render_c(lower(x.reduce(Ops.ADD, 1), buf(1, 1), Ctx(opts=Opts(unroll=16))), "k")
+    assert "for (" not in src  # a 16-element sum as straight-line code, added in a balanced tree
+    data = rng.standard_normal(16).astype(np.float32)
+    out = np.zeros(1, np.float32)
+    Program(src, "k")(data, out)
+    np.testing.assert_allclose(out[0], data.sum(), rtol=1e-5)
+
+
+def test_reduce_unroll_tree():
+    src, got, ref = run_gemm(8, 8, 64, Opts(unroll=4), bt=True)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert "for (int ridx2 = 0; ridx2 < 16;" in src
+
+
+def test_thread_accumulator_is_private():
+    src = render_c(lower(gemm_graph(64, 64, 64, bt=True), buf(2, 64 * 64), Ctx(opts=Opts(thread=0))), "k")
+    lines = src.splitlines()
+    pragma = next(i for i, ln in enumerate(lines) if "#pragma omp parallel for" in ln)
+    decl = next(i for i, ln in enumerate(lines) if "float acc0;" in ln)
+    assert decl > pragma + 1  # declared inside the parallel loop: each thread has its own
+    indent = lambda ln: len(ln) - len(ln.lstrip())
+    assert indent(lines[decl]) > indent(lines[pragma + 1])
+
+
+def _body(shape, rsize=None):
+    if rsize is None:
+        return buf(0, int(np.prod(shape))).reshape(shape) * 2.0
+    return buf(0, int(np.prod(shape)) * rsize).reshape((*shape, rsize)).reduce(Ops.MAX, 1)
+
+
+def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
+    monkeypatch.setattr(opt, "num_cores", lambda: 2)
+    monkeypatch.setattr(opt, "l2_bytes", lambda: 1 << 20)
+    g = hand_opt_choice(gemm_graph(1024))
+    assert (g.upcast, g.thread) == ({0: 4, 1: 4}, 0)
+    assert g.tile == {0: opt.BLOCK_ROWS, 1: opt.BLOCK_COLS}  # B^T (4 MiB) does not fit this L2: cache blocks
+    small = hand_opt_choice(gemm_graph(256))
+    assert small.tile == {}  # 256 KiB of operand rows fit in L2: no blocks
+    rm = hand_opt_choice(_body((128,), 10))  # the log_softmax row max of the MNIST step
+    assert (rm.upcast, rm.thread, rm.unroll) == ({0: 4}, None, 1)
+    ew = hand_opt_choice(_body((784, 128)))
+    assert (ew.upcast, ew.thread) == ({}, 0)
+    assert hand_opt_choice(_body((128,))) == Opts()
+    s = hand_opt_choice(buf(0, 16).reduce(Ops.ADD, 1))
+    assert (s.upcast, s.thread, s.unroll) == ({}, None, 4)
+
+
+def test_dedup_key_keeps_cache_blocks():
+    # exercise 11: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
+    cands = _dedup(candidate_opts(gemm_graph(256, bt=True)))
+    assert sum(1 for o in cands if o.tile) == 3
+    assert len({o.key() for o in cands}) == len(cands)
+
+
+GRAPHS = {
+    "gemm_odd": lambda: gemm_graph(24, 40, 36),
+    "gemm_bt_odd": lambda: gemm_graph(40, 24, 12, bt=True),
+    "rowsum": lambda: buf(0, 96 * 20).reshape((96, 20)).reduce(Ops.ADD, 1),
+    "colmax": lambda: buf(0, 20 * 96).reshape((20, 96)).permute((1, 0)).reduce(Ops.MAX, 1),
+}
+
+
+def _softmax_graph():
+    x = buf(0, 32 * 48).reshape((32, 48))
+    m = x.reduce(Ops.MAX, 1).reshape((32, 1)).expand((32, 48))
+    e = ((x - m) * 1.4426950408889634).alu(Ops.EXP2)
+    return e * e.reduce(Ops.ADD, 1).reshape((32, 1)).expand((32, 48)).alu(Ops.RECIP)
+
+
+def _layernorm_graph():
+    x = buf(0, 16 * 64).reshape((16, 64))
+    mean = (x.reduce(Ops.ADD, 1) * (1 / 64)).reshape((16, 1)).expand((16, 64))
+    d = x - mean
+    var = ((d * d).reduce(Ops.ADD, 1) * (1 / 64) + 1e-5).alu(Ops.SQRT).alu(Ops.RECIP)
+    return d * var.reshape((16, 1)).expand((16, 64))
+
+
+GRAPHS["softmax_fused"] = _softmax_graph
+GRAPHS["layernorm_fused"] = _layernorm_graph
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_every_candidate_matches_opt0(name):
+    g = GRAPHS[name]()
+    bufs = sorted({u for u in g.toposort() if u.op is Ops.BUFFER}, key=lambda u: u.arg.slot)
+    data = [rng.standard_normal(b.arg.shape[0]).astype(np.float32) for b in bufs]
+    out = buf(len(bufs), g.size)
+
+    def run(o):
+        res = np.zeros(g.size, np.float32)
+        Program(render_c(lower(g, out, Ctx(opts=o)), "k"), "k")(*data, res)
+        return res
+
+    ref = run(Opts())
+    cands = _dedup(candidate_opts(g))
+    assert len(cands) > 2
+    for o in cands:
+        np.testing.assert_allclose(run(o), ref, rtol=1e-4, atol=1e-5, err_msg=str(o))
+
+
+def test_search_result_is_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("UOPC_CACHE", str(tmp_path / "cache"))
+    g = gemm_graph(32, 32, 32, bt=True)
+    out = buf(2, 32 * 32)
+    before = opt.search_stats["timed"]
+    ast1, o1 = search_opt(g, out)
+    timed = opt.search_stats["timed"] - before
+    assert timed >= 10
+    ast2, o2 = search_opt(g, out)  # a second run reads the winner from disk: no timing
+    assert opt.search_stats["timed"] - before == timed
+    assert o1.key() == o2.key() and ast1 is ast2
+
+
+def test_tensor_matmul_at_every_opt_level(monkeypatch):
+    from uopc.tensor import Tensor
+
+    a, b = rng.standard_normal((48, 40)).astype(np.float32), rng.standard_normal((40, 56)).astype(np.float32)
+    for level in (0, 1, 2):
+        monkeypatch.setattr(helpers, "OPT", level)
+        np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_debug3_prints_opts(monkeypatch, capsys):
+    from uopc.tensor import Tensor
+
+    monkeypatch.setattr(helpers, "DEBUG", 3)
+    (Tensor(rng.standard_normal((64, 96)).astype(np.float32)) @ Tensor(np.ones((96, 32), np.float32))).realize()
+    assert "Opts(upcast=" in capsys.readouterr().out
+
+
+def test_dtypes_and_opts():
+    # an int GEMM under a register tile + threads, vs NumPy (exact)
+    a = rng.integers(-5, 5, (16, 12)).astype(np.int32)
+    b = rng.integers(-5, 5, (12, 8)).astype(np.int32)
+    g = gemm_graph(16, 8, 12)
+    g = g.substitute({u: buf(u.arg.slot, u.arg.shape[0], dtypes.int32) for u in g.toposort() if u.op is Ops.BUFFER})
+    c = np.zeros(16 * 8, np.int32)
+    Program(render_c(lower(g, buf(2, 128, dtypes.int32), Ctx(opts=Opts(upcast={0: 4, 1: 4}, thread=0))), "k"), "k")(
+        a, b, c)
+    np.testing.assert_array_equal(c.reshape(16, 8), a @ b)
