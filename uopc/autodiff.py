@@ -1,0 +1,254 @@
+"""Reverse-mode autodiff on the shape graph: a gradient is a UOp graph built from the forward UOps.
+
+Walk the loss graph from the root to the leaves (reverse topological order); each node hands its gradient to its
+sources through one rule per op (`GRAD_RULES`, data). Because UOps are hash-consed, a rule that mentions a forward
+node (MUL's other operand, the output of EXP2) refers to the very same node, so the forward value is computed once
+and shared by the loss and the gradient kernels (Chapter 7.12).
+
+    >>> w = Tensor([1.0, 2.0], requires_grad=True)
+    >>> (w * w).sum().backward()        # w.grad is lazy: w*1 + w*1, reading w's own buffer
+    >>> w.grad.numpy()
+    array([2., 4.], dtype=float32)
+
+STAGE is the identity for gradients; STAGE("detach") stops them. BUFFER and CONST are leaves.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from uopc.dtype import DType
+from uopc.helpers import argsort
+from uopc.uop import Ops, UOp
+
+if TYPE_CHECKING:
+    from uopc.tensor import Tensor
+
+# ---------------------------------------------------------------------------------------------------
+# small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)
+
+
+def _c(v: float, dt: DType) -> UOp:
+    return UOp.const(v, dt)
+
+
+def _where(cond: UOp, a: UOp, b: UOp) -> UOp:
+    return cond.alu(Ops.WHERE, a, b)
+
+
+def _keep_dims(x: UOp, shape: tuple[int, ...]) -> UOp:
+    """A reduced value x (shape[:len(x.shape)]) broadcast back to `shape`: reshape in size-1 dims, then expand."""
+    n = len(shape) - len(x.shape)
+    return x.reshape(x.shape + (1,) * n).expand(shape)
+
+
+def _max_weight(a: UOp, b: UOp) -> UOp:
+    """d max(a, b) / da: 1 where a wins, 0 where b wins, 0.5 at a tie (the gradient is split evenly)."""
+    dt = a.dtype
+    return _where(b.alu(Ops.CMPLT, a), _c(1.0, dt), _where(a.alu(Ops.CMPNE, b), _c(0.0, dt), _c(0.5, dt)))
+
+
+def _reduce_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
+    """REDUCE over the last n axes: ADD sends g back to every input; MAX to the maxima, shared among ties."""
+    a = x.src[0]
+    rop, _n = x.arg
+    if rop is Ops.ADD:
+        return (_keep_dims(g, a.shape),)
+    dt = a.dtype
+    is_max = _where(a.alu(Ops.CMPNE, _keep_dims(x, a.shape)), _c(0.0, dt), _c(1.0, dt))
+    ties = is_max.reduce(Ops.ADD, len(a.shape) - len(x.shape))
+    return (is_max * _keep_dims(g * ties.alu(Ops.RECIP), a.shape),)
+
+
+def _expand_grad(g: UOp, x: UOp) -> tuple[UOp]:
+    """EXPAND copies a value along its size-1 axes: the gradient sums over them (moved to the end, then reduced)."""
+    src = x.src[0].shape
+    grown = [i for i, (s, e) in enumerate(zip(src, x.shape, strict=True)) if s != e]
+    kept = [i for i in range(len(src)) if i not in grown]
+    return (g.permute(tuple(kept + grown)).reduce(Ops.ADD, len(grown)).reshape(src),)
+
+
+def _unpad(pads: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The SHRINK bounds that cut a PAD's input window back out of its output."""
+    return tuple((lo, lo + s) for (lo, _), s in zip(pads, shape, strict=True))
+
+
+def _unshrink(bounds: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """The PAD that puts a SHRINK's window back at its place in the input shape."""
+    return tuple((lo, s - hi) for (lo, hi), s in zip(bounds, shape, strict=True))
+
+
+def _no_grad(g: UOp, x: UOp) -> tuple[None, ...]:
+    return (None,) * len(x.src)
+
+
+LN2 = math.log(2.0)
+
+# One rule per op: (gradient of the node, the node) -> one gradient (or None) per source, in source order.
+GradRule = Callable[[UOp, UOp], tuple[UOp | None, ...]]
+GRAD_RULES: dict[Ops, GradRule] = {
+    # ---- ALU
+    Ops.ADD: lambda g, x: (g, g),  # d(a+b) = da + db
+    Ops.MUL: lambda g, x: (g * x.src[1], g * x.src[0]),  # d(ab) = b da + a db
+    Ops.NEG: lambda g, x: (-g,),
+    Ops.RECIP: lambda g, x: (-(g * x * x),),  # d(1/a) = -1/a^2 da = -x^2 da
+    Ops.SQRT: lambda g, x: (g * (x * _c(2.0, x.dtype)).alu(Ops.RECIP),),  # d sqrt(a) = da / (2 sqrt(a))
+    Ops.EXP2: lambda g, x: (g * x * _c(LN2, x.dtype),),  # d 2^a = 2^a ln2 da
+    Ops.LOG2: lambda g, x: (g * (x.src[0] * _c(LN2, x.dtype)).alu(Ops.RECIP),),  # d log2(a) = da / (a ln2)
+    # cos(a) = sin(pi/2 - a): the IR has no COS
+    Ops.SIN: lambda g, x: (g * (_c(math.pi / 2, x.dtype) - x.src[0]).alu(Ops.SIN),),
+    Ops.MAX: lambda g, x: (g * _max_weight(x.src[0], x.src[1]), g * _max_weight(x.src[1], x.src[0])),
+    # the condition gets nothing; each branch gets g where it was chosen
+    Ops.WHERE: lambda g, x: (None, _where(x.src[0], g, _c(0.0, g.dtype)), _where(x.src[0], _c(0.0, g.dtype), g)),
+    Ops.CAST: lambda g, x: (g.cast(x.src[0].dtype),),  # the gradient goes back in the source's dtype
+    # piecewise constant or integer-valued: no gradient
+    Ops.CMPLT: _no_grad,
+    Ops.CMPNE: _no_grad,
+    Ops.IDIV: _no_grad,
+    Ops.MOD: _no_grad,
+    Ops.AND: _no_grad,
+    Ops.OR: _no_grad,
+    Ops.XOR: _no_grad,
+    Ops.TRUNC: _no_grad,
+    # ---- reductions
+    Ops.REDUCE: _reduce_grad,
+    # ---- movement ops: each maps the gradient back through the inverse index map
+    Ops.RESHAPE: lambda g, x: (g.reshape(x.src[0].shape),),
+    Ops.EXPAND: _expand_grad,
+    Ops.PERMUTE: lambda g, x: (g.permute(tuple(argsort(list(x.arg)))),),
+    Ops.PAD: lambda g, x: (g.shrink(_unpad(x.arg, x.src[0].shape)),),  # keep the original window
+    Ops.SHRINK: lambda g, x: (g.pad(_unshrink(x.arg, x.src[0].shape)),),  # zeros where nothing was read
+    Ops.FLIP: lambda g, x: (g.flip(tuple(i for i, f in enumerate(x.arg) if f)),),
+    # ---- materialization: contiguous() is the identity, detach() stops the gradient
+    Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (g,),
+}
+
+
+# constant arithmetic on the gradient path (the seed 1.0 times a mean's 1/n) folds to one CONST here, so the
+# gradient graph never holds an ALU of constants under a RESHAPE/EXPAND
+_FOLD = {Ops.ADD: operator.add, Ops.MUL: operator.mul, Ops.NEG: operator.neg}
+
+
+def _fold(u: UOp) -> UOp:
+    if u.op in _FOLD and all(s.op is Ops.CONST for s in u.src):
+        return UOp.const(_FOLD[u.op](*(s.arg for s in u.src)), u.dtype)
+    return u
+
+
+def _differentiable(u: UOp) -> bool:
+    """Only float values carry gradients (an index, a mask or a token id has none)."""
+    return u.dtype is not None and u.dtype.is_float
+
+
+def _fit(g: UOp, shape: tuple[int, ...]) -> UOp:
+    """A gradient for a source of `shape`; a shape-() operand that an ALU op broadcast gets the sum."""
+    if g.shape == shape:
+        return g
+    if shape == ():
+        return g.reduce(Ops.ADD, len(g.shape))
+    raise RuntimeError(f"autodiff: gradient of shape {g.shape} for a value of shape {shape}")
+
+
+def zeros_like(u: UOp) -> UOp:
+    """A lazy zero of u's shape and dtype (a broadcast CONST: no buffer until realized)."""
+    z = _c(0.0, u.dtype) if u.dtype.is_float else UOp.const(0, u.dtype)
+    return z.reshape((1,) * len(u.shape)).expand(u.shape) if u.shape else z
+
+
+def _needs_grad(topo: list[UOp], targets: set[UOp]) -> set[UOp]:
+    """The nodes some target is reachable from (not through a detach): the only ones worth differentiating."""
+    on_path: set[UOp] = set()
+    for u in topo:  # sources come before their users
+        if u in targets:
+            on_path.add(u)
+        elif not (u.op is Ops.STAGE and u.arg == "detach") and any(s in on_path for s in u.src):
+            on_path.add(u)
+    return on_path
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp, UOp]:
+    """Gradients of `root` (seeded with root_grad) for every node on a path to a target, keyed by forward node.
+
+    In: a shape graph and the nodes to differentiate for. Out: gradient graphs that share the forward's nodes.
+    A target the root does not depend on is absent from the result.
+    """
+    topo = root.toposort()
+    on_path = _needs_grad(topo, set(targets))
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for x in reversed(topo):
+        g = grads.get(x)
+        if g is None or x not in on_path or not x.src:
+            continue
+        rule = GRAD_RULES.get(x.op)
+        if rule is None:
+            raise NotImplementedError(f"autodiff: no gradient rule for {x.op} (node {x!r})")
+        for s, gs in zip(x.src, rule(g, x), strict=True):
+            if gs is None or s not in on_path or not _differentiable(s):
+                continue
+            gs = _fit(_fold(gs), s.shape)
+            grads[s] = _fold(grads[s] + gs) if s in grads else gs
+    return {t: grads[t] for t in targets if t in grads}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the Tensor-level API (Tensor.backward and Tensor.gradient call these)
+
+
+def _loss_graph(loss: Tensor) -> UOp:
+    """The graph to differentiate: the one before realize, if the loss was already computed (loss.item())."""
+    # tensor.py keeps the pre-realize graph of a tensor that tracks gradients (as _graph or _forward_uop)
+    root = getattr(loss, "_forward_uop", None) or getattr(loss, "_graph", None) or loss.uop
+    if root.size != 1:
+        raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {root.shape}")
+    return root
+
+
+def gradient(loss: Tensor, targets: list[Tensor]) -> list[Tensor]:
+    """d loss / d target for each target, as lazy Tensors (zeros for a target the loss does not depend on)."""
+    from uopc.tensor import Tensor
+
+    root = _loss_graph(loss)
+    seed = _c(1.0, root.dtype).reshape(root.shape) if root.shape else _c(1.0, root.dtype)
+    names = [_target_nodes(t) for t in targets]
+    grads = compute_gradient(root, seed, [u for ns in names for u in ns])
+    out = []
+    for t, ns in zip(targets, names, strict=True):
+        found = [grads[u] for u in ns if u in grads]
+        out.append(Tensor(functools.reduce(lambda a, b: a + b, found) if found else zeros_like(t.uop)))
+    return out
+
+
+def _target_nodes(t: Tensor) -> list[UOp]:
+    """The nodes that stand for t in a graph: its current uop, and the graph it had before a realize."""
+    nodes = [t.uop]
+    for old in (getattr(t, "_forward_uop", None), getattr(t, "_graph", None)):
+        if old is not None and old not in nodes and old.shape == t.uop.shape:
+            nodes.append(old)
+    return nodes
+
+
+def _registered_in(root: UOp) -> list[Tensor]:
+    """Every requires-grad tensor whose current graph appears in the loss graph."""
+    from uopc.tensor import Tensor
+
+    registry = getattr(Tensor, "_grad_tensors", None)
+    if registry is None:
+        raise RuntimeError("backward() without params needs Tensor._grad_tensors; pass the parameters explicitly")
+    nodes = set(root.toposort())
+    # a WeakSet, or a mapping id -> tensor (a set would call Tensor.__eq__, which builds a graph)
+    tensors = list(registry.values() if hasattr(registry, "values") else registry)
+    return [t for t in tensors if t.requires_grad and any(u in nodes for u in _target_nodes(t))]
+
+
+def backward(loss: Tensor, params: list[Tensor] | None = None) -> None:
+    """Accumulate d loss / d p into p.grad (lazily) for `params`, or for every requires-grad tensor in the graph."""
+    from uopc.tensor import Tensor
+
+    params = _registered_in(_loss_graph(loss)) if params is None else list(params)
+    for p, g in zip(params, gradient(loss, params), strict=True):
+        # accumulate until cleared (p.grad = None), as PyTorch does
+        p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)
