@@ -189,3 +189,22 @@ def test_debug4_prints_the_c(opt0, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "void e_3_5(float* restrict data0, float* restrict data1)" in out
     assert "realize: 1 kernels" in out and "GFLOP/s" in out
+
+
+def test_plan_cache_stays_bounded_over_3000_shapes(monkeypatch):
+    # a program that sees thousands of distinct shapes: the in-memory plan cache evicts least recently used plans.
+    # Compiling 3,000 kernels would take minutes, so programs are stubbed: this checks the cache, not gcc.
+    monkeypatch.setattr(kernelize, "plan_cache_size", 64)
+
+    def fake_compile(plan):
+        for k in plan.kernels:
+            k.program = lambda *args: None
+
+    monkeypatch.setattr(kernelize, "_compile", fake_compile)
+    for n in range(1, 3001):
+        kernelize.realize([(Tensor.ones(n) * 2).uop])
+        assert len(kernelize._plans) <= 64
+    hot = (Tensor.ones(5) * 2).uop
+    key = (kernelize._structure_key([hot]), False, None)
+    kernelize.realize([hot])
+    assert next(reversed(kernelize._plans)) == key  # a hit moves the plan to the most-recent end
