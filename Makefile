@@ -12,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: demo test lint clean
 demo: $(VENV)/.installed
 	$(VPY) examples/demo.py
+	$(VPY) examples/train_mnist.py
 
 test: $(VENV)/.installed
 	$(VPY) -m pytest tests -q

@@ -2,6 +2,7 @@
 
     python bench/bench_mnist_step.py                   # 784-128-10 MLP, AdamW, batch 128, synthetic data
     python bench/bench_mnist_step.py --rounds 7 --steps 100
+    python bench/bench_mnist_step.py --threads 1    # both single-threaded (steadier on a busy machine)
 
 A step is forward, cross-entropy, backward and an AdamW update (uopc: one plan, the loss realized with it).
 Rounds alternate between the two libraries so drifting machine load hits both; each prints the median over rounds
@@ -88,13 +89,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50, help="steps per round")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=0, help="threads for both libraries (0: each one's default)")
     args = ap.parse_args()
+    if args.threads:
+        runtime.set_num_threads(args.threads)
 
     data = batches(8, args.batch)
     runners = {"uopc": uopc_stepper(data, args.hidden, 1e-3)}
     try:
         import torch
 
+        if args.threads:
+            torch.set_num_threads(args.threads)
         runners["torch"] = torch_stepper(data, args.hidden, 1e-3)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     except ImportError:

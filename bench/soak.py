@@ -37,8 +37,15 @@ def live_buffers() -> int:
 
 def figures(step: int) -> dict:
     gc.collect()
-    return {"step": step, "rss_mb": rss_mb(), "plans": len(kernelize._plans), "compiles": runtime.stats["compiles"],
-            "loads": runtime.stats["loads"], "live_buffers": live_buffers(), "uops": len(uop._cache)}
+    return {
+        "step": step,
+        "rss_mb": rss_mb(),
+        "plans": len(kernelize._plans),
+        "compiles": runtime.stats["compiles"],
+        "loads": runtime.stats["loads"],
+        "live_buffers": live_buffers(),
+        "uops": len(uop._cache),
+    }
 
 
 def main():
@@ -54,7 +61,7 @@ def main():
     marks, t0 = [], time.perf_counter()
     for step in range(1, args.steps + 1):
         i = (step * 128) % 2048
-        x, y = Tensor(X[i:i + 128]), Tensor(Y[i:i + 128])
+        x, y = Tensor(X[i : i + 128]), Tensor(Y[i : i + 128])
         loss = l2(l1(x).relu()).cross_entropy(y)
         opt.zero_grad()
         loss.backward()
@@ -63,14 +70,19 @@ def main():
             f = figures(step)
             f["loss"] = loss.item()
             marks.append(f)
-            print(f"step {step:6d}  loss {f['loss']:.3f}  rss {f['rss_mb']:7.1f} MB  plans {f['plans']}  "
-                  f"compiles {f['compiles']}  loads {f['loads']}  live BUFFERs {f['live_buffers']}  "
-                  f"UOps {f['uops']}  ({time.perf_counter() - t0:.0f} s)", flush=True)
+            print(
+                f"step {step:6d}  loss {f['loss']:.3f}  rss {f['rss_mb']:7.1f} MB  plans {f['plans']}  "
+                f"compiles {f['compiles']}  loads {f['loads']}  live BUFFERs {f['live_buffers']}  "
+                f"UOps {f['uops']}  ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
     first = next(m for m in marks if m["step"] == 500) if args.steps >= 500 else marks[0]
     last = marks[-1]
-    print(f"from step {first['step']} to {last['step']}: rss {last['rss_mb'] - first['rss_mb']:+.1f} MB, "
-          f"plans {last['plans'] - first['plans']:+d}, compiles {last['compiles'] - first['compiles']:+d}, "
-          f"live BUFFERs {last['live_buffers'] - first['live_buffers']:+d}")
+    print(
+        f"from step {first['step']} to {last['step']}: rss {last['rss_mb'] - first['rss_mb']:+.1f} MB, "
+        f"plans {last['plans'] - first['plans']:+d}, compiles {last['compiles'] - first['compiles']:+d}, "
+        f"live BUFFERs {last['live_buffers'] - first['live_buffers']:+d}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """GEMM GFLOP/s, step by step, against NumPy (OpenBLAS) in the same run.
 
-    python examples/bench_gemm.py 1024             the table of Chapter 10.1, plus Tensor A@B and the ratio
-    python examples/bench_gemm.py --interleave     4x4 tile + threads with and without cache blocks, in rounds
+  python examples/bench_gemm.py 1024             the table of Chapter 10.1, plus Tensor A@B and the ratio
+  python examples/bench_gemm.py --interleave     4x4 tile + threads with and without cache blocks, in rounds
 
-  B strided   C[i,j] = sum_k A[i,k] B[k,j]: the reduce walks down a column of B (stride N)
-  B^T         same math, B stored transposed: both operands contiguous along k
+B strided   C[i,j] = sum_k A[i,k] B[k,j]: the reduce walks down a column of B (stride N)
+B^T         same math, B stored transposed: both operands contiguous along k
 """
 
 import argparse
@@ -67,8 +67,9 @@ def blas_info() -> str:
         from threadpoolctl import threadpool_info
 
         info = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-        return ", ".join(f"{i['internal_api']} {i.get('version')} {i.get('architecture')} ({i['num_threads']} threads)"
-                         for i in info)
+        return ", ".join(
+            f"{i['internal_api']} {i.get('version')} {i.get('architecture')} ({i['num_threads']} threads)" for i in info
+        )
     except ImportError:
         cfg = np.show_config(mode="dicts") if hasattr(np, "show_config") else {}
         blas = cfg.get("Build Dependencies", {}).get("blas", {}) if isinstance(cfg, dict) else {}
@@ -83,8 +84,10 @@ def table(N):
     bt, c = np.ascontiguousarray(b.T), np.zeros(N * N, np.float32)
     flop = 2 * N**3
     ref = a @ b
-    print(f"N={N}  ({flop / 1e9:.2f} GFLOP per GEMM)  uopc threads={get_num_threads()}  "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}  BLAS: {blas_info()}")
+    print(
+        f"N={N}  ({flop / 1e9:.2f} GFLOP per GEMM)  uopc threads={get_num_threads()}  "
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}  BLAS: {blas_info()}"
+    )
     for layout, transposed, name, o in ROWS:
         prg = compile_gemm(N, transposed, o)
         rhs = bt if transposed else b
@@ -94,8 +97,10 @@ def table(N):
     A, B = Tensor(a), Tensor(b)
     out = (A @ B).numpy()
     t_ours = bench(lambda: (A @ B).realize())
-    print(f"  {'Tensor A@B':10s} {'(layout pass+opt)':22s} {flop / t_ours / 1e9:8.1f} GFLOP/s   "
-          f"max err {np.abs(out - ref).max():.1e}  (end to end, includes the transpose copy)")
+    print(
+        f"  {'Tensor A@B':10s} {'(layout pass+opt)':22s} {flop / t_ours / 1e9:8.1f} GFLOP/s   "
+        f"max err {np.abs(out - ref).max():.1e}  (end to end, includes the transpose copy)"
+    )
     t_np = bench(lambda: a @ b)
     print(f"  {'numpy':33s} {flop / t_np / 1e9:8.1f} GFLOP/s")
     print(f"  Tensor A@B / numpy = {t_np / t_ours:.2f}")

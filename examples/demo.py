@@ -1,6 +1,6 @@
 """uopc demo: a shape graph lowered to C and run, then the same softmax through the lazy Tensor.
 
-    make demo        (or: python examples/demo.py)
+make demo        (or: python examples/demo.py)
 """
 
 import os

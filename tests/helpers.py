@@ -25,8 +25,17 @@ from uopc.runtime import Program
 from uopc.uop import Ops, ParamArg, UOp
 
 __all__ = [
-    "buf", "mm", "gemm_graph", "lower_graph", "render_graph", "run", "c_loops", "c_lines", "int_alu_rhs",
-    "cc_major", "cpu_has",
+    "buf",
+    "mm",
+    "gemm_graph",
+    "lower_graph",
+    "render_graph",
+    "run",
+    "c_loops",
+    "c_lines",
+    "int_alu_rhs",
+    "cc_major",
+    "cpu_has",
 ]
 
 
@@ -103,7 +112,7 @@ def c_lines(src: str) -> list[str]:
     """The lines of the function body (after the opening line of the function)."""
     lines = src.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("void "))
-    return lines[start + 1:-1]
+    return lines[start + 1 : -1]
 
 
 def c_loops(src: str) -> list[tuple[int, int, int]]:

@@ -1,7 +1,7 @@
 """Scalar types: their C names, NumPy dtypes, sizes, and PyTorch-style promotion.
 
-    >>> dtypes.f32.cname, dtypes.i32.np, promote(dtypes.i32, dtypes.f16)
-    ('float', dtype('int32'), dtypes.f16)
+>>> dtypes.f32.cname, dtypes.i32.np, promote(dtypes.i32, dtypes.f16)
+('float', dtype('int32'), dtypes.f16)
 """
 
 from __future__ import annotations

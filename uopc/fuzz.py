@@ -76,7 +76,7 @@ def _partner(p: Program, v: Val) -> Val:
         if p.rng.random() < 0.3:
             shape[i] = 1
     if shape and p.rng.random() < 0.3:
-        shape = shape[int(p.rng.integers(len(shape) + 1)):]
+        shape = shape[int(p.rng.integers(len(shape) + 1)) :]
     return p.fresh(tuple(shape))
 
 
@@ -87,7 +87,9 @@ def _np_dtype(t: Tensor):
 # every op: (program, value) -> new value or None when it does not apply
 def op_unary(p: Program, v: Val):
     fl = v.t.dtype is dtypes.float32
-    choices = ["neg", "abs", "relu", "sigmoid", "tanh", "sin", "exp", "sqrt", "square"] if fl else ["neg", "abs", "square"]
+    choices = (
+        ["neg", "abs", "relu", "sigmoid", "tanh", "sin", "exp", "sqrt", "square"] if fl else ["neg", "abs", "square"]
+    )
     if v.t.dtype is dtypes.bool:
         return p.step(f"{v.name}.logical_not()", v.t.logical_not(), np.logical_not(v.a))
     f = str(p.rng.choice(choices))
@@ -133,19 +135,30 @@ def op_binary(p: Program, v: Val):
         return None
     if f == "where":
         c = p.fresh(np.broadcast_shapes(v.a.shape, w.a.shape), dtypes.bool)
-        return p.step(f"{c.name}.where({v.name}, {w.name})", c.t.where(v.t, w.t),
-                      np.where(c.a, v.a, w.a).astype(NP[out_dt]))
+        return p.step(
+            f"{c.name}.where({v.name}, {w.name})", c.t.where(v.t, w.t), np.where(c.a, v.a, w.a).astype(NP[out_dt])
+        )
     a, b = v.a.astype(NP[out_dt]), w.a.astype(NP[out_dt])
     with np.errstate(all="ignore"):
         if f in ("+", "*", "-", "<", "=="):
-            fns = {"+": lambda: v.t + w.t, "*": lambda: v.t * w.t, "-": lambda: v.t - w.t, "<": lambda: v.t < w.t,
-                   "==": lambda: v.t == w.t}
+            fns = {
+                "+": lambda: v.t + w.t,
+                "*": lambda: v.t * w.t,
+                "-": lambda: v.t - w.t,
+                "<": lambda: v.t < w.t,
+                "==": lambda: v.t == w.t,
+            }
             t = fns[f]()
             if out_dt is dtypes.bool and f in "+*":
                 ref = (a | b) if f == "+" else (a & b)
             else:
-                refs = {"+": lambda: a + b, "*": lambda: a * b, "-": lambda: a - b, "<": lambda: a < b,
-                        "==": lambda: a == b}
+                refs = {
+                    "+": lambda: a + b,
+                    "*": lambda: a * b,
+                    "-": lambda: a - b,
+                    "<": lambda: a < b,
+                    "==": lambda: a == b,
+                }
                 ref = refs[f]()
             return p.step(f"{v.name} {f} {w.name}", t, ref)
         t = getattr(v.t, f)(w.t)
@@ -276,9 +289,11 @@ def check(seed: int) -> str | None:
 def _report(seed: int, p: Program, what: str) -> str:
     opt, fuse = MODES[seed % len(MODES)]
     code = "\n".join(p.lines)
-    return (f"MISMATCH seed={seed} (OPT={opt}, fuse_reduce={fuse}): {what}\n--- reproduction ---\n"
-            f"import numpy as np\nfrom uopc import helpers, dtypes\nfrom uopc.tensor import Tensor\n"
-            f"helpers.OPT = {opt}; Tensor.fuse_reduce = {fuse}\n{code}\nprint({p.vals[-1].name}.numpy())\n")
+    return (
+        f"MISMATCH seed={seed} (OPT={opt}, fuse_reduce={fuse}): {what}\n--- reproduction ---\n"
+        f"import numpy as np\nfrom uopc import helpers, dtypes\nfrom uopc.tensor import Tensor\n"
+        f"helpers.OPT = {opt}; Tensor.fuse_reduce = {fuse}\n{code}\nprint({p.vals[-1].name}.numpy())\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from uopc.dtype import DType
 from uopc import helpers
+from uopc.dtype import DType
 from uopc.helpers import prod
 from uopc.rangeify import lower
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite

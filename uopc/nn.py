@@ -174,7 +174,8 @@ class AdamW(Optimizer):
         self.t += 1
         # the bias corrections change every step: as Python floats they would be CONSTs in the graph and every
         # step would compile a new plan, so they (and lr, which a schedule may change) travel as buffers
-        sc = _StepScalars(lr_c1=self.lr / (1 - self.b1**self.t), c2=1 / (1 - self.b2**self.t), decay=self.lr * self.wd)
+        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
+        sc = _StepScalars(lr_c1=self.lr / c1, c2=1 / c2, keep=1 - self.lr * self.wd)
         out = []
         for p, m, v in zip(self.params, self.m, self.v, strict=True):
             if p.grad is None:
@@ -187,7 +188,7 @@ class AdamW(Optimizer):
             upd = m * sc.get("lr_c1", p) / ((v * sc.get("c2", p)).sqrt() + self.eps)
             keep = p.detach()
             if self.wd and self.decoupled:
-                keep = keep * (1 - sc.get("decay", p))
+                keep = keep * sc.get("keep", p)
             out += [p.assign(keep - upd), m, v]
         return out
 

@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 import time
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp
 # machine facts (read from the machine, not assumed)
 
 
-@lru_cache(maxsize=None)
+@cache
 def vector_registers() -> int:
     """Number of architectural SIMD registers: 32 with AVX-512, else 16."""
     try:
@@ -41,7 +41,7 @@ def vector_registers() -> int:
         return 16
 
 
-@lru_cache(maxsize=None)
+@cache
 def l2_bytes() -> int:
     """Per-core L2 size from sysfs (1 MiB if the machine does not say)."""
     for i in range(8):
@@ -59,7 +59,7 @@ def l2_bytes() -> int:
     return 1 << 20
 
 
-@lru_cache(maxsize=None)
+@cache
 def num_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -164,8 +164,10 @@ def layout_pass(roots: list[UOp]) -> list[UOp]:
 
 def _reduce_size(body: UOp) -> int:
     """Elements reduced per output element (the largest REDUCE in the kernel; 1 if none)."""
-    return max((prod(u.src[0].shape[len(u.src[0].shape) - u.arg[1] :]) for u in body.toposort() if u.op is Ops.REDUCE),
-               default=1)
+    return max(
+        (prod(u.src[0].shape[len(u.src[0].shape) - u.arg[1] :]) for u in body.toposort() if u.op is Ops.REDUCE),
+        default=1,
+    )
 
 
 def hand_opt_choice(body: UOp) -> Opts:
@@ -259,8 +261,12 @@ def search_opt(body: UOp, out: UOp, reps: int = 3) -> tuple[UOp, Opts]:
     try:
         with open(path) as f:
             d = json.load(f)
-        o = Opts({int(k): v for k, v in d["upcast"].items()}, d["thread"], d["unroll"],
-                 {int(k): v for k, v in d["tile"].items()})
+        o = Opts(
+            {int(k): v for k, v in d["upcast"].items()},
+            d["thread"],
+            d["unroll"],
+            {int(k): v for k, v in d["tile"].items()},
+        )
         return lower(body, out, Ctx(opts=o)), o
     except (OSError, ValueError, KeyError, TypeError):
         pass

@@ -15,6 +15,7 @@ the linearizer places them, not by a separate pass.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
 from uopc.symbolic import simplify
@@ -193,7 +194,9 @@ def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
     out: list[tuple[UOp, ...]] = [()]
     for b, f in parts:
         zero = b.op is Ops.CONST and b.arg == 0
-        out = [c + (UOp.const(k, dtypes.int32) if zero else (b * f + k if f > 1 else b),) for c in out for k in range(f)]
+        out = [
+            c + (UOp.const(k, dtypes.int32) if zero else (b * f + k if f > 1 else b),) for c in out for k in range(f)
+        ]
     return out
 
 

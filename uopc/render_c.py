@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 
-from uopc.dtype import DType, dtypes
 from uopc import helpers
+from uopc.dtype import DType, dtypes
 from uopc.linearize import Linear, Loop, linearize
 from uopc.uop import ALU, AxisType, Ops, UOp
 

@@ -32,16 +32,28 @@ import numpy as np
 from uopc import helpers
 
 __all__ = [
-    "CFLAGS", "CacheDirError", "CompileError", "CompilerNotFoundError", "Program", "get_num_threads",
-    "set_num_threads", "stats",
+    "CFLAGS",
+    "CacheDirError",
+    "CompileError",
+    "CompilerNotFoundError",
+    "Program",
+    "get_num_threads",
+    "set_num_threads",
+    "stats",
 ]
 
 # Bump when the on-disk layout or the meaning of a key changes, so old entries are simply never looked up again.
 CACHE_VERSION = 1
 
 _DEFAULT_CFLAGS = [
-    "-O3", "-march=native", "-fopenmp", "-ffp-contract=fast", "-fassociative-math", "-fno-signed-zeros",
-    "-fno-trapping-math", "-fno-tree-loop-if-convert",
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-ffp-contract=fast",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+    "-fno-tree-loop-if-convert",
 ]
 # -fno-tree-loop-if-convert: gcc 12.2's if-conversion + loop vectorization miscompiles a guarded (PAD) load in
 # a reduce nested under an invariant loop (tests/backend/test_lowering.py, padded window sum); GEMM inner loops
@@ -90,7 +102,8 @@ def _not_found(cc: str, why: str) -> CompilerNotFoundError:
         f"uopc: C compiler {cc!r} {why}. uopc compiles kernels with the compiler named by the CC environment "
         f"variable (default gcc; flags come from CFLAGS). Install one (Debian/Ubuntu: apt-get install gcc; "
         f"Fedora: dnf install gcc; Alpine: apk add gcc musl-dev; macOS: xcode-select --install) or set CC to "
-        f"the full path of a working compiler.")
+        f"the full path of a working compiler."
+    )
 
 
 def _resolve_compiler() -> str:
@@ -184,12 +197,18 @@ def _check_cache_dir(path: str) -> str:
     if not stat.S_ISDIR(st.st_mode):
         raise CacheDirError(f"uopc: kernel cache path {path} is not a directory; {fix}", path)
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is owned by uid {st.st_uid}, "
-                            f"not by you (uid {os.getuid()}); {fix}", path)
+        raise CacheDirError(
+            f"uopc: refusing kernel cache directory {path}: it is owned by uid {st.st_uid}, "
+            f"not by you (uid {os.getuid()}); {fix}",
+            path,
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is group- or world-writable "
-                            f"(mode {stat.S_IMODE(st.st_mode):o}), so others could plant code in it; "
-                            f"fix with: chmod 700 {shlex.quote(path)}, or {fix}", path)
+        raise CacheDirError(
+            f"uopc: refusing kernel cache directory {path}: it is group- or world-writable "
+            f"(mode {stat.S_IMODE(st.st_mode):o}), so others could plant code in it; "
+            f"fix with: chmod 700 {shlex.quote(path)}, or {fix}",
+            path,
+        )
     # Only good verdicts are remembered: a refused directory is re-checked, so fixing it needs no restart.
     _good_dirs.add(path)
     return path
@@ -216,6 +235,7 @@ def _unlink_quiet(path: str) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # building and loading
+
 
 def _entry_ok(so_path: str, json_path: str) -> bool:
     """True when the .so exists and matches the size and sha256 recorded in its json."""
@@ -260,11 +280,20 @@ def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> 
         stderr = proc.stderr.decode(errors="replace")
         if proc.returncode != 0:
             c_path = _save_failed_source(cache, key, src)
-            where = (f"source saved to {c_path}; reproduce with:\n  "
-                     + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
-                     if c_path else "(could not save the failing source)")
-            raise CompileError(f"uopc: C compiler failed (exit {proc.returncode})\ncommand: {shlex.join(cmd)}\n"
-                               f"{stderr.rstrip()}\n{where}", cmd, stderr, src, c_path)
+            where = (
+                f"source saved to {c_path}; reproduce with:\n  "
+                + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
+                if c_path
+                else "(could not save the failing source)"
+            )
+            raise CompileError(
+                f"uopc: C compiler failed (exit {proc.returncode})\ncommand: {shlex.join(cmd)}\n"
+                f"{stderr.rstrip()}\n{where}",
+                cmd,
+                stderr,
+                src,
+                c_path,
+            )
         with open(tmp, "rb") as f:
             data = f.read()
         os.replace(tmp, so_path)
@@ -348,8 +377,9 @@ class Program:
             # lib[name] is a fresh function pointer, so this Program's argtypes never affect another's
             self._fn: Any = lib[name]
         except AttributeError:
-            raise AttributeError(f"uopc: function {name!r} not found in the compiled source ({self.lib_path})") \
-                from None
+            raise AttributeError(
+                f"uopc: function {name!r} not found in the compiled source ({self.lib_path})"
+            ) from None
         self._fn.restype = None
         self._nargs = -1
         try:  # sources rendered with UOPC_CHECK_OOB=1 record their first out-of-range index here
@@ -369,8 +399,10 @@ class Program:
             if not isinstance(a, np.ndarray):
                 raise TypeError(f"uopc: argument {i} of {self.name}: expected a numpy.ndarray, got {type(a).__name__}")
             if not a.flags.c_contiguous:
-                raise TypeError(f"uopc: argument {i} of {self.name}: array is not C-contiguous "
-                                f"(shape {a.shape}, strides {a.strides}); pass np.ascontiguousarray(...)")
+                raise TypeError(
+                    f"uopc: argument {i} of {self.name}: array is not C-contiguous "
+                    f"(shape {a.shape}, strides {a.strides}); pass np.ascontiguousarray(...)"
+                )
             ptrs.append(a.ctypes.data)
         if len(ptrs) != self._nargs:
             # set once: without argtypes ctypes would pass Python ints as 32-bit C ints and truncate pointers
@@ -380,12 +412,15 @@ class Program:
         if self._oob is not None and self._oob[0]:
             slot, idx, size = self._oob[1], self._oob[2], self._oob[3]
             self._oob[0] = 0
-            raise IndexError(f"uopc: out-of-bounds access in kernel {self.name}: data{slot}[{idx}], "
-                             f"but data{slot} has {size} elements (valid indices 0..{size - 1})")
+            raise IndexError(
+                f"uopc: out-of-bounds access in kernel {self.name}: data{slot}[{idx}], "
+                f"but data{slot} has {size} elements (valid indices 0..{size - 1})"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # OpenMP threads
+
 
 class _ThreadState(threading.local):
     applied = 0  # thread count last given to omp_set_num_threads on this OS thread; 0 = never
@@ -423,9 +458,12 @@ def _warn_forked() -> None:
     global _fork_warned
     if not _fork_warned:
         _fork_warned = True
-        warnings.warn("uopc: running OpenMP kernels single-threaded in a forked child (GNU libgomp's thread pool "
-                      "does not survive fork); use the 'spawn' or 'forkserver' start method to keep all threads",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "uopc: running OpenMP kernels single-threaded in a forked child (GNU libgomp's thread pool "
+            "does not survive fork); use the 'spawn' or 'forkserver' start method to keep all threads",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _apply_threads() -> None:

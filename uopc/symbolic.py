@@ -20,7 +20,6 @@ from uopc.dtype import DType, dtypes, truncate
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, COMMUTATIVE, Ops, UOp
 
-
 # ------------------------------------------------------------------ constant folding
 
 
@@ -176,7 +175,10 @@ x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
 symbolic = PatternMatcher(
     [
         # constant folding: every source a CONST
-        (UPat(ALU, src=None, name="u"), lambda u: _fold(u) if u.src and all(s.op is Ops.CONST for s in u.src) else None),
+        (
+            UPat(ALU, src=None, name="u"),
+            lambda u: _fold(u) if u.src and all(s.op is Ops.CONST for s in u.src) else None,
+        ),
         # canonical order: a+b and b+a are one UOp, constants go last
         (UPat(COMMUTATIVE, name="u"), _canonical),
         (UPat(Ops.ADD, src=(x, UPat.cvar(value=0))), lambda x: x),  # x+0 -> x
@@ -199,15 +201,30 @@ symbolic = PatternMatcher(
         (UPat(Ops.WHERE, src=(UPat.var(), x, x)), lambda x: x),  # where(c, x, x) -> x
         (UPat(Ops.CAST, src=(x,), name="u"), lambda u, x: x if u.dtype is x.dtype else None),
         # integer reassociation: constants gather at the right, so index math folds
-        (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)), lambda x, c1, c2: x + (c1.arg + c2.arg) if _is_int(x) else None),
-        (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(x, c1)), c2)), lambda x, c1, c2: x * (c1.arg * c2.arg) if _is_int(x) else None),
+        (
+            UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
+            lambda x, c1, c2: x + (c1.arg + c2.arg) if _is_int(x) else None,
+        ),
+        (
+            UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(x, c1)), c2)),
+            lambda x, c1, c2: x * (c1.arg * c2.arg) if _is_int(x) else None,
+        ),
         (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(x, c1)), y)), lambda x, c1, y: (x + y) + c1 if _is_int(x, y) else None),
-        (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
-         lambda x, c1, c2: x * c2 + c1.arg * c2.arg if _is_int(x) else None),  # (x+c1)*c2 -> x*c2 + c1*c2
+        (
+            UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(x, c1)), c2)),
+            lambda x, c1, c2: x * c2 + c1.arg * c2.arg if _is_int(x) else None,
+        ),  # (x+c1)*c2 -> x*c2 + c1*c2
         # comparisons decided by bounds
-        (UPat(Ops.CMPLT, src=(x, y)),
-         lambda x, y: _const(True, dtypes.bool) if _is_int(x, y) and x.vmax < y.vmin
-         else _const(False, dtypes.bool) if _is_int(x, y) and x.vmin >= y.vmax else None),
+        (
+            UPat(Ops.CMPLT, src=(x, y)),
+            lambda x, y: (
+                _const(True, dtypes.bool)
+                if _is_int(x, y) and x.vmax < y.vmin
+                else _const(False, dtypes.bool)
+                if _is_int(x, y) and x.vmin >= y.vmax
+                else None
+            ),
+        ),
         # div/mod by a positive constant, using the bounds of RANGEs
         (UPat(Ops.IDIV, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.IDIV)),
         (UPat(Ops.MOD, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.MOD)),

@@ -111,12 +111,13 @@ class Tensor:
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
     # tensors created with requires_grad=True, so that loss.backward() without a parameter list can find them
-    _grad_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+    # id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
+    _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool | None = None):
         self.requires_grad = requires_grad
         if requires_grad:
-            Tensor._grad_tensors.add(self)
+            Tensor._grad_tensors[id(self)] = self
         self.grad: Tensor | None = None
         # the graph a realized tensor came from, kept while it tracks gradients (loss.item(); loss.backward())
         self._graph: UOp | None = None
@@ -145,7 +146,7 @@ class Tensor:
         """Mark this tensor as one whose gradient backward() computes (returns self)."""
         self.requires_grad = requires_grad
         if requires_grad:
-            Tensor._grad_tensors.add(self)
+            Tensor._grad_tensors[id(self)] = self
         return self
 
     # ---------------------------------------------------------------- creation

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from enum import Enum, auto
 from functools import cached_property
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from uopc.dtype import DType, dtypes, truncate
 from uopc.helpers import prod
@@ -166,6 +167,7 @@ class UOp:
         u = object.__new__(cls)
         d = u.__dict__
         d["op"], d["dtype"], d["src"], d["arg"] = op, dtype, src, arg
+        d["shape"] = _shape(u)  # eagerly, from the sources' shapes: no recursion on deep graphs
         _cache[key] = u
         return u
 
@@ -244,29 +246,7 @@ class UOp:
             new[u] = fn(n) if u in targets else n
         return [new[r] for r in roots]
 
-    # ---------------------------------------------------------------- shapes
-
-    @cached_property
-    def shape(self) -> tuple[int, ...]:
-        op, arg = self.op, self.arg
-        if op is Ops.BUFFER:
-            return tuple(arg.shape)
-        if op in (Ops.RESHAPE, Ops.EXPAND):
-            return tuple(arg)
-        if op is Ops.PERMUTE:
-            return tuple(self.src[0].shape[i] for i in arg)
-        if op is Ops.PAD:
-            return tuple(s + lo + hi for s, (lo, hi) in zip(self.src[0].shape, arg))
-        if op is Ops.SHRINK:
-            return tuple(hi - lo for lo, hi in arg)
-        if op in (Ops.FLIP, Ops.STAGE):
-            return self.src[0].shape
-        if op is Ops.REDUCE:
-            s = self.src[0].shape
-            return s[: len(s) - arg[1]]
-        if op in ALU:
-            return next((s.shape for s in self.src if s.shape), ())
-        return ()
+    # ---------------------------------------------------------------- shapes (computed at construction)
 
     @property
     def ndim(self) -> int:
@@ -292,7 +272,9 @@ class UOp:
 
     def _check_ndim(self, what: str, n: int, arg: Any) -> None:
         if n != len(self.shape):
-            raise ValueError(f"{what} {arg} has {n} entries but the input shape {self.shape} has {len(self.shape)} dims")
+            raise ValueError(
+                f"{what} {arg} has {n} entries but the input shape {self.shape} has {len(self.shape)} dims"
+            )
 
     def reshape(self, shape: tuple[int, ...]) -> UOp:
         shape = tuple(int(s) for s in shape)
@@ -309,7 +291,9 @@ class UOp:
     def permute(self, order: tuple[int, ...]) -> UOp:
         order = tuple(int(i) for i in order)
         if sorted(order) != list(range(len(self.shape))):
-            raise ValueError(f"permute order {order} is not a permutation of the {len(self.shape)} dims of {self.shape}")
+            raise ValueError(
+                f"permute order {order} is not a permutation of the {len(self.shape)} dims of {self.shape}"
+            )
         return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, (self,), order)
 
     def pad(self, pads: tuple[tuple[int, int], ...]) -> UOp:
@@ -435,6 +419,29 @@ class UOp:
     @cached_property
     def vmax(self) -> int | float:
         return _bounds(self)[1]
+
+
+def _shape(self: UOp) -> tuple[int, ...]:
+    """The shape of a node, from its op, arg and its sources' (already computed) shapes."""
+    op, arg = self.op, self.arg
+    if op is Ops.BUFFER:
+        return tuple(arg.shape)
+    if op in (Ops.RESHAPE, Ops.EXPAND):
+        return tuple(arg)
+    if op is Ops.PERMUTE:
+        return tuple(self.src[0].shape[i] for i in arg)
+    if op is Ops.PAD:
+        return tuple(s + lo + hi for s, (lo, hi) in zip(self.src[0].shape, arg))
+    if op is Ops.SHRINK:
+        return tuple(hi - lo for lo, hi in arg)
+    if op in (Ops.FLIP, Ops.STAGE):
+        return self.src[0].shape
+    if op is Ops.REDUCE:
+        s = self.src[0].shape
+        return s[: len(s) - arg[1]]
+    if op in ALU:
+        return next((s.shape for s in self.src if s.shape), ())
+    return ()
 
 
 def _bounds(u: UOp) -> tuple[Any, Any]:

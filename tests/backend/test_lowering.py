@@ -34,21 +34,38 @@ MOVES = {
     "pad": (lambda x: x.pad(((1, 0), (0, 2), (1, 1))), lambda a: np.pad(a, ((1, 0), (0, 2), (1, 1)))),
     "shrink": (lambda x: x.shrink(((1, 2), (1, 3), (1, 4))), lambda a: a[1:2, 1:3, 1:4]),
     "flip": (lambda x: x.flip((0, 2)), lambda a: a[::-1, :, ::-1]),
-    "expand": (lambda x: x.reshape((2, 3, 1, 4)).expand((2, 3, 5, 4)),
-               lambda a: np.broadcast_to(a.reshape(2, 3, 1, 4), (2, 3, 5, 4))),
+    "expand": (
+        lambda x: x.reshape((2, 3, 1, 4)).expand((2, 3, 5, 4)),
+        lambda a: np.broadcast_to(a.reshape(2, 3, 1, 4), (2, 3, 5, 4)),
+    ),
     # non-contiguous reads: a transposed view merged or split by a reshape (index div/mod)
-    "permute_then_merge": (lambda x: x.permute((1, 0, 2)).reshape((3, 8)),
-                           lambda a: a.transpose(1, 0, 2).reshape(3, 8)),
-    "permute_then_split": (lambda x: x.permute((2, 1, 0)).reshape((2, 2, 6)),
-                           lambda a: a.transpose(2, 1, 0).reshape(2, 2, 6)),
-    "flip_then_merge": (lambda x: x.flip((1,)).reshape((6, 4)).permute((1, 0)),
-                        lambda a: a[:, ::-1].reshape(6, 4).T),
+    "permute_then_merge": (
+        lambda x: x.permute((1, 0, 2)).reshape((3, 8)),
+        lambda a: a.transpose(1, 0, 2).reshape(3, 8),
+    ),
+    "permute_then_split": (
+        lambda x: x.permute((2, 1, 0)).reshape((2, 2, 6)),
+        lambda a: a.transpose(2, 1, 0).reshape(2, 2, 6),
+    ),
+    "flip_then_merge": (lambda x: x.flip((1,)).reshape((6, 4)).permute((1, 0)), lambda a: a[:, ::-1].reshape(6, 4).T),
     # permute -> pad -> flip -> shrink -> reshape (split) -> reshape (merge) -> expand
-    "chain": (lambda x: x.permute((2, 0, 1)).pad(((1, 0), (0, 1), (2, 1))).flip((0, 2))
-              .shrink(((1, 5), (0, 3), (1, 5))).reshape((4, 3, 2, 2)).reshape((4, 3, 4, 1)).expand((4, 3, 4, 3)),
-              lambda a: np.broadcast_to(
-                  np.pad(a.transpose(2, 0, 1), ((1, 0), (0, 1), (2, 1)))[::-1, :, ::-1][1:5, 0:3, 1:5]
-                  .reshape(4, 3, 2, 2).reshape(4, 3, 4, 1), (4, 3, 4, 3))),
+    "chain": (
+        lambda x: (
+            x.permute((2, 0, 1))
+            .pad(((1, 0), (0, 1), (2, 1)))
+            .flip((0, 2))
+            .shrink(((1, 5), (0, 3), (1, 5)))
+            .reshape((4, 3, 2, 2))
+            .reshape((4, 3, 4, 1))
+            .expand((4, 3, 4, 3))
+        ),
+        lambda a: np.broadcast_to(
+            np.pad(a.transpose(2, 0, 1), ((1, 0), (0, 1), (2, 1)))[::-1, :, ::-1][1:5, 0:3, 1:5]
+            .reshape(4, 3, 2, 2)
+            .reshape(4, 3, 4, 1),
+            (4, 3, 4, 3),
+        ),
+    ),
 }
 
 
@@ -88,8 +105,15 @@ DATA2 = {
 DATA2[i32][DATA2[i32] == 0] = 7  # divisors
 
 BINARY = {
-    Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: np.maximum, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal,
-    Ops.IDIV: np.floor_divide, Ops.MOD: np.mod, Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or,
+    Ops.ADD: np.add,
+    Ops.MUL: np.multiply,
+    Ops.MAX: np.maximum,
+    Ops.CMPLT: np.less,
+    Ops.CMPNE: np.not_equal,
+    Ops.IDIV: np.floor_divide,
+    Ops.MOD: np.mod,
+    Ops.AND: np.bitwise_and,
+    Ops.OR: np.bitwise_or,
     Ops.XOR: np.bitwise_xor,
 }
 BINARY_CASES = [(dt, op) for dt in (f32, f64) for op in (Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPLT, Ops.CMPNE)]
@@ -108,8 +132,13 @@ def test_binary_alu(dt: DType, op: Ops):
 
 
 UNARY = {
-    Ops.NEG: (np.negative, 0), Ops.RECIP: (np.reciprocal, 0), Ops.SQRT: (np.sqrt, 0), Ops.TRUNC: (np.trunc, 0),
-    Ops.EXP2: (np.exp2, 4), Ops.LOG2: (np.log2, 4), Ops.SIN: (np.sin, 4),
+    Ops.NEG: (np.negative, 0),
+    Ops.RECIP: (np.reciprocal, 0),
+    Ops.SQRT: (np.sqrt, 0),
+    Ops.TRUNC: (np.trunc, 0),
+    Ops.EXP2: (np.exp2, 4),
+    Ops.LOG2: (np.log2, 4),
+    Ops.SIN: (np.sin, 4),
 }
 UNARY_CASES = [(dt, op) for dt in (f32, f64) for op in UNARY]
 
@@ -193,12 +222,14 @@ def test_reduce_trailing_axes(op: Ops, n: int):
 
 def test_reduce_permuted_axes():
     # sum over axis 1 and max over axis 0, by permuting the axis last; reference: NumPy; rtol=1e-6, MAX exact
-    np.testing.assert_allclose(run(X345.permute((0, 2, 1)).reduce(Ops.ADD, 1), [R345]), R345.sum(1), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        run(X345.permute((0, 2, 1)).reduce(Ops.ADD, 1), [R345]), R345.sum(1), rtol=1e-6, atol=1e-6
+    )
     np.testing.assert_array_equal(run(X345.permute((1, 2, 0)).reduce(Ops.MAX, 1), [R345]), R345.max(0))
     # a middle and a first axis together: (3, 4, 5) -> sum over axes 0 and 1
-    np.testing.assert_allclose(run(X345.permute((2, 0, 1)).reduce(Ops.ADD, 2), [R345]), R345.sum((0, 1)), rtol=1e-6,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        run(X345.permute((2, 0, 1)).reduce(Ops.ADD, 2), [R345]), R345.sum((0, 1)), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_reduce_int32():
@@ -242,8 +273,9 @@ def test_size_one_dims():
     np.testing.assert_array_equal(run(y.reduce(Ops.ADD, 2), [b]), b.sum((2, 3)))
     np.testing.assert_array_equal(run(y.reshape((1, 3, 4, 1)).reduce(Ops.ADD, 1), [b]), b.reshape(1, 3, 4))
     np.testing.assert_array_equal(run(y.expand((2, 3, 5, 4)), [b]), np.broadcast_to(b, (2, 3, 5, 4)))
-    np.testing.assert_array_equal(run(y.reshape((3, 4)).shrink(((1, 2), (0, 4))).reshape((1, 1, 4)), [b]),
-                                  b.reshape(3, 4)[1:2].reshape(1, 1, 4))
+    np.testing.assert_array_equal(
+        run(y.reshape((3, 4)).shrink(((1, 2), (0, 4))).reshape((1, 1, 4)), [b]), b.reshape(3, 4)[1:2].reshape(1, 1, 4)
+    )
 
 
 # ------------------------------------------------------------------ Chapter 7.1: mm(mm(A, B), C)
@@ -344,8 +376,8 @@ def test_gemm_opts_shape_the_loops():
 def _guarded(data: np.ndarray, guard: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """`data` as a contiguous view into a larger NaN-filled array: an ungated out-of-range read returns NaN."""
     big = np.full(data.size + 2 * guard, np.nan, data.dtype)
-    big[guard:guard + data.size] = data.reshape(-1)
-    return big, big[guard:guard + data.size]
+    big[guard : guard + data.size] = data.reshape(-1)
+    return big, big[guard : guard + data.size]
 
 
 def test_heavily_padded_loads_stay_in_range():

@@ -196,5 +196,6 @@ def test_dtypes_and_opts():
     g = g.substitute({u: buf(u.arg.slot, u.arg.shape[0], dtypes.int32) for u in g.toposort() if u.op is Ops.BUFFER})
     c = np.zeros(16 * 8, np.int32)
     Program(render_c(lower(g, buf(2, 128, dtypes.int32), Ctx(opts=Opts(upcast={0: 4, 1: 4}, thread=0))), "k"), "k")(
-        a, b, c)
+        a, b, c
+    )
     np.testing.assert_array_equal(c.reshape(16, 8), a @ b)

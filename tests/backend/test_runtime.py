@@ -24,8 +24,10 @@ from uopc.runtime import CacheDirError, CompileError, CompilerNotFoundError, Pro
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ADD = ("void add(float* restrict a, float* restrict b, float* restrict c) "
-       "{ for (int i = 0; i < 16; i++) c[i] = a[i] + b[i]; }")
+ADD = (
+    "void add(float* restrict a, float* restrict b, float* restrict c) "
+    "{ for (int i = 0; i < 16; i++) c[i] = a[i] + b[i]; }"
+)
 
 # Elementwise (no reduction), so the thread count cannot change any result bit; also reports the team size.
 N_PAR = 1 << 16
@@ -81,6 +83,7 @@ def entry_files(cache: Path) -> tuple[list[Path], list[Path], list[Path]]:
 
 # ---------------------------------------------------------------------------------------------------------------
 # compiling and the cache
+
 
 def test_add_matches_numpy(cache: Path):
     prg = Program(ADD, "add")
@@ -182,8 +185,18 @@ def corrupt_missing_so(so: Path, js: Path) -> None:
     so.unlink()
 
 
-@pytest.mark.parametrize("corrupt", [corrupt_truncate, corrupt_empty, corrupt_flip_byte, corrupt_missing_json,
-                                     corrupt_garbled_json, corrupt_wrong_json, corrupt_missing_so])
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        corrupt_truncate,
+        corrupt_empty,
+        corrupt_flip_byte,
+        corrupt_missing_json,
+        corrupt_garbled_json,
+        corrupt_wrong_json,
+        corrupt_missing_so,
+    ],
+)
 def test_bad_entry_is_rebuilt(cache: Path, corrupt):
     # Build without loading: a file dlopened in this process must not be rewritten in place (it is mapped).
     so = Path(runtime._build(ADD))
@@ -203,6 +216,7 @@ def test_bad_entry_is_rebuilt(cache: Path, corrupt):
 
 # ---------------------------------------------------------------------------------------------------------------
 # the cache directory
+
 
 def test_cache_dir_created_0700(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     path = tmp_path / "deep" / "er" / "cache"
@@ -269,6 +283,7 @@ def test_cache_dir_removed_while_running(cache: Path):
 # ---------------------------------------------------------------------------------------------------------------
 # the compiler
 
+
 def test_missing_compiler(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(helpers, "CC", "/nonexistent/gcc")
     with pytest.raises(CompilerNotFoundError) as info:
@@ -299,10 +314,14 @@ def test_env_settings_read_at_import_and_error_at_first_compile(tmp_path: Path):
         except runtime.CompilerNotFoundError:
             print("not found")
     """)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CFLAGS": "-O1  -fopenmp", "CC": "/nonexistent/gcc",
-           "UOPC_CACHE": str(tmp_path / "c")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
-                         check=False)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CFLAGS": "-O1  -fopenmp",
+        "CC": "/nonexistent/gcc",
+        "UOPC_CACHE": str(tmp_path / "c"),
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["['-O1', '-fopenmp']", "not found"]
 
@@ -315,6 +334,7 @@ def test_default_cflags():
 
 # ---------------------------------------------------------------------------------------------------------------
 # arguments
+
 
 def test_arguments_must_be_contiguous_arrays():
     prg = Program(ADD, "add")
@@ -361,8 +381,16 @@ def test_concurrent_processes_share_cache(cache: Path, tmp_path: Path):
     for rnd in range(3):
         go = tmp_path / f"go{rnd}"
         readies = [tmp_path / f"ready{rnd}-{i}" for i in range(4)]
-        procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(go), str(rnd)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in readies]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(r), str(go), str(rnd)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for r in readies
+        ]
         try:
             deadline = time.time() + 60
             while not all(r.exists() for r in readies) and time.time() < deadline:
@@ -385,6 +413,7 @@ def test_concurrent_processes_share_cache(cache: Path, tmp_path: Path):
 
 # ---------------------------------------------------------------------------------------------------------------
 # OpenMP threads
+
 
 def test_thread_count_does_not_change_results(threads):
     prg = Program(PAR, "par")
@@ -410,8 +439,9 @@ def test_threads_applied_per_python_thread(threads):
         assert run_par(prg)[1] == n
 
 
-@pytest.mark.parametrize(("bad", "exc"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("2", TypeError),
-                                          (True, TypeError)])
+@pytest.mark.parametrize(
+    ("bad", "exc"), [(0, ValueError), (-1, ValueError), (1.5, TypeError), ("2", TypeError), (True, TypeError)]
+)
 def test_set_num_threads_validates(bad, exc, threads):
     with pytest.raises(exc):
         runtime.set_num_threads(bad)
@@ -434,8 +464,12 @@ def test_forked_child_runs_parallel_kernel(threads):
                 out, nt = run_par(prg)
                 run_par(Program(PAR, "par"))
             forked = [w for w in caught if issubclass(w.category, RuntimeWarning) and "forked child" in str(w.message)]
-            code = (0 if out.tobytes() == expect.tobytes() else 1) | (0 if nt == 1 else 2) \
-                | (0 if len(forked) == 1 else 4) | (0 if runtime.get_num_threads() == 1 else 8)
+            code = (
+                (0 if out.tobytes() == expect.tobytes() else 1)
+                | (0 if nt == 1 else 2)
+                | (0 if len(forked) == 1 else 4)
+                | (0 if runtime.get_num_threads() == 1 else 8)
+            )
         finally:
             os._exit(code)
     deadline = time.time() + 20
@@ -450,4 +484,3 @@ def test_forked_child_runs_parallel_kernel(threads):
         time.sleep(0.01)
     assert os.waitstatus_to_exitcode(status) == 0
     assert runtime.get_num_threads() == 2 and run_par(prg)[1] == 2  # the parent is unaffected
-

@@ -43,7 +43,7 @@ def check_schedule(t: Tensor, n: int) -> list[str]:
         ("add_sum", lambda a, b, c: (a + b).sum(), 1),  # the add fuses into the reduction's loop
         ("softmax", lambda a, b, c: a.softmax(-1), 3),  # max, sum, elementwise output
         ("var", lambda a, b, c: a.var(-1), 3),  # mean, sum of squared deviations, scale
-        ("chain", lambda a, b, c: ((a * 2 + 1).relu() * 3), 1),
+        ("chain", lambda a, b, c: (a * 2 + 1).relu() * 3, 1),
     ],
 )
 def test_kernel_counts(opt0, name, fn, n):
@@ -152,7 +152,7 @@ def test_contiguous_is_a_cut(opt0):
 
 def test_detach_is_not_a_kernel(opt0):
     a = Tensor(r(8, 8))
-    assert names((a.detach() * 2)) == ["e_8_8"]
+    assert names(a.detach() * 2) == ["e_8_8"]
 
 
 def test_wrap_nested_targets():

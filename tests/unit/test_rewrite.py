@@ -51,11 +51,13 @@ def test_upat_filters_by_op_set_dtype_and_src_length():
 
 def test_rules_apply_in_order_and_none_declines():
     x = buf(0, 4, dtypes.i32)
-    pm = PatternMatcher([
-        (UPat(Ops.ADD, name="u"), lambda u: None),  # declines
-        (UPat(Ops.ADD, src=(UPat.var("a"), UPat.cvar("c"))), lambda a, c: a * c),
-        (UPat(Ops.ADD, name="u"), lambda u: u.src[0]),
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.ADD, name="u"), lambda u: None),  # declines
+            (UPat(Ops.ADD, src=(UPat.var("a"), UPat.cvar("c"))), lambda a, c: a * c),
+            (UPat(Ops.ADD, name="u"), lambda u: u.src[0]),
+        ]
+    )
     assert pm.rewrite(x + 3) is x * 3
     assert pm.rewrite(x + x) is x
 
@@ -95,18 +97,24 @@ def test_graph_rewrite_is_bottom_up():
 
 def test_graph_rewrite_reaches_a_fixed_point():
     # CONST n -> CONST n-1 until 0: one node needs many rewrites; the parent sees only the final result
-    dec = PatternMatcher([
-        (UPat.cvar("c", dtype=dtypes.i32), lambda c: UOp.const(c.arg - 1, dtypes.i32) if c.arg > 0 else None),
-    ])
+    dec = PatternMatcher(
+        [
+            (UPat.cvar("c", dtype=dtypes.i32), lambda c: UOp.const(c.arg - 1, dtypes.i32) if c.arg > 0 else None),
+        ]
+    )
     x = buf(0, 4, dtypes.i32)
     assert graph_rewrite(x + UOp.const(5, dtypes.i32), dec) is x + UOp.const(0, dtypes.i32)
     # a rewrite that enables a rule on its parent, and a replacement whose new sources need rewriting
-    pm = PatternMatcher([
-        (UPat(Ops.NEG, src=(UPat.var("x"),)), lambda x: x * -1),  # -x -> x*-1 (new node, rewritten again)
-        (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
-         lambda x, a, b: x * (a.arg * b.arg)),  # (x*a)*b -> x*(a*b)
-        (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar(value=1))), lambda x: x),  # x*1 -> x
-    ])
+    pm = PatternMatcher(
+        [
+            (UPat(Ops.NEG, src=(UPat.var("x"),)), lambda x: x * -1),  # -x -> x*-1 (new node, rewritten again)
+            (
+                UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("a"))), UPat.cvar("b"))),
+                lambda x, a, b: x * (a.arg * b.arg),
+            ),  # (x*a)*b -> x*(a*b)
+            (UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar(value=1))), lambda x: x),  # x*1 -> x
+        ]
+    )
     neg = -x
     assert graph_rewrite(-neg, pm) is x  # -(-x): two rewrites below, one fold above
     neg2 = -neg

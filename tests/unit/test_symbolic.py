@@ -250,7 +250,7 @@ def _norm(e: str):
                 if depth == 0 and i > 0:
                     for op in ("!=", "+", "*", "&", "|", "^", "<", "/", "%"):
                         if inner.startswith(op, i):
-                            left, right = _norm(inner[:i]), _norm(inner[i + len(op):])
+                            left, right = _norm(inner[:i]), _norm(inner[i + len(op) :])
                             if op in ("+", "*", "&", "|", "^", "!="):
                                 return (op, *sorted((left, right), key=repr))
                             return (op, left, right)

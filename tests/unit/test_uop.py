@@ -285,9 +285,25 @@ X = buf(0, 6).reshape((2, 3))
         (lambda: X + buf(1, 6).reshape((3, 2)), ["(2, 3)", "(3, 2)"]),
         (lambda: X.where(X, buf(1, 3)), ["(2, 3)", "(3,)"]),
     ],
-    ids=["reshape_size", "reshape_negative", "expand_non1_dim", "expand_ndim", "permute_repeat", "permute_length",
-         "pad_length", "pad_negative", "shrink_length", "shrink_past_end", "shrink_reversed", "shrink_negative",
-         "flip_axis", "flip_negative_axis", "reduce_too_many", "alu_shapes", "where_shapes"],
+    ids=[
+        "reshape_size",
+        "reshape_negative",
+        "expand_non1_dim",
+        "expand_ndim",
+        "permute_repeat",
+        "permute_length",
+        "pad_length",
+        "pad_negative",
+        "shrink_length",
+        "shrink_past_end",
+        "shrink_reversed",
+        "shrink_negative",
+        "flip_axis",
+        "flip_negative_axis",
+        "reduce_too_many",
+        "alu_shapes",
+        "where_shapes",
+    ],
 )
 def test_bad_arguments_raise_value_error_naming_both_shapes(build, words):
     with pytest.raises(ValueError) as e:

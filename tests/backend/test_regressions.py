@@ -1,0 +1,42 @@
+"""One test per bug found while building uopc (each names the bug it guards). Reference: NumPy, exact."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from uopc.kernelize import buffer_data, realize
+from uopc.opt import HandOpt
+from uopc.tensor import Tensor
+from uopc.uop import UOp
+
+
+def test_narrow_ints_wrap_like_numpy():
+    # bug: C computes int8/uint8 arithmetic in int, so 100 + 100 compared as 200 instead of wrapping to -56
+    a8 = np.array([100, -100, 7], np.int8)
+    np.testing.assert_array_equal((Tensor(a8) + 100 < 0).numpy(), (a8 + np.int8(100)) < 0)
+    u8 = np.array([200, 3, 0], np.uint8)
+    np.testing.assert_array_equal((Tensor(u8) * 2 > 200).numpy(), (u8 * np.uint8(2)) > 200)
+    np.testing.assert_array_equal((Tensor(u8) - 5).numpy(), u8 - np.uint8(5))
+
+
+def test_requires_grad_twice_does_not_compare_tensors():
+    # bug: the registry was a WeakSet, whose membership test called Tensor.__eq__ (a graph) and then bool() on it
+    t = Tensor(np.ones(3, np.float32), requires_grad=True)
+    t.requires_grad_()
+    t.requires_grad_()
+    assert t.requires_grad
+
+
+def test_view_of_constant_only_alu_keeps_its_shape():
+    # bug: push_views dropped a reshape/expand over an ALU whose operands were all shape-() constants
+    (b,) = realize([(UOp.const(2.0) * UOp.const(3.0)).reshape((1, 1)).expand((3, 4))], opt=HandOpt)
+    np.testing.assert_array_equal(buffer_data(b), np.full(12, 6.0, np.float32))
+
+
+def test_deep_graph_shapes_do_not_recurse():
+    # bug: UOp.shape was a recursive cached property; a 5,000-op chain hit the recursion limit
+    x = Tensor(np.zeros(4, np.float32))
+    for _ in range(5000):
+        x = x + 1.0
+    assert x.shape == (4,)
+    np.testing.assert_array_equal(x.numpy(), np.full(4, 5000.0, np.float32))
