@@ -32,6 +32,7 @@ class Opts:
     thread: int | None = None  # output axis run in parallel (OpenMP)
     unroll: int = 1  # unroll factor of the innermost reduce axis
     tile: dict[int, int] = field(default_factory=dict)  # output axis -> cache block size
+    ktile: int = 0  # chunk of the innermost reduce axis, looped outside the register tiles of a cache block
     gpu: bool = False  # output axes become GLOBAL ranges (not implemented on the CPU backend)
     local: dict[int, int] = field(default_factory=dict)  # output axis -> threads per block (LOCAL)
 
@@ -42,6 +43,7 @@ class Opts:
             self.thread,
             self.unroll,
             tuple(sorted(self.tile.items())),
+            self.ktile,
             self.gpu,
             tuple(sorted(self.local.items())),
         )
@@ -56,6 +58,7 @@ class Ctx:
         self.n_allocs = 0
         self.reduce_ranges: dict[tuple, list[tuple[UOp, int]]] = {}
         self.memo: dict[tuple, UOp] = {}
+        self.kchunk: tuple | None = None  # (root REDUCE, chunk loop, chunk size, out buffer, out shape) under ktile
 
     def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
         """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
@@ -206,11 +209,16 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     rshape = x.shape[len(x.shape) - n :]
     # unrolled copies of one reduce differ only by constants in idx: they share one set of loops
     rkey = (u, frozenset(ranges_in(*idx)), valid)
+    chunked = ctx.kchunk is not None and ctx.kchunk[0] is u and valid is None
     if (parts := ctx.reduce_ranges.get(rkey)) is None:
         unroll = ctx.opts.unroll
         parts = [_axis_parts(ctx, s, unroll if k == n - 1 else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
+        if chunked:  # the innermost axis is chunk * size + inner; the chunk loop was made by lower, outside
+            _, kc, size, _, _ = ctx.kchunk
+            parts[-1] = (kc * size + ctx.rng(size, AxisType.REDUCE), 1)
         ctx.reduce_ranges[rkey] = parts
-    real = [r for r, _ in parts if r.op is Ops.RANGE]
+    outside = {ctx.kchunk[1]} if chunked else set()
+    real = [r for r in ranges_in(*(b for b, _ in parts)) if r not in outside]
     vals = [rangeify(x, idx + c, ctx, valid) for c in _combos(parts)]
     while len(vals) > 1:  # unrolled reduce axis: combine the copies in a balanced tree
         vals = [UOp(rop, (vals[i], vals[i + 1])) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
@@ -218,8 +226,12 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         return vals[0]
     acc = ctx.alloc(u.dtype)
     # the accumulator lives inside the loops the output index (and a PAD gate over it) uses...
-    acc0 = acc.after(*ranges_in(*idx, *([valid] if valid is not None else [])))
-    init = acc0.index(0).store(UOp.const(identity_element(rop, u.dtype), u.dtype))
+    acc0 = acc.after(*ranges_in(*idx, *([valid] if valid is not None else []), *outside))
+    start = UOp.const(identity_element(rop, u.dtype), u.dtype)
+    if chunked:  # later chunks continue from the partial result already stored in the output
+        _, kc, _, out, oshape = ctx.kchunk
+        start = (kc < 1).where(start, out.index(ravel(idx, oshape)).load())
+    init = acc0.index(0).store(start)
     accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))
     return acc0.after(upd.end(*real)).index(0).load()  # ...and read once more after they end
@@ -239,7 +251,7 @@ def merge_ends(root: UOp) -> UOp:
         root = root.substitute({e: merged for e in dup})
 
 
-def _output_parts(ctx: Ctx, shape: tuple[int, ...]) -> list[tuple[UOp, int]]:
+def _output_parts(ctx: Ctx, shape: tuple[int, ...], kchunk: tuple | None = None) -> list[tuple[UOp, int]]:
     """The loops of the output axes: THREAD first, cache-block loops outside the loops within a block."""
     o = ctx.opts
     kind = {k: AxisType.THREAD if k == o.thread else AxisType.LOOP for k in range(len(shape))}
@@ -251,6 +263,8 @@ def _output_parts(ctx: Ctx, shape: tuple[int, ...]) -> list[tuple[UOp, int]]:
     }
     # a block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache
     outer = {k: ctx.rng(shape[k] // tiled[k], kind[k]) for k in order if k in tiled}
+    if kchunk is not None:  # ktile: the reduce-chunk loop sits between the block loops and the tiles
+        ctx.kchunk = (kchunk[0], ctx.rng(kchunk[1] // kchunk[2]), kchunk[2], kchunk[3], shape)
     parts: dict[int, tuple[UOp, int]] = {}
     for k in order:
         f = o.upcast.get(k, 1)
@@ -271,12 +285,24 @@ def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
 def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     if ctx.opts.gpu:
         raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
-    plist = _output_parts(ctx, root.shape)
+    plist = _output_parts(ctx, root.shape, _kchunk(root, out, ctx.opts))
     stores = []
     for idx in _combos(plist):
         val = rangeify(root, idx, ctx)
         flat = ravel(idx, root.shape) if root.shape else UOp.const(0, dtypes.int32)
         stores.append(out.index(flat).store(val))
-    loops = ranges_in(*(b for b, _ in plist))
+    loops = ranges_in(*(b for b, _ in plist), *([ctx.kchunk[1]] if ctx.kchunk else []))
     body = stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))
     return simplify(merge_ends(sink(body.end(*loops))))
+
+
+def _kchunk(root: UOp, out: UOp, o: Opts) -> tuple | None:
+    """(reduce, reduce size, chunk, out) when Opts.ktile applies: the root is an ADD/MAX reduce whose innermost
+    axis the chunk divides. The partial result lives in the output buffer between chunks, so any op after the
+    reduce would be applied to partial sums: then ktile is ignored."""
+    if not o.ktile or root.op is not Ops.REDUCE or o.unroll > 1:
+        return None
+    size = root.src[0].shape[-1]
+    if o.ktile >= size or size % o.ktile:
+        return None
+    return (root, size, o.ktile, out)

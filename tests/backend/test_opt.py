@@ -15,7 +15,7 @@ from uopc.opt import _dedup, candidate_opts, hand_opt_choice, layout_pass, searc
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
 from uopc.runtime import Program
-from uopc.uop import Ops
+from uopc.uop import Ops, UOp
 
 rng = np.random.default_rng(0)
 
@@ -93,7 +93,8 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     monkeypatch.setattr(opt, "l2_bytes", lambda: 1 << 20)
     g = hand_opt_choice(gemm_graph(1024))
     assert (g.upcast, g.thread) == ({0: 4, 1: 4}, 0)
-    assert g.tile == {0: opt.BLOCK_ROWS, 1: opt.BLOCK_COLS}  # B^T (4 MiB) does not fit this L2: cache blocks
+    # B^T (4 MiB) does not fit this 1 MiB L2: square blocks whose 2 x 64 rows of 4 KiB fill half of it
+    assert g.tile == {0: 64, 1: 64}
     small = hand_opt_choice(gemm_graph(256))
     assert small.tile == {}  # 256 KiB of operand rows fit in L2: no blocks
     rm = hand_opt_choice(_body((128,), 10))  # the log_softmax row max of the MNIST step
@@ -199,3 +200,22 @@ def test_dtypes_and_opts():
         a, b, c
     )
     np.testing.assert_array_equal(c.reshape(16, 8), a @ b)
+
+
+@pytest.mark.parametrize("ktile", [16, 32])
+def test_reduce_axis_blocking(ktile):
+    # exercise 6: the reduce-chunk loop sits between the block loops and the register tiles; partial sums live in
+    # the output between chunks. K=48 is not a power of two
+    o = Opts(upcast={0: 4, 1: 4}, thread=0, tile={0: 16, 1: 16}, ktile=ktile)
+    src, got, ref = run_gemm(32, 32, 96, o, bt=True)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert src.count("for (") == 3 + 2 + 1  # 2 outputs + 1 reduce, 2 block loops, 1 chunk loop
+
+
+def test_reduce_axis_blocking_ignored_after_the_reduce():
+    # a value computed after the reduce (here relu) would be applied to partial sums: ktile must not apply
+    g = gemm_graph(16, 16, 64, bt=True)
+    relu = (UOp.const(0.0) < g).where(g, UOp.const(0.0))
+    plain = render_c(lower(relu, buf(2, 256), Ctx(opts=Opts(upcast={0: 4}, tile={0: 8}))), "k")
+    blocked = render_c(lower(relu, buf(2, 256), Ctx(opts=Opts(upcast={0: 4}, tile={0: 8}, ktile=16))), "k")
+    assert plain == blocked
