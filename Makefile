@@ -16,8 +16,8 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(VPY) -m pytest tests -q
-	# once more with every load and store index checked against its buffer
-	UOPC_CHECK_OOB=1 $(VPY) -m pytest tests -q
+	# once more with the optimizer off and every load and store index checked against its buffer
+	UOPC_CHECK_OOB=1 OPT=0 $(VPY) -m pytest tests -q
 
 lint: $(VENV)/.installed
 	$(VPY) -m ruff check uopc tests examples bench

@@ -9,4 +9,18 @@ Importing uopc loads only the Tensor front end; the compiler stages load on the 
 from uopc.dtype import dtypes
 from uopc.tensor import Tensor
 
-__all__ = ["Tensor", "dtypes"]
+
+def set_num_threads(n: int) -> None:
+    """Threads for OpenMP kernels (else UOPC_NUM_THREADS, else OMP_NUM_THREADS, else all cores)."""
+    from uopc.runtime import set_num_threads as _set
+
+    _set(n)
+
+
+def get_num_threads() -> int:
+    from uopc.runtime import get_num_threads as _get
+
+    return _get()
+
+
+__all__ = ["Tensor", "dtypes", "set_num_threads", "get_num_threads"]

@@ -185,6 +185,7 @@ def test_debug3_prints_opts(monkeypatch, capsys):
     from uopc.tensor import Tensor
 
     monkeypatch.setattr(helpers, "DEBUG", 3)
+    monkeypatch.setattr(helpers, "OPT", 1)
     (Tensor(rng.standard_normal((64, 96)).astype(np.float32)) @ Tensor(np.ones((96, 32), np.float32))).realize()
     assert "Opts(upcast=" in capsys.readouterr().out
 
