@@ -82,7 +82,7 @@ class Kernel:
 class Plan:
     kernels: list[Kernel]
     temps: list[tuple[DType, int]]
-    outs: list[tuple]  # per root: ("in", i) alias, or (dtype, size) for a fresh buffer
+    outs: list[tuple]  # per root: ("in", i) or ("out", r) alias, or (dtype, size) for a fresh buffer
     temp_arrays: list | None = None  # allocated on the first run, then reused: no page faults every step
 
 
@@ -202,8 +202,10 @@ def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):
     for r, u in enumerate(roots):
         if is_contiguous_buffer(u):
             outs.append(("in", in_idx[base_buffer(u)]))
+        elif u in ref and ref[u][0] == "out":  # the same value as an earlier root (e.g. x.sum(1) and its keepdim)
+            outs.append(ref[u])
         else:
-            ref.setdefault(u, ("out", r))
+            ref[u] = ("out", r)
             outs.append((u.dtype, max(1, prod(u.shape))))
     return ref, temps, outs
 
@@ -266,7 +268,14 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
         plan.temp_arrays = [np.empty(n, d.np) for d, n in plan.temps]
     temps = plan.temp_arrays
     # fresh outputs are fully written by their kernel: np.empty, not zeros (no 4 MB memset per 1024x1024 result)
-    outs = [inputs[o[1]] if o[0] == "in" else new_buffer(o[0], o[1], np.empty(o[1], o[0].np)) for o in plan.outs]
+    outs: list[UOp] = []
+    for o in plan.outs:
+        if o[0] == "in":
+            outs.append(inputs[o[1]])
+        elif o[0] == "out":
+            outs.append(outs[o[1]])
+        else:
+            outs.append(new_buffer(o[0], o[1], np.empty(o[1], o[0].np)))
     arrays = {"in": [buffer_data(b) for b in inputs], "tmp": temps, "out": [buffer_data(o) for o in outs]}
     for k in plan.kernels:
         args = [arrays[kind][i] for kind, i in k.refs]

@@ -40,3 +40,14 @@ def test_deep_graph_shapes_do_not_recurse():
         x = x + 1.0
     assert x.shape == (4,)
     np.testing.assert_array_equal(x.numpy(), np.full(4, 5000.0, np.float32))
+
+
+def test_two_roots_with_one_value():
+    # bug: x.sum(1) and x.sum(1, keepdim=True) realized together became one REDUCE root after make_plan stripped
+    # the reshape; the second output buffer was never written (np.empty garbage)
+    x = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
+    t = Tensor(x)
+    a, b = t.sum(1), t.sum(1, keepdim=True)
+    Tensor.realize_all(a, b)
+    np.testing.assert_allclose(a.numpy(), x.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(b.numpy(), x.sum(1, keepdims=True), rtol=1e-5)
