@@ -270,29 +270,38 @@ def check(seed: int) -> str | None:
             p = generate(seed)
         except Exception:
             return f"MISMATCH seed={seed}: building the program raised:\n{traceback.format_exc()}"
-        out = p.vals[-1]
+        # the last value, and every third program an earlier one too, realized together in one plan
+        outs = [p.vals[-1]]
+        if seed % 3 == 0 and len(p.vals) > 2:
+            outs.append(p.vals[int(p.rng.integers(1, len(p.vals) - 1))])
         try:
-            got = out.t.numpy()
+            Tensor.realize_all(*(v.t for v in outs))
+            got = [v.t.numpy() for v in outs]
         except Exception:
-            return _report(seed, p, f"uopc raised:\n{traceback.format_exc()}")
-        if got.shape != out.a.shape or got.dtype != out.a.dtype:
-            return _report(seed, p, f"shape/dtype {got.shape} {got.dtype} != numpy {out.a.shape} {out.a.dtype}")
-        if got.dtype.kind == "f":
-            ok = np.allclose(got, out.a, rtol=1e-3, atol=1e-4, equal_nan=True)
-        else:
-            ok = np.array_equal(got, out.a)
-        return None if ok else _report(seed, p, f"values differ:\nuopc  {got!r}\nnumpy {out.a!r}")
+            return _report(seed, p, f"uopc raised:\n{traceback.format_exc()}", outs)
+        for g, v in zip(got, outs):
+            if g.shape != v.a.shape or g.dtype != v.a.dtype:
+                what = f"{v.name}: shape/dtype {g.shape} {g.dtype} != numpy {v.a.shape} {v.a.dtype}"
+                return _report(seed, p, what, outs)
+            if g.dtype.kind == "f":
+                ok = np.allclose(g, v.a, rtol=1e-3, atol=1e-4, equal_nan=True)
+            else:
+                ok = np.array_equal(g, v.a)
+            if not ok:
+                return _report(seed, p, f"{v.name} differs:\nuopc  {g!r}\nnumpy {v.a!r}", outs)
+        return None
     finally:
         helpers.OPT, Tensor.fuse_reduce = old_opt, old_fuse
 
 
-def _report(seed: int, p: Program, what: str) -> str:
+def _report(seed: int, p: Program, what: str, outs: list[Val] | None = None) -> str:
     opt, fuse = MODES[seed % len(MODES)]
-    code = "\n".join(p.lines)
+    names = ", ".join(v.name for v in outs or [p.vals[-1]])
     return (
         f"MISMATCH seed={seed} (OPT={opt}, fuse_reduce={fuse}): {what}\n--- reproduction ---\n"
         f"import numpy as np\nfrom uopc import helpers, dtypes\nfrom uopc.tensor import Tensor\n"
-        f"helpers.OPT = {opt}; Tensor.fuse_reduce = {fuse}\n{code}\nprint({p.vals[-1].name}.numpy())\n"
+        f"helpers.OPT = {opt}; Tensor.fuse_reduce = {fuse}\n" + "\n".join(p.lines) + "\n"
+        f"Tensor.realize_all({names})\nprint([t.numpy() for t in ({names},)])\n"
     )
 
 
