@@ -217,15 +217,28 @@ _plans: OrderedDict[tuple, Plan] = OrderedDict()
 plan_cache_size = helpers.PLAN_CACHE_SIZE
 
 
-def _structure_key(roots: list[UOp]) -> tuple:
-    """The graph in topological order as (op, arg, source positions); a BUFFER is only its dtype and size."""
+def _structure(roots: list[UOp]) -> tuple[tuple, list[UOp]]:
+    """The structure key and the input BUFFERs, from one walk of the graph.
+
+    The key is the graph in topological order as (op, dtype, arg, source positions); a BUFFER is only its dtype
+    and size, so graphs that differ only in which buffers they read share a plan (inputs bind by position).
+    """
     ids: dict[UOp, int] = {}
     key = []
+    inputs = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort():
         ids[u] = len(ids)
-        arg = ("buf", u.dtype.name, u.arg.shape) if u.op is Ops.BUFFER else _argkey(u.arg)
+        if u.op is Ops.BUFFER:
+            inputs.append(u)
+            arg = ("buf", u.dtype.name, u.arg.shape)
+        else:
+            arg = _argkey(u.arg)
         key.append((u.op, u.dtype, arg, tuple(ids[s] for s in u.src)))
-    return tuple(key)
+    return tuple(key), inputs
+
+
+def _structure_key(roots: list[UOp]) -> tuple:
+    return _structure(roots)[0]
 
 
 def default_opt() -> Any:
@@ -252,8 +265,8 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     """Compute each root. Returns, per root, a BUFFER UOp holding the result."""
     uniq = list(dict.fromkeys(roots))
     t0 = time.perf_counter()
-    key = (_structure_key(uniq), fuse_reduce, opt)
-    inputs = [u for u in UOp(Ops.SINK, tuple(uniq)).toposort() if u.op is Ops.BUFFER]
+    skey, inputs = _structure(uniq)
+    key = (skey, fuse_reduce, opt)
     plan = _plans.get(key)
     if plan is None:
         plan, _ = make_plan(uniq, fuse_reduce, opt)

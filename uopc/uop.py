@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Callable
-from enum import Enum, auto
+from enum import Enum, IntEnum, auto
 from functools import cached_property
 from typing import Any, NamedTuple
 
@@ -27,7 +27,7 @@ from uopc.dtype import DType, dtypes, truncate
 from uopc.helpers import prod
 
 
-class Ops(Enum):
+class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__ on this hot path
     # shape graph: storage and constants
     BUFFER = auto()
     CONST = auto()
@@ -76,6 +76,8 @@ class Ops(Enum):
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
+    __str__ = __repr__  # not IntEnum's bare number in messages
+
 
 MOVEMENT = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
 UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST})
@@ -117,8 +119,14 @@ class RangeArg(NamedTuple):
     kind: AxisType = AxisType.LOOP
 
 
+_PLAIN = (type(None), int, str)
+
+
 def _argkey(arg: Any) -> Any:
     """A hashable key for an arg that tells apart everything that renders differently (0.0 vs -0.0, 1 vs 1.0)."""
+    t = type(arg)
+    if t in _PLAIN or (t is tuple and all(type(a) is int for a in arg)):  # the common cases, as they are
+        return arg
     if isinstance(arg, float):
         return (float, arg.hex())
     if isinstance(arg, bool):
