@@ -35,13 +35,40 @@ from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, _argkey
 _next_slot = 0
 
 
+ALIGN = 64  # bytes: a cache line, and a multiple of every vector width the kernels use
+
+
+def aligned_empty(n: int, dtype: DType) -> np.ndarray:
+    """An uninitialized flat array whose data starts on an ALIGN boundary.
+
+    NumPy's large allocations start 16 bytes into a page; with 32-byte vector loads every other load would then
+    split a cache line (measured: a 1024^3 GEMM kernel 175 vs 192 GFLOP/s at 16 vs 32-byte alignment).
+    """
+    raw = np.empty(n * dtype.itemsize + ALIGN, np.uint8)
+    off = (-raw.ctypes.data) % ALIGN
+    return raw[off : off + n * dtype.itemsize].view(dtype.np)
+
+
 def new_buffer(dtype: DType, size: int, data: np.ndarray | None = None) -> UOp:
-    """A fresh BUFFER (a new positive slot, so hash-consing never merges two buffers) owning `data`."""
+    """A fresh BUFFER (a new positive slot, so hash-consing never merges two buffers); `data` is copied in.
+
+    The copy is aligned and owned by uopc: changing the caller's array later does not change the tensor.
+    """
     global _next_slot
     _next_slot += 1
     u = UOp(Ops.BUFFER, (), ParamArg(_next_slot, dtype, (max(size, 1),)))
     if data is not None:
-        u.__dict__["np"] = np.ascontiguousarray(np.asarray(data).reshape(-1), dtype=dtype.np)
+        flat = np.asarray(data).reshape(-1)
+        arr = aligned_empty(max(size, 1), dtype)
+        arr[: flat.size] = flat
+        u.__dict__["np"] = arr
+    return u
+
+
+def _output_buffer(dtype: DType, size: int) -> UOp:
+    """A BUFFER for a kernel to write: aligned and uninitialized (the kernel writes every element)."""
+    u = new_buffer(dtype, size)
+    u.__dict__["np"] = aligned_empty(max(size, 1), dtype)
     return u
 
 
@@ -49,7 +76,8 @@ def buffer_data(u: UOp) -> np.ndarray:
     """The flat array of a BUFFER UOp (zero-filled on first use)."""
     arr = u.__dict__.get("np")
     if arr is None:
-        arr = u.__dict__["np"] = np.zeros(u.arg.shape[0], u.dtype.np)
+        arr = u.__dict__["np"] = aligned_empty(u.arg.shape[0], u.dtype)
+        arr.fill(0)
     return arr
 
 
@@ -278,9 +306,9 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
         _plans.move_to_end(key)
     t1 = time.perf_counter()
     if plan.temp_arrays is None:
-        plan.temp_arrays = [np.empty(n, d.np) for d, n in plan.temps]
+        plan.temp_arrays = [aligned_empty(n, d) for d, n in plan.temps]
     temps = plan.temp_arrays
-    # fresh outputs are fully written by their kernel: np.empty, not zeros (no 4 MB memset per 1024x1024 result)
+    # fresh outputs are fully written by their kernel: uninitialized, not zeros (no 4 MB memset per 1024^2 result)
     outs: list[UOp] = []
     for o in plan.outs:
         if o[0] == "in":
@@ -288,7 +316,7 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
         elif o[0] == "out":
             outs.append(outs[o[1]])
         else:
-            outs.append(new_buffer(o[0], o[1], np.empty(o[1], o[0].np)))
+            outs.append(_output_buffer(o[0], o[1]))
     arrays = {"in": [buffer_data(b) for b in inputs], "tmp": temps, "out": [buffer_data(o) for o in outs]}
     for k in plan.kernels:
         args = [arrays[kind][i] for kind, i in k.refs]
