@@ -63,9 +63,5 @@ def prod(xs: Iterable[int]) -> int:
     return functools.reduce(operator.mul, xs, 1)
 
 
-def all_same(xs: list) -> bool:
-    return all(x == xs[0] for x in xs)
-
-
 def argsort(xs: list) -> list[int]:
     return sorted(range(len(xs)), key=xs.__getitem__)

@@ -31,17 +31,6 @@ from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp
 
 
 @cache
-def vector_registers() -> int:
-    """Number of architectural SIMD registers: 32 with AVX-512, else 16."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
-        return 32 if " avx512f" in flags else 16
-    except OSError:
-        return 16
-
-
-@cache
 def l2_bytes() -> int:
     """Per-core L2 size from sysfs (1 MiB if the machine does not say)."""
     for i in range(8):

@@ -97,9 +97,11 @@ def test_plan_runs_on_new_inputs(opt0):
     x1, x2 = r(4, 8), r(4, 8)
     plan, _ = make_plan([Tensor(x1).softmax(-1).uop])
     for x in (x1, x2):  # one plan, two different inputs
-        arrays = {"in": [buffer_data(new_buffer(Tensor(x).dtype, 32, x))], "tmp": [np.empty(4, np.float32)] * 0}
-        arrays["tmp"] = [np.empty(n, d.np) for d, n in plan.temps]
-        arrays["out"] = [np.empty(32, np.float32)]
+        arrays = {
+            "in": [buffer_data(new_buffer(Tensor(x).dtype, 32, x))],
+            "tmp": [np.empty(n, d.np) for d, n in plan.temps],
+            "out": [np.empty(32, np.float32)],
+        }
         for k in plan.kernels:
             Program(k.src, k.name)(*(arrays[kind][i] for kind, i in k.refs))
         e = np.exp(x - x.max(1, keepdims=True))
