@@ -18,8 +18,9 @@ import functools
 import operator
 import os
 import sys
-from collections.abc import Iterable
-from typing import Any
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
 
 def getenv(key: str, default: Any = 0) -> Any:
@@ -37,6 +38,58 @@ CFLAGS_ENV: str | None = os.environ.get("CFLAGS") or None
 CHECK_OOB: int = getenv("UOPC_CHECK_OOB", 0)
 PLAN_CACHE_SIZE: int = getenv("UOPC_PLAN_CACHE", 1024)
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
+
+
+# the settings Context may change at run time, by the name users know them by (the environment variable)
+_CONTEXT_VARS = {"DEBUG": "DEBUG", "OPT": "OPT", "CHECK_OOB": "CHECK_OOB", "PLAN_CACHE": "PLAN_CACHE_SIZE", "CC": "CC"}
+
+
+@contextlib.contextmanager
+def Context(**settings: Any) -> Iterator[None]:
+    """Change settings for the duration of a `with` block, then restore them: the one way code changes a setting.
+
+        with Context(OPT=0, DEBUG=2):
+            x.realize()
+
+    Every setting that changes generated code is part of the plan and compile-cache keys, so a plan built under
+    one value is never reused under another.
+    """
+    unknown = set(settings) - set(_CONTEXT_VARS)
+    if unknown:
+        raise ValueError(f"Context: unknown setting(s) {sorted(unknown)}; known: {sorted(_CONTEXT_VARS)}")
+    mod = sys.modules[__name__]
+    old = {k: getattr(mod, _CONTEXT_VARS[k]) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(mod, _CONTEXT_VARS[k], type(old[k])(v))
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(mod, _CONTEXT_VARS[k], v)
+
+
+def atomic_write(path: str, data: bytes | Callable[[IO[bytes]], Any], mode: int | None = None) -> None:
+    """Write `path` through a temp file in the same directory and a rename: readers never see half a file.
+
+    `data` is the bytes to write, or a function that writes to the open binary file. On any error the temp file is
+    removed and the old file (if any) is left as it was. `mode` sets the permission bits before the rename.
+    """
+    d = os.path.dirname(os.path.abspath(path))
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def cache_dir() -> str:

@@ -25,7 +25,7 @@ class Loop:
 
 
 @dataclass
-class Linear:
+class Linearized:
     """The linearized program: the loop tree, each node's scope, and each node's users."""
 
     root: Loop
@@ -33,7 +33,7 @@ class Linear:
     users: dict[UOp, list[UOp]]
 
 
-def linearize(sink: UOp) -> Linear:
+def linearize(sink: UOp) -> Linearized:
     """Place every node of a lowered program in a loop scope and order each scope topologically."""
     topo = sink.toposort()
     pos = {u: i for i, u in enumerate(topo)}
@@ -135,4 +135,4 @@ def linearize(sink: UOp) -> Linear:
             raise RuntimeError("linearize: dependency cycle between statements of one scope")
         return loop
 
-    return Linear(build((), Loop(None)), scope, users)
+    return Linearized(build((), Loop(None)), scope, users)

@@ -18,35 +18,11 @@ from dataclasses import dataclass, field
 
 from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
+from uopc.opts import Opts
 from uopc.symbolic import simplify
 from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp, identity_element, sink
 
 __all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "merge_ends", "ranges_in", "ravel"]
-
-
-@dataclass
-class Opts:
-    """How to map one kernel onto the machine. Chosen by uopc.opt, applied here during lowering."""
-
-    upcast: dict[int, int] = field(default_factory=dict)  # output axis -> copies per iteration (register tile)
-    thread: int | None = None  # output axis run in parallel (OpenMP)
-    unroll: int = 1  # unroll factor of the innermost reduce axis
-    tile: dict[int, int] = field(default_factory=dict)  # output axis -> cache block size
-    ktile: int = 0  # chunk of the innermost reduce axis, looped outside the register tiles of a cache block
-    gpu: bool = False  # output axes become GLOBAL ranges (not implemented on the CPU backend)
-    local: dict[int, int] = field(default_factory=dict)  # output axis -> threads per block (LOCAL)
-
-    def key(self) -> tuple:
-        """A hashable identity of these choices (every field: a forgotten one silently merges candidates)."""
-        return (
-            tuple(sorted(self.upcast.items())),
-            self.thread,
-            self.unroll,
-            tuple(sorted(self.tile.items())),
-            self.ktile,
-            self.gpu,
-            tuple(sorted(self.local.items())),
-        )
 
 
 class Ctx:

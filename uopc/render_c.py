@@ -15,10 +15,11 @@ Each op's C form is one entry of a table.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from uopc import helpers
 from uopc.dtype import DType, dtypes
-from uopc.linearize import Linear, Loop, linearize
+from uopc.linearize import Linearized, Loop, linearize
 from uopc.uop import ALU, AxisType, Ops, UOp
 
 PRELUDE = """#include <math.h>
@@ -95,8 +96,12 @@ def render_const(v, dt: DType) -> str:
     return f"{v}LL" if dt.itemsize == 8 else str(v)
 
 
-class _Renderer:
-    def __init__(self, lin: Linear, name: str):
+class CRenderer:
+    """Renders one linearized kernel as C; `code_for_op` maps each ALU op to its C expression."""
+
+    code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]]
+
+    def __init__(self, lin: Linearized, name: str):
         self.lin, self.name = lin, name
         self.names: dict[UOp, str] = {}
         self.n = 0
@@ -127,39 +132,10 @@ class _Renderer:
         return self._expr(u)
 
     def _expr(self, u: UOp) -> str:
-        op, s = u.op, u.src
-        if op is Ops.CONST:
-            return render_const(u.arg, u.dtype)
-        if op is Ops.AFTER:
-            return self.expr(s[0])
-        if op is Ops.INDEX:
-            return self.address(u)
-        if op in _INFIX:
-            sym = _INFIX[op]
-            if u.dtype is dtypes.bool and op in (Ops.ADD, Ops.MUL):  # bool + is OR, * is AND (C would make 2)
-                sym = "|" if op is Ops.ADD else "&"
-            return f"({self.expr(s[0])}{sym}{self.expr(s[1])})"
-        if op is Ops.NEG:
-            return f"(-{self.expr(s[0])})"
-        if op is Ops.MAX:
-            a, b = self.expr(s[0]), self.expr(s[1])
-            if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
-                return f"((({a}>{b})||({a}!={a}))?{a}:{b})"
-            return f"(({a}>{b})?{a}:{b})"
-        if op is Ops.WHERE:
-            return f"({self.expr(s[0])}?{self.expr(s[1])}:{self.expr(s[2])})"
-        if op is Ops.RECIP:
-            return f"({render_const(1.0, u.dtype)}/{self.expr(s[0])})"
-        if op in _MATH:
-            f, d = _MATH[op]
-            if u.dtype is dtypes.float16:
-                return f"((_Float16){f}((float){self.expr(s[0])}))"
-            return f"{d if u.dtype is dtypes.float64 else f}({self.expr(s[0])})"
-        if op is Ops.CAST:
-            return f"(({u.dtype.cname})({self.expr(s[0])}))"
-        if op in (Ops.IDIV, Ops.MOD):
-            return self.divmod(u)
-        raise NotImplementedError(f"render_c: no C form for {op}")
+        fn = self.code_for_op.get(u.op)
+        if fn is None:
+            raise NotImplementedError(f"render_c: no C form for {u.op}")
+        return fn(self, u)
 
     def divmod(self, u: UOp) -> str:
         a, b = u.src
@@ -222,10 +198,55 @@ class _Renderer:
                 self.emit(x, ind)
 
 
+def _infix(sym: str) -> Callable[[CRenderer, UOp], str]:
+    def render(r: CRenderer, u: UOp) -> str:
+        if u.dtype is dtypes.bool and u.op in _BOOL_INFIX:  # bool + is OR, * is AND (C would make 2)
+            return f"({r.expr(u.src[0])}{_BOOL_INFIX[u.op]}{r.expr(u.src[1])})"
+        return f"({r.expr(u.src[0])}{sym}{r.expr(u.src[1])})"
+
+    return render
+
+
+_BOOL_INFIX = {Ops.ADD: "|", Ops.MUL: "&"}
+
+
+def _max(r: CRenderer, u: UOp) -> str:
+    a, b = r.expr(u.src[0]), r.expr(u.src[1])
+    if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
+        return f"((({a}>{b})||({a}!={a}))?{a}:{b})"
+    return f"(({a}>{b})?{a}:{b})"
+
+
+def _math(r: CRenderer, u: UOp) -> str:
+    f, d = _MATH[u.op]
+    if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
+        return f"((_Float16){f}((float){r.expr(u.src[0])}))"
+    return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
+
+
+# op -> C expression. Each entry renders one node from its sources' expressions; another backend (CUDA) subclasses
+# CRenderer and overrides entries of this table.
+code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
+    Ops.CONST: lambda r, u: render_const(u.arg, u.dtype),
+    Ops.AFTER: lambda r, u: r.expr(u.src[0]),  # ordering only: the value is its first source's
+    Ops.INDEX: lambda r, u: r.address(u),
+    **{op: _infix(sym) for op, sym in _INFIX.items()},
+    Ops.NEG: lambda r, u: f"(-{r.expr(u.src[0])})",
+    Ops.MAX: _max,
+    Ops.WHERE: lambda r, u: f"({r.expr(u.src[0])}?{r.expr(u.src[1])}:{r.expr(u.src[2])})",
+    Ops.RECIP: lambda r, u: f"({render_const(1.0, u.dtype)}/{r.expr(u.src[0])})",
+    **{op: _math for op in _MATH},
+    Ops.CAST: lambda r, u: f"(({u.dtype.cname})({r.expr(u.src[0])}))",
+    Ops.IDIV: lambda r, u: r.divmod(u),
+    Ops.MOD: lambda r, u: r.divmod(u),
+}
+CRenderer.code_for_op = code_for_op
+
+
 def render_c(ast: UOp, name: str) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
     lin = linearize(ast)
-    r = _Renderer(lin, name)
+    r = CRenderer(lin, name)
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)

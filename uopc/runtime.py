@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from uopc import helpers
+from uopc.helpers import atomic_write
 
 __all__ = [
     "CFLAGS",
@@ -214,18 +215,6 @@ def _check_cache_dir(path: str) -> str:
     return path
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write `data` to `path` via a temp file in the same directory and os.replace, so readers never see half."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        _unlink_quiet(tmp)
-        raise
-
-
 def _unlink_quiet(path: str) -> None:
     try:
         os.unlink(path)
@@ -259,7 +248,7 @@ def _save_failed_source(cache: str, key: str, src: str) -> str | None:
         failed = os.path.join(cache, "failed")
         os.makedirs(failed, mode=0o700, exist_ok=True)
         c_path = os.path.join(failed, f"{key}.c")
-        _write_atomic(c_path, src.encode())
+        atomic_write(c_path, src.encode())
         return c_path
     except OSError:
         return None  # reporting the compile error matters more than saving the copy
@@ -268,9 +257,8 @@ def _save_failed_source(cache: str, key: str, src: str) -> str | None:
 def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> str:
     """Run the compiler into a temp file, then move the .so and its json into place; return the .so path."""
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
-    fd, tmp = tempfile.mkstemp(dir=cache, prefix=".tmp-", suffix=".so")
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmpdir:
+        tmp = os.path.join(tmpdir, "k.so")
         cmd = _command(cc_path, flags, tmp)
         try:
             proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
@@ -296,13 +284,11 @@ def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> 
             )
         with open(tmp, "rb") as f:
             data = f.read()
-        os.replace(tmp, so_path)
-        # The json goes last: a .so without a matching json is treated as corrupt, so a crash in between is safe.
-        meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        _write_atomic(json_path, json.dumps(meta).encode())
-        return so_path
-    finally:
-        _unlink_quiet(tmp)  # already gone after a successful os.replace
+    atomic_write(so_path, data, mode=0o700)
+    # The json goes last: a .so without a matching json is treated as corrupt, so a crash in between is safe.
+    meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write(json_path, json.dumps(meta).encode())
+    return so_path
 
 
 def _compile_cached(src: str, cc_path: str, flags: list[str], key: str) -> str:
@@ -321,6 +307,16 @@ def _resolve(src: str) -> tuple[str, list[str], str]:
     """Compiler path, flags and cache key for `src`; CC and CFLAGS are read now so they can change at run time."""
     cc_path, flags = _resolve_compiler(), list(CFLAGS)
     return cc_path, flags, _cache_key(src, cc_path, flags)
+
+
+def compiler_identity() -> str:
+    """What, besides the source, decides compiled code: compiler path and version, every flag, the host CPU.
+
+    Anything keyed by measured speed (the search cache) includes it, so a choice timed under one compiler, flag
+    set or CPU is never applied under another.
+    """
+    cc_path, flags = _resolve_compiler(), list(CFLAGS)
+    return "\n".join([f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *flags, _host_cpu()])
 
 
 def _build(src: str) -> str:

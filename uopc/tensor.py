@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from uopc import tensor_index
+from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
 from uopc.dtype import DType, dtypes, least_upper_float, promote, to_dtype, truncate
 from uopc.helpers import prod
 from uopc.tensor_index import broadcast_shape, norm_dim
@@ -107,7 +108,7 @@ def _host_array(data: Any, dtype: DType | None) -> tuple[np.ndarray, DType]:
 class Tensor:
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
-    fuse_reduce: bool = False  # passed to kernelize.realize: let reductions fuse into their consumers
+    fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
     # tensors created with requires_grad=True, so that loss.backward() without a parameter list can find them
@@ -131,8 +132,6 @@ class Tensor:
         if arr.size == 0:
             self.uop = _full_uop(0, dt, arr.shape)
         else:
-            from uopc.kernelize import new_buffer
-
             self.uop = new_buffer(dt, arr.size, arr).reshape(arr.shape)
 
     def _new(self, uop: UOp, *others: Tensor) -> Tensor:
@@ -315,18 +314,18 @@ class Tensor:
     @staticmethod
     def realize_all(*tensors: Tensor) -> None:
         """Realize several tensors in one kernelize.realize call, so they share one plan and its common work."""
-        from uopc import kernelize
+        from uopc import realize  # the one lazy import: the compiler loads on the first realize, not on import
 
         todo = []
         for t in dict.fromkeys(tensors):
             if t.numel() == 0:  # never realize an empty root: its value is fully known
                 t.uop = _full_uop(0, t.dtype, t.shape)
-            elif not kernelize.is_contiguous_buffer(t.uop):
+            elif not is_contiguous_buffer(t.uop):
                 todo.append(t)
         if not todo:
             return
         roots = [t.uop for t in todo]
-        bufs = kernelize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=kernelize.default_opt())
+        bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt())
         for t, buf in zip(todo, bufs, strict=True):
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.uop = buf.reshape(t.shape)  # drop the graph: its intermediates can be freed
@@ -349,8 +348,6 @@ class Tensor:
         """A fresh NumPy copy of the data (realizes)."""
         if self.numel() == 0:
             return np.zeros(self.shape, self.dtype.np)
-        from uopc.kernelize import base_buffer, buffer_data
-
         self.realize()
         return buffer_data(base_buffer(self.uop)).reshape(self.shape).copy()
 

@@ -493,3 +493,31 @@ def identity_element(rop: Ops, dtype: DType) -> Any:
 
 def sink(*xs: UOp) -> UOp:
     return UOp(Ops.SINK, xs)
+
+
+def base(u: UOp) -> UOp:
+    """`u` without the RESHAPEs on top of it (a reshaped buffer's data is the buffer's own)."""
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u
+
+
+def structure_key(roots: list[UOp]) -> tuple[tuple, list[UOp]]:
+    """The structure key of a graph and its input BUFFERs, from one walk.
+
+    The key is the graph in topological order as (op, dtype, arg, source positions); a BUFFER is only its dtype
+    and size, so graphs that differ only in which buffers they read share a key (inputs bind by position).
+    Constants are kept: a different Python float is a different structure.
+    """
+    ids: dict[UOp, int] = {}
+    key = []
+    inputs = []
+    for u in UOp(Ops.SINK, tuple(roots)).toposort():
+        ids[u] = len(ids)
+        if u.op is Ops.BUFFER:
+            inputs.append(u)
+            arg = ("buf", u.dtype.name, u.arg.shape)
+        else:
+            arg = _argkey(u.arg)
+        key.append((u.op, u.dtype, arg, tuple(ids[s] for s in u.src)))
+    return tuple(key), inputs

@@ -27,8 +27,8 @@ def test_fuzz_regression_seeds(seed):
 
 
 @pytest.fixture(params=MODES, ids=lambda m: f"opt{m[0]}-fuse{int(m[1])}")
-def mode(request, monkeypatch):
-    monkeypatch.setattr(helpers, "OPT", request.param[0])
+def mode(context, request, monkeypatch):
+    context(OPT=request.param[0])
     monkeypatch.setattr(Tensor, "fuse_reduce", request.param[1])
 
 

@@ -144,7 +144,7 @@ def test_param_without_grad_is_left_alone():
 def test_optimizer_state_starts_realized():
     lin = Linear(3, 2)
     opt = AdamW(parameters(lin))
-    from uopc.kernelize import is_contiguous_buffer
+    from uopc.buffer import is_contiguous_buffer
 
     assert all(is_contiguous_buffer(t.uop) for t in opt.m + opt.v + opt.params)
 

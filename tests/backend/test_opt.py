@@ -11,7 +11,8 @@ import pytest
 from tests.helpers import buf, gemm_graph
 from uopc import helpers, opt
 from uopc.dtype import dtypes
-from uopc.opt import _dedup, candidate_opts, hand_opt_choice, layout_pass, search_opt
+from uopc.opt import candidate_opts, hand_opt_choice, layout_pass, search_opt
+from uopc.opt.search import _dedup
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
 from uopc.runtime import Program
@@ -172,20 +173,20 @@ def test_search_result_is_cached_on_disk(tmp_path, monkeypatch):
     assert o1.key() == o2.key() and ast1 is ast2
 
 
-def test_tensor_matmul_at_every_opt_level(monkeypatch):
+def test_tensor_matmul_at_every_opt_level(context, monkeypatch):
     from uopc.tensor import Tensor
 
     a, b = rng.standard_normal((48, 40)).astype(np.float32), rng.standard_normal((40, 56)).astype(np.float32)
     for level in (0, 1, 2):
-        monkeypatch.setattr(helpers, "OPT", level)
+        context(OPT=level)
         np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_debug3_prints_opts(monkeypatch, capsys):
+def test_debug3_prints_opts(context, monkeypatch, capsys):
     from uopc.tensor import Tensor
 
-    monkeypatch.setattr(helpers, "DEBUG", 3)
-    monkeypatch.setattr(helpers, "OPT", 1)
+    context(DEBUG=3)
+    context(OPT=1)
     (Tensor(rng.standard_normal((64, 96)).astype(np.float32)) @ Tensor(np.ones((96, 32), np.float32))).realize()
     assert "Opts(upcast=" in capsys.readouterr().out
 

@@ -284,22 +284,22 @@ def test_cache_dir_removed_while_running(cache: Path):
 # the compiler
 
 
-def test_missing_compiler(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(helpers, "CC", "/nonexistent/gcc")
+def test_missing_compiler(context, monkeypatch: pytest.MonkeyPatch):
+    context(CC="/nonexistent/gcc")
     with pytest.raises(CompilerNotFoundError) as info:
         Program(ADD, "add")
     msg = str(info.value)
     assert "/nonexistent/gcc" in msg and "CC" in msg and "CFLAGS" in msg and "apt-get install gcc" in msg
-    monkeypatch.setattr(helpers, "CC", "uopc-no-such-compiler")
+    context(CC="uopc-no-such-compiler")
     with pytest.raises(CompilerNotFoundError, match="uopc-no-such-compiler.*on PATH"):
         Program(ADD, "add")
 
 
-def test_compiler_that_cannot_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_compiler_that_cannot_run(context, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     fake = tmp_path / "fakecc"
     fake.write_text("#!/nonexistent/interpreter\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(helpers, "CC", str(fake))
+    context(CC=str(fake))
     with pytest.raises(CompilerNotFoundError, match="could not be executed"):
         Program(ADD, "add")
 

@@ -24,15 +24,15 @@ def _broken_kernel() -> str:
     return render_c(sink(out.index(r).store(a.index(r + 1).load()).end(r)), "broken")
 
 
-def test_oob_mode_catches_a_broken_index(monkeypatch):
-    monkeypatch.setattr(helpers, "CHECK_OOB", 1)
+def test_oob_mode_catches_a_broken_index(context, monkeypatch):
+    context(CHECK_OOB=1)
     src = _broken_kernel()
     with pytest.raises(IndexError, match=r"kernel broken: data0\[8\], but data0 has 8 elements"):
         Program(src, "broken")(np.zeros(8, np.float32), np.zeros(8, np.float32))
 
 
-def test_oob_mode_passes_correct_kernels(monkeypatch):
-    monkeypatch.setattr(helpers, "CHECK_OOB", 1)
+def test_oob_mode_passes_correct_kernels(context, monkeypatch):
+    context(CHECK_OOB=1)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     t = Tensor(x).pad(((1, 1), (2, 0))).flip(1)[:, ::2].sum(0)  # gated pad reads stay unchecked when invalid
     np.testing.assert_array_equal(t.numpy(), np.pad(x, ((1, 1), (2, 0)))[:, ::-1][:, ::2].sum(0))

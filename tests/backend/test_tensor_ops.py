@@ -174,18 +174,18 @@ def test_realize_returns_self_and_drops_the_graph():
 
 def test_keepdim_reduction_realizes_as_one_kernel():
     # regression: a RESHAPE root over a REDUCE was a reduce kernel plus a copy; make_plan strips the free reshape
-    from uopc import kernelize
+    from uopc import realize, schedule
 
     t = Tensor(A).sum(1, keepdim=True)
-    assert len(kernelize.make_plan([t.uop])[0].kernels) == 1
+    assert len(schedule.make_plan([t.uop])[0].kernels) == 1
     close(t, A.sum(1, keepdims=True), LOOSE)
 
 
 def test_realize_all_shares_one_call(monkeypatch):
-    from uopc import kernelize
+    from uopc import realize, schedule
 
-    calls, real = [], kernelize.realize
-    monkeypatch.setattr(kernelize, "realize", lambda roots, **kw: calls.append(roots) or real(roots, **kw))
+    calls, real = [], realize.realize
+    monkeypatch.setattr(realize, "realize", lambda roots, **kw: calls.append(roots) or real(roots, **kw))
     x = Tensor(A)
     m = x.max(1, keepdim=True)
     a, b = (x - m).exp(), (x - m) * 2
@@ -536,7 +536,7 @@ def test_var_std(axis, correction):
 
 
 def test_var_kernel_structure_and_degenerate_correction():
-    from uopc.kernelize import make_plan
+    from uopc.schedule import make_plan
 
     plan, _ = make_plan([Tensor(A).var(-1).uop])
     assert [k.name[:2] for k in plan.kernels] == ["r_", "r_", "e_"]
@@ -599,10 +599,10 @@ def test_softmax_family_with_large_values(axis):
 
 
 def test_fuse_reduce_switch(monkeypatch):
-    from uopc import kernelize
+    from uopc import realize, schedule
 
-    seen, real = [], kernelize.realize
-    monkeypatch.setattr(kernelize, "realize", lambda roots, **kw: seen.append(kw) or real(roots, **kw))
+    seen, real = [], realize.realize
+    monkeypatch.setattr(realize, "realize", lambda roots, **kw: seen.append(kw) or real(roots, **kw))
     monkeypatch.setattr(Tensor, "fuse_reduce", True)
     close(Tensor(A).softmax(-1), _np_softmax(A.astype(np.float64), -1), LOOSE)
     assert seen[0]["fuse_reduce"] is True
@@ -624,7 +624,7 @@ def test_float64_stays_float64():
 
 
 def test_softmax_is_three_kernels():
-    from uopc.kernelize import make_plan
+    from uopc.schedule import make_plan
 
     plan, _ = make_plan([Tensor(A).softmax(-1).uop])
     assert len(plan.kernels) == 3  # max, sum, elementwise output
@@ -823,7 +823,7 @@ def test_cat():
 
 
 def test_cat_fuses_into_one_kernel():
-    from uopc.kernelize import make_plan
+    from uopc.schedule import make_plan
 
     a, b = Tensor(r(2, 3)), Tensor(r(4, 3))
     plan, _ = make_plan([(Tensor.cat(a, b) * 2).uop])

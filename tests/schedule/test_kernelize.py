@@ -8,10 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uopc import helpers, kernelize
-from uopc.kernelize import make_plan
+from uopc import realize, schedule
+from uopc.buffer import buffer_data, new_buffer
+from uopc.render_c import render_c
+from uopc.runtime import Program
+from uopc.schedule import make_plan
 from uopc.tensor import Tensor
-from uopc.uop import Ops, UOp
+from uopc.uop import Ops, UOp, structure_key
 
 rng = np.random.default_rng(0)
 
@@ -21,8 +24,8 @@ def r(*shape):
 
 
 @pytest.fixture
-def opt0(monkeypatch):
-    monkeypatch.setattr(helpers, "OPT", 0)
+def opt0(context, monkeypatch):
+    context(OPT=0)
 
 
 def names(*ts: Tensor, fuse_reduce: bool = False) -> list[str]:
@@ -65,7 +68,7 @@ def _layernorm_matmul():
 
 def test_layernorm_into_matmul(opt0, monkeypatch):
     assert names(_layernorm_matmul()) == ["r_128", "r_128", "e_128_256", "r_128_256"]
-    monkeypatch.setattr(kernelize, "stage_broadcast_compute", lambda roots: roots)
+    monkeypatch.setattr(schedule, "stage_broadcast_compute", lambda roots: roots)
     assert names(_layernorm_matmul()) == ["r_128", "r_128", "r_128_256"]
 
 
@@ -73,9 +76,9 @@ def test_softmax_plan_refs_and_temps(opt0):
     x = Tensor(r(4, 8))
     plan, inputs = make_plan([x.softmax(-1).uop])
     assert [(k.name, k.refs) for k in plan.kernels] == [
-        ("r_4", [("in", 0), ("tmp", 0)]),
-        ("r_4", [("in", 0), ("tmp", 0), ("tmp", 1)]),
-        ("e_4_8", [("in", 0), ("tmp", 0), ("tmp", 1), ("out", 0)]),
+        ("r_4", (("in", 0), ("tmp", 0))),
+        ("r_4", (("in", 0), ("tmp", 0), ("tmp", 1))),
+        ("e_4_8", (("in", 0), ("tmp", 0), ("tmp", 1), ("out", 0))),
     ]
     assert [(d.name, n) for d, n in plan.temps] == [("float32", 4), ("float32", 4)]
     assert [(d.name, n) for d, n in plan.outs] == [("float32", 32)]
@@ -86,14 +89,12 @@ def test_identical_kernels_identical_c(opt0):
     a, b = Tensor(r(16, 16)), Tensor(r(16, 16))
     plan, _ = make_plan([a.sum(1).uop, b.sum(1).uop])
     k0, k1 = plan.kernels
-    assert k0.refs == [("in", 0), ("out", 0)] and k1.refs == [("in", 1), ("out", 1)]
-    assert k0.src == k1.src  # local renumbering: one compile for both
+    assert k0.refs == (("in", 0), ("out", 0)) and k1.refs == (("in", 1), ("out", 1))
+    assert k0.ast is k1.ast  # local renumbering: one AST, so one C source and one compile for both
+    assert render_c(k0.ast, k0.name) == render_c(k1.ast, k1.name)
 
 
 def test_plan_runs_on_new_inputs(opt0):
-    from uopc.kernelize import buffer_data, new_buffer
-    from uopc.runtime import Program
-
     x1, x2 = r(4, 8), r(4, 8)
     plan, _ = make_plan([Tensor(x1).softmax(-1).uop])
     for x in (x1, x2):  # one plan, two different inputs
@@ -103,31 +104,31 @@ def test_plan_runs_on_new_inputs(opt0):
             "out": [np.empty(32, np.float32)],
         }
         for k in plan.kernels:
-            Program(k.src, k.name)(*(arrays[kind][i] for kind, i in k.refs))
+            Program(render_c(k.ast, k.name), k.name)(*(arrays[kind][i] for kind, i in k.refs))
         e = np.exp(x - x.max(1, keepdims=True))
         np.testing.assert_allclose(arrays["out"][0].reshape(4, 8), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
-def test_second_realize_hits_the_cache(opt0, capsys, monkeypatch):
+def test_second_realize_hits_the_cache(context, opt0, capsys, monkeypatch):
     x = r(64, 64)
     Tensor(x).softmax(-1).realize()
-    n = len(kernelize._plans)
-    monkeypatch.setattr(helpers, "DEBUG", 1)
+    n = len(realize._plans)
+    context(DEBUG=1)
     Tensor(r(64, 64)).softmax(-1).realize()  # same structure, different data
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("realize:")][-1]
-    assert len(kernelize._plans) == n
+    assert len(realize._plans) == n
     assert float(line.split("schedule ")[1].split(" ms")[0]) < 1.0, line
 
 
 def test_python_floats_are_structure_tensors_are_data(opt0):
     w = Tensor(r(8))
-    n0 = len(kernelize._plans)
+    n0 = len(realize._plans)
     for t in range(1, 4):
         (w * (1 / (1 - 0.9**t))).realize()  # a new CONST each step: a new plan each step
-    assert len(kernelize._plans) == n0 + 3
+    assert len(realize._plans) == n0 + 3
     for t in range(1, 4):
         (w * Tensor(np.array([1 / (1 - 0.9**t)], np.float32))).realize()  # a BUFFER: one plan
-    assert len(kernelize._plans) == n0 + 4
+    assert len(realize._plans) == n0 + 4
 
 
 def test_fuse_reduce_softmax_one_kernel(opt0, monkeypatch):
@@ -140,7 +141,7 @@ def test_fuse_reduce_softmax_one_kernel(opt0, monkeypatch):
 
 
 def test_deleted_reads_do_not_shift_kernel_arguments():
-    # regression (pitfall 7): int t*0 folds to 0, the kernel no longer reads t, and must not write into it
+    # regression: int t*0 folds to 0, the kernel no longer reads t, and must not write into it
     t = Tensor(np.array([1, 2, 3], np.int32))
     assert (t * 0).numpy().tolist() == [0, 0, 0]
     assert t.numpy().tolist() == [1, 2, 3]
@@ -158,7 +159,7 @@ def test_detach_is_not_a_kernel(opt0):
 
 
 def test_wrap_nested_targets():
-    # NOTES 16: substitute() wraps the original outer node and loses the inner STAGE; wrap() composes
+    # substitute() would wrap the original outer node and lose the inner STAGE; wrap() composes
     x = Tensor(r(8, 8)).uop
     inner = x * 2.0 + 1.0
     outer = UOp(Ops.EXP2, (inner,)) * inner
@@ -172,41 +173,52 @@ def test_wrap_nested_targets():
 def test_temporaries_are_reused_across_runs(opt0):
     x = r(32, 32)
     Tensor(x).softmax(-1).realize()
-    plan = next(reversed(kernelize._plans.values()))
+    plan = next(reversed(realize._plans.values()))
     temps = plan.temp_arrays
     Tensor(r(32, 32)).softmax(-1).realize()
     assert plan.temp_arrays is temps and all(a is b for a, b in zip(plan.temp_arrays, temps))
 
 
-def test_plan_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(kernelize, "plan_cache_size", 8)
+def test_plan_cache_is_bounded(context):
+    context(PLAN_CACHE=8)
     for n in range(1, 30):
         (Tensor(np.ones(n, np.float32)) + 1).realize()
-    assert len(kernelize._plans) <= 8
+    assert len(realize._plans) <= 8
 
 
-def test_debug4_prints_the_c(opt0, capsys, monkeypatch):
-    monkeypatch.setattr(helpers, "DEBUG", 4)
+def test_debug4_prints_the_c(context, opt0, capsys, monkeypatch):
+    context(DEBUG=4)
     (Tensor(r(3, 5)) * 7 - 1).realize()  # a structure no other test uses: a cache miss, so the C is printed
     out = capsys.readouterr().out
     assert "void e_3_5(float* restrict data0, float* restrict data1)" in out
     assert "realize: 1 kernels" in out and "GFLOP/s" in out
 
 
-def test_plan_cache_stays_bounded_over_3000_shapes(monkeypatch):
+def test_plan_cache_stays_bounded_over_3000_shapes(context, monkeypatch):
     # a program that sees thousands of distinct shapes: the in-memory plan cache evicts least recently used plans.
     # Compiling 3,000 kernels would take minutes, so programs are stubbed: this checks the cache, not gcc.
-    monkeypatch.setattr(kernelize, "plan_cache_size", 64)
+    context(PLAN_CACHE=64)
 
     def fake_compile(plan):
-        for k in plan.kernels:
-            k.program = lambda *args: None
+        return realize.CompiledPlan(plan, [], [lambda *args: None for _ in plan.kernels])
 
-    monkeypatch.setattr(kernelize, "_compile", fake_compile)
+    monkeypatch.setattr(realize, "compile_plan", fake_compile)
     for n in range(1, 3001):
-        kernelize.realize([(Tensor.ones(n) * 2).uop])
-        assert len(kernelize._plans) <= 64
+        realize.realize([(Tensor.ones(n) * 2).uop])
+        assert len(realize._plans) <= 64
     hot = (Tensor.ones(5) * 2).uop
-    key = (kernelize._structure_key([hot]), False, None)
-    kernelize.realize([hot])
-    assert next(reversed(kernelize._plans)) == key  # a hit moves the plan to the most-recent end
+    key = realize.plan_key(structure_key([hot])[0], False, None)
+    realize.realize([hot])
+    assert next(reversed(realize._plans)) == key  # a hit moves the plan to the most-recent end
+
+
+def test_plan_key_includes_bounds_checks(context, opt0):
+    # regression: the plan key once left out UOPC_CHECK_OOB, so a plan built with checks off ran unchecked under
+    # Context(CHECK_OOB=1). The second realize of the same structure must run the checked kernel.
+    x = Tensor(r(5, 7))
+    (x * 3 + 2).realize()
+    context(CHECK_OOB=1)
+    y = Tensor(r(5, 7))
+    (y * 3 + 2).realize()
+    cp = next(reversed(realize._plans.values()))
+    assert all("uopc_chk(" in src for src in cp.srcs)

@@ -9,14 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uopc import helpers, kernelize, runtime
-from uopc.kernelize import make_plan
+from uopc import realize, runtime
+from uopc.schedule import make_plan
 from uopc.nn import SGD, AdamW, Linear, parameters
 from uopc.tensor import Tensor
 
 
-def test_chapter_7_12_schedule(monkeypatch):
-    monkeypatch.setattr(helpers, "OPT", 0)
+def test_chapter_7_12_schedule(context, monkeypatch):
+    context(OPT=0)
     X, W = Tensor.randn(32, 64), Tensor.randn(64, 10, requires_grad=True)
     loss = (X @ W).relu().square().mean()
     loss.backward([W])
@@ -40,10 +40,10 @@ def test_adamw_steps_reuse_one_plan():  # NOTES 17
 
     step()
     step()
-    n = len(kernelize._plans)
+    n = len(realize._plans)
     for _ in range(3):
         step()
-    assert len(kernelize._plans) == n  # no new plans: nothing recompiled
+    assert len(realize._plans) == n  # no new plans: nothing recompiled
 
 
 @pytest.mark.parametrize(
@@ -52,8 +52,8 @@ def test_adamw_steps_reuse_one_plan():  # NOTES 17
 )
 def test_no_plan_or_compile_after_step_two(opt_cls, kw, monkeypatch):
     calls = []
-    real = kernelize.realize
-    monkeypatch.setattr(kernelize, "realize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = realize.realize
+    monkeypatch.setattr(realize, "realize", lambda *a, **k: calls.append(1) or real(*a, **k))
     Tensor.manual_seed(0)
     g = np.random.default_rng(0)
     l1, l2 = Linear(20, 16), Linear(16, 5)
@@ -71,5 +71,5 @@ def test_no_plan_or_compile_after_step_two(opt_cls, kw, monkeypatch):
         assert len(calls) == 1  # the whole step (grads, updates, loss) is one realize
         if i == 3:
             opt.lr = opt.lr * 0.5  # a schedule changes data, not structure
-        seen.append((len(kernelize._plans), runtime.stats["compiles"]))
+        seen.append((len(realize._plans), runtime.stats["compiles"]))
     assert seen[2:] == [seen[1]] * 4  # after step 2: no plan built, nothing compiled

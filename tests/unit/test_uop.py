@@ -67,9 +67,10 @@ def test_unreferenced_uop_is_freed():
 
 
 def test_buffer_array_is_freed_with_its_uop():
-    b = UOp(Ops.BUFFER, (), ParamArg(987654, dtypes.f32, (1024,)))
-    arr = np.ones(1024, np.float32)
-    b.__dict__["np"] = arr
+    from uopc.buffer import buffer_data, new_buffer
+
+    b = new_buffer(dtypes.f32, 1024, np.ones(1024, np.float32))
+    arr = buffer_data(b)  # storage sits in buffer.py's weak side table, not in the UOp
     aref, bref = weakref.ref(arr), weakref.ref(b)
     graph = (b.reshape((32, 32)) + 1.0).reduce(Ops.ADD, 1)
     del arr, b

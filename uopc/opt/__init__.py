@@ -1,0 +1,38 @@
+"""The CPU optimizer: a layout pass on the shape graph, then Opts per kernel (hand heuristic or search).
+
+    A @ B  (B read down its columns)   --layout_pass-->   STAGE(B.T) -> a contiguous copy, then
+    r_N_N with Opts(upcast={0: 4, 1: 4}, thread=0): a 4x4 register tile, rows split among OpenMP threads
+
+OPT=0 runs nothing here; OPT=1 (default) is HandOpt; OPT=2 is SearchOpt, which times candidates once
+per kernel and remembers the winner on disk (so a second run does no timing).
+
+    machine.py    L2 size and core count, read from the machine
+    layout.py     the layout pass (push_views, strides through rangeify)
+    heuristic.py  hand_opt_choice, HandOpt
+    search.py     candidate_opts, search_opt, SearchOpt
+"""
+
+from uopc.opt.heuristic import THREAD_MIN_WORK, UNROLL_MAX_REDUCE, HandOpt, hand_opt, hand_opt_choice
+from uopc.opt.layout import layout_pass, push_views
+from uopc.opt.machine import l2_bytes, num_cores
+from uopc.opt.search import SearchOpt, candidate_opts, search_key, search_opt, search_stats, time_candidates
+from uopc.opts import Opts
+
+__all__ = [
+    "THREAD_MIN_WORK",
+    "UNROLL_MAX_REDUCE",
+    "HandOpt",
+    "Opts",
+    "SearchOpt",
+    "candidate_opts",
+    "hand_opt",
+    "hand_opt_choice",
+    "l2_bytes",
+    "layout_pass",
+    "num_cores",
+    "push_views",
+    "search_key",
+    "search_opt",
+    "search_stats",
+    "time_candidates",
+]

@@ -1,0 +1,118 @@
+"""Realize: turn roots into computed BUFFERs through the plan cache (the structural JIT), compile, run, print.
+
+    >>> out, = realize([(a + b).uop])    # schedule (or fetch the cached plan), compile each kernel, run them
+
+`_plans` maps a plan key (the graph's structure key with buffers abstracted away, plus every setting that changes
+the generated code) to a compiled plan: the same graph shape reuses the same compiled kernels, whatever the
+buffers hold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from uopc import helpers
+from uopc.buffer import aligned_empty, buffer_data, output_buffer
+from uopc.opt import HandOpt, SearchOpt
+from uopc.render_c import render_c
+from uopc.runtime import Program
+from uopc.schedule import Kernel, Plan, make_plan
+from uopc.uop import UOp, structure_key
+
+__all__ = ["CompiledPlan", "default_opt", "plan_key", "realize"]
+
+
+@dataclass
+class CompiledPlan:
+    """A Plan with its kernels rendered and compiled, and the temp arrays its runs share."""
+
+    plan: Plan
+    srcs: list[str]
+    programs: list[Program]
+    temp_arrays: list[np.ndarray] | None = field(default=None)  # allocated on the first run, then reused
+
+    @property
+    def kernels(self) -> tuple[Kernel, ...]:
+        return self.plan.kernels
+
+
+_plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+
+
+def default_opt() -> Any:
+    """The optimizer the OPT setting selects: None (OPT=0), HandOpt (1, default) or SearchOpt (2)."""
+    if helpers.OPT <= 0:
+        return None
+    return SearchOpt if helpers.OPT >= 2 else HandOpt
+
+
+def plan_key(skey: tuple, fuse_reduce: bool, opt: Any) -> tuple:
+    """Everything that decides a plan's code: the structure, the fusion rule, the optimizer, the bounds checks."""
+    return (skey, fuse_reduce, opt, helpers.CHECK_OOB)
+
+
+def compile_plan(plan: Plan) -> CompiledPlan:
+    """Render each kernel to C and compile it (each kernel is cached on disk by its source and flags)."""
+    srcs = [render_c(k.ast, k.name) for k in plan.kernels]
+    programs = [Program(src, k.name) for src, k in zip(srcs, plan.kernels, strict=True)]
+    if helpers.DEBUG >= 4:
+        for src in srcs:
+            print(src)
+    return CompiledPlan(plan, srcs, programs)
+
+
+def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> list[UOp]:
+    """Compute each root. Returns, per root, a BUFFER UOp holding the result."""
+    uniq = list(dict.fromkeys(roots))
+    t0 = time.perf_counter()
+    skey, inputs = structure_key(uniq)
+    key = plan_key(skey, fuse_reduce, opt)
+    cp = _plans.get(key)
+    if cp is None:
+        cp = compile_plan(make_plan(uniq, fuse_reduce, opt)[0])
+        _plans[key] = cp
+        while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
+            _plans.popitem(last=False)
+    else:
+        _plans.move_to_end(key)
+    t1 = time.perf_counter()
+    plan = cp.plan
+    if cp.temp_arrays is None:
+        cp.temp_arrays = [aligned_empty(n, d) for d, n in plan.temps]
+    # fresh outputs are fully written by their kernel: uninitialized, not zeros (no 4 MB memset per 1024^2 result)
+    outs: list[UOp] = []
+    for o in plan.outs:
+        if o[0] == "in":
+            outs.append(inputs[o[1]])
+        elif o[0] == "out":
+            outs.append(outs[o[1]])
+        else:
+            outs.append(output_buffer(o[0], o[1]))
+    arrays = {"in": [buffer_data(b) for b in inputs], "tmp": cp.temp_arrays, "out": [buffer_data(o) for o in outs]}
+    for k, prg in zip(plan.kernels, cp.programs, strict=True):
+        args = [arrays[kind][i] for kind, i in k.refs]
+        ts = time.perf_counter()
+        prg(*args)
+        if helpers.DEBUG >= 2:
+            _print_kernel(k, prg, args, time.perf_counter() - ts)
+    if helpers.DEBUG >= 1:
+        t2 = time.perf_counter()
+        print(f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms")
+    by_root = dict(zip(uniq, outs, strict=True))
+    return [by_root[r] for r in roots]
+
+
+def _print_kernel(k: Kernel, prg: Program, args: list[np.ndarray], dt: float) -> None:
+    extra = ""
+    if helpers.DEBUG >= 3:  # run again: warm caches, no first-touch page faults
+        ts = time.perf_counter()
+        prg(*args)
+        extra = f"  (again: {(time.perf_counter() - ts) * 1e3:.3f} ms)"
+        if k.opts is not None:
+            extra += f"  {k.opts}"
+    print(f"  {k.name:30s} {dt * 1e3:8.3f} ms  {k.flops / max(dt, 1e-9) / 1e9:7.2f} GFLOP/s{extra}")

@@ -1,0 +1,178 @@
+"""The scheduler: cut a shape graph into kernels (fusion and fission) and lower each to a loop AST. No C here.
+
+A node is materialized (computed by its own kernel into a buffer) if it is a root the user asked for
+(unless it already is a contiguous buffer), a STAGE, or a REDUCE (unless fuse_reduce). Everything
+between materialization points fuses into the kernel of its nearest materialized consumer.
+
+    softmax(x (4, 8))   ->   r_4   [in 0]               -> tmp 0   (row max)
+                             r_4   [in 0, tmp 0]        -> tmp 1   (row sum of exp(x - max))
+                             e_4_8 [in 0, tmp 0, tmp 1] -> out 0
+
+A Plan holds no UOps of the user's graph: kernels refer to buffers as Ref("in", i), Ref("tmp", j) or
+Ref("out", r), so one plan runs any inputs of the same structure (uopc.realize caches plans by structure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from uopc.dtype import DType
+from uopc.helpers import prod
+from uopc.rangeify import lower
+from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
+from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base
+
+__all__ = ["Kernel", "Plan", "Ref", "make_plan", "stage_broadcast_compute", "strip_detach"]
+
+
+class Ref(NamedTuple):
+    """Which array a kernel parameter binds to: the i-th input, temp or output of the plan."""
+
+    kind: str  # "in" | "tmp" | "out"
+    i: int
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One loop nest of a plan: its lowered AST, and the plan arrays its parameters bind to, in order."""
+
+    name: str
+    ast: UOp
+    refs: tuple[Ref, ...]
+    flops: int = 0
+    opts: Any = None  # the Opts it was lowered with (printed at DEBUG>=3)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Kernels in run order, the temps they share, and where each root's value ends up."""
+
+    kernels: tuple[Kernel, ...]
+    temps: tuple[tuple[DType, int], ...]  # (dtype, elements) per temp
+    outs: tuple[Any, ...]  # per root: a Ref("in"|"out") alias, or (dtype, elements) for a fresh buffer
+
+
+def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
+    """The nodes that get their own kernel, producers before consumers (the schedule order)."""
+    rootset = set(roots)
+    points = []
+    for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
+        if u.op is Ops.STAGE or (u.op is Ops.REDUCE and not fuse_reduce):
+            points.append(u)
+        elif u in rootset and base(u).op is not Ops.BUFFER:
+            points.append(u)
+    return points
+
+
+# Tensor.detach() wraps a node in STAGE("detach"): autodiff stops there, execution ignores it
+strip_detach = PatternMatcher([(UPat(Ops.STAGE, arg="detach", src=(UPat.var("x"),)), lambda x: x)])
+
+
+def _fused_work(u: UOp) -> int:
+    """ALU ops times elements that recomputing `u` would cost (stopping at materialized nodes)."""
+    n, seen, stack = 0, set(), [u]
+    while stack:
+        x = stack.pop()
+        if x in seen or x.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE):
+            continue
+        seen.add(x)
+        n += x.op in ALU
+        stack.extend(x.src)
+    return n * prod(u.shape)
+
+
+def stage_broadcast_compute(roots: list[UOp], factor: int = 4, min_work: int = 4096) -> list[UOp]:
+    """Materialize a computed value that an EXPAND copies `factor`+ times, when recomputing it is expensive.
+
+    Fusion is free only if nothing is recomputed: a LayerNorm output feeding a matmul would otherwise be
+    recomputed for every output column. Tiny values (softmax's 1/sum) and bare CASTs are left fused.
+    """
+    todo: set[UOp] = set()
+    for u in UOp(Ops.SINK, tuple(roots)).toposort():
+        if u.op is not Ops.EXPAND or prod(u.shape) < factor * prod(u.src[0].shape):
+            continue
+        src = u.src[0]
+        while src.op in MOVEMENT:
+            src = src.src[0]
+        if src.op in ALU and src.op is not Ops.CAST and src.shape and _fused_work(src) >= min_work:
+            todo.add(src)
+    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def kernel_name(body: UOp) -> str:
+    """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8)."""
+    red = any(u.op is Ops.REDUCE for u in body.toposort())
+    return ("r_" if red else "e_") + "_".join(map(str, body.shape or (1,)))
+
+
+def _flops(body: UOp) -> int:
+    """Rough FLOP count: one per element of every ALU node, plus one per reduced element."""
+    topo = body.toposort()
+    alu = sum(prod(x.shape or (1,)) for x in topo if x.op in ALU)
+    return alu + sum(prod(x.src[0].shape) for x in topo if x.op is Ops.REDUCE)
+
+
+def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tuple[Plan, list[UOp]]:
+    """Kernelize. Returns the plan and the input BUFFERs it refers to as Ref("in", i) (topological order).
+
+    `opt` is the optimizer (uopc.opt.HandOpt or SearchOpt): its `layout` pass runs on the graph, its `lower`
+    chooses each kernel's Opts. None lowers every kernel unoptimized.
+    """
+    inputs = [u for u in UOp(Ops.SINK, tuple(roots)).toposort() if u.op is Ops.BUFFER]
+    in_idx = {u: i for i, u in enumerate(inputs)}
+    # 1. strip detach markers (they only stop gradients) and reshapes of roots (outputs are flat buffers anyway,
+    #    and a reshaped reduce would otherwise be a reduce kernel plus a copy)
+    roots = [base(graph_rewrite(r, strip_detach)) for r in roots]
+    # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
+    if not fuse_reduce:
+        roots = stage_broadcast_compute(roots)
+    # 3. the optimizer's layout pass may stage transposed operands
+    if opt is not None:
+        roots = opt.layout(roots)
+    # 4. cut: every materialization point gets a reference and a placeholder buffer
+    points = _materialize_points(roots, fuse_reduce)
+    ref, temps, outs = _assign_refs(points, roots, in_idx)
+    place: dict[UOp, UOp] = {}
+    for u in points:  # negative slots: placeholders can never collide with real buffers
+        ph = UOp(Ops.BUFFER, (), ParamArg(-1 - len(place), u.dtype, (max(1, prod(u.shape)),)))
+        place[u] = ph.reshape(u.shape) if u.shape != ph.shape else ph
+    ph_ref = {base(place[u]).arg.slot: ref[u] for u in points}
+    # 5. lower each piece into its own kernel
+    kernels = []
+    for u in points:
+        body = u.src[0] if u.op is Ops.STAGE else u
+        body = body.substitute({p: v for p, v in place.items() if p is not u})
+        # renumber buffers 0..n-1 in topological order (output last): identical kernels lower to one AST
+        bufs = [b for b in body.toposort() if b.op is Ops.BUFFER]
+        local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
+        out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), u.dtype, (max(1, prod(u.shape)),)))
+        body = body.substitute(local)
+        ast, opts = opt.lower(body, out) if opt is not None else (lower(body, out), None)
+        refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref("in", in_idx[b]) for b in bufs] + [ref[u]]
+        # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
+        # so bind exactly the slots that survive lowering, or every later argument shifts by one
+        alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
+        kernels.append(Kernel(kernel_name(body), ast, tuple(refs[s] for s in alive), _flops(body), opts))
+    return Plan(tuple(kernels), tuple(temps), tuple(outs)), inputs
+
+
+def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):
+    """Temps for the inner points, outputs for the roots (a root that is already a buffer aliases its input)."""
+    ref: dict[UOp, Ref] = {}
+    temps: list[tuple[DType, int]] = []
+    rootset = set(roots)
+    for u in points:
+        if u not in rootset:
+            ref[u] = Ref("tmp", len(temps))
+            temps.append((u.dtype, max(1, prod(u.shape))))
+    outs: list[Any] = []
+    for r, u in enumerate(roots):
+        if base(u).op is Ops.BUFFER:
+            outs.append(Ref("in", in_idx[base(u)]))
+        elif u in ref and ref[u].kind == "out":  # the same value as an earlier root (e.g. x.sum(1) and its keepdim)
+            outs.append(ref[u])
+        else:
+            ref[u] = Ref("out", r)
+            outs.append((u.dtype, max(1, prod(u.shape))))
+    return ref, temps, outs
