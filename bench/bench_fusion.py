@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("UOPC_CACHE", tempfile.mkdtemp(prefix="uopc-bench-"))  # cold compiles: an empty cache
 
-from uopc import helpers, kernelize  # noqa: E402
-from uopc.tensor import Tensor  # noqa: E402
+from uopc import realize
+from uopc.helpers import Context
+from uopc.tensor import Tensor
 
 
 def run_abc(a, b, c, fuse):
@@ -40,27 +40,25 @@ def main(n=128, rounds=3):
     # OPT=1's 4x4 register tile shares one inner product among the 4 output columns of a tile (rangeify
     # memoizes it), so the recompute factor drops from N to N/4 and threads split the rest: the gap narrows
     for opt in (0, 1):
-        helpers.OPT = opt
-        for fuse in (False, True):
-            run_abc(a, b, c, fuse)  # compile
-        times = {False: [], True: []}
-        for _ in range(rounds):
+        with Context(OPT=opt):
             for fuse in (False, True):
-                times[fuse].append(run_abc(a, b, c, fuse))
+                run_abc(a, b, c, fuse)  # compile
+            times = {False: [], True: []}
+            for _ in range(rounds):
+                for fuse in (False, True):
+                    times[fuse].append(run_abc(a, b, c, fuse))
         cut, fused = np.median(times[False]), np.median(times[True])
         print(f"(A @ B) @ C, N={n}, OPT={opt}, median of {rounds} interleaved rounds:")
         print(f"  cut at reductions (default): {cut * 1e3:9.2f} ms")
         print(f"  one loop nest (fuse_reduce): {fused * 1e3:9.2f} ms")
         print(f"  ratio fused / cut: {fused / cut:.0f}x")
-    helpers.OPT = 1
 
     x = rng.standard_normal((512, 512)).astype(np.float32)
-    kernelize._plans.clear()
+    realize._plans.clear()
     for label in ("cold", "warm"):
         t0 = time.perf_counter()
-        helpers.DEBUG = 1
-        Tensor(x).softmax(-1).realize()
-        helpers.DEBUG = 0
+        with Context(DEBUG=1):
+            Tensor(x).softmax(-1).realize()
         print(f"  softmax 512x512 {label}: {(time.perf_counter() - t0) * 1e3:.1f} ms end to end (the line above)")
 
 

@@ -12,18 +12,14 @@ and the ratio uopc / torch (below 1: uopc is faster). Without torch installed on
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from uopc import kernelize, runtime  # noqa: E402
-from uopc.nn import AdamW, Linear, parameters  # noqa: E402
-from uopc.tensor import Tensor  # noqa: E402
+from uopc import realize, runtime
+from uopc.nn import AdamW, Linear, parameters
+from uopc.tensor import Tensor
 
 
 def batches(n: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -109,7 +105,7 @@ def main() -> None:
     compiles0, hits0 = runtime.stats["compiles"], runtime.stats["disk_hits"]
     for step in runners.values():  # warm up: uopc compiles its plan in the first two steps
         time_steps(step, 5)
-    plans = len(kernelize._plans)
+    plans = len(realize._plans)
     times: dict[str, list[float]] = {k: [] for k in runners}
     for r in range(args.rounds):
         for name, step in runners.items():
@@ -125,7 +121,7 @@ def main() -> None:
     print(
         f"uopc warm-up: {runtime.stats['compiles'] - compiles0} kernels compiled, "
         f"{runtime.stats['disk_hits'] - hits0} loaded from the disk cache; "
-        f"{len(kernelize._plans) - plans} plans built while timing"
+        f"{len(realize._plans) - plans} plans built while timing"
     )
 
 

@@ -9,17 +9,14 @@ import argparse
 import gc
 import os
 import resource
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from uopc import kernelize, runtime, uop  # noqa: E402
-from uopc.nn import AdamW, Linear, parameters  # noqa: E402
-from uopc.tensor import Tensor  # noqa: E402
-from uopc.uop import Ops  # noqa: E402
+from uopc import realize, runtime, uop
+from uopc.nn import AdamW, Linear, parameters
+from uopc.tensor import Tensor
+from uopc.uop import Ops
 
 
 def rss_mb() -> float:
@@ -40,7 +37,7 @@ def figures(step: int) -> dict:
     return {
         "step": step,
         "rss_mb": rss_mb(),
-        "plans": len(kernelize._plans),
+        "plans": len(realize._plans),
         "compiles": runtime.stats["compiles"],
         "loads": runtime.stats["loads"],
         "live_buffers": live_buffers(),

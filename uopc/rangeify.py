@@ -14,8 +14,6 @@ the linearizer places them, not by a separate pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
 from uopc.opts import Opts

@@ -32,6 +32,9 @@ class Ref(NamedTuple):
     kind: str  # "in" | "tmp" | "out"
     i: int
 
+    def __repr__(self) -> str:
+        return f"{self.kind}[{self.i}]"
+
 
 @dataclass(frozen=True)
 class Kernel:

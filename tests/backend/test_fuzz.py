@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uopc import dtypes, helpers
+from uopc import dtypes
 from uopc.fuzz import MODES, check
 from uopc.tensor import Tensor
 

@@ -1,8 +1,8 @@
 """Lowering end to end: shape graphs are lowered, rendered to C, compiled with gcc and run, and compared with NumPy.
 
 Covers every movement op alone and chained, every ALU op per dtype (and CAST between all pairs of five dtypes),
-reductions over trailing and permuted axes, 0-d outputs and size-1 dims, the loop structure of Chapter 7.1's
-mm(mm(A, B), C) and of x - max(x), Chapter 10's GEMM under each Opts, and gated PAD loads.
+reductions over trailing and permuted axes, 0-d outputs and size-1 dims, the loop structure of a matmul chain
+mm(mm(A, B), C) and of x - max(x), the GEMM under each Opts, and gated PAD loads.
 Every distinct kernel costs a gcc compile, so graphs are shared between tests where possible.
 """
 
@@ -278,7 +278,7 @@ def test_size_one_dims():
     )
 
 
-# ------------------------------------------------------------------ Chapter 7.1: mm(mm(A, B), C)
+# ------------------------------------------------------------------ a matmul chain: mm(mm(A, B), C)
 
 
 def _abc(n: int) -> UOp:

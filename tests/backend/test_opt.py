@@ -1,4 +1,4 @@
-"""The CPU optimizer of Chapter 10: Opts in lowering, the layout pass, the heuristic, the search and its cache.
+"""The CPU optimizer: Opts in lowering, the layout pass, the heuristic, the search and its cache.
 
 Numeric references: NumPy (float32 GEMMs: rtol 1e-4, atol 1e-4, accumulation order differs between Opts).
 """
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph
-from uopc import helpers, opt
+from uopc import opt
 from uopc.dtype import dtypes
 from uopc.opt import candidate_opts, hand_opt_choice, layout_pass, search_opt
 from uopc.opt.search import _dedup
@@ -108,7 +108,7 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
 
 
 def test_dedup_key_keeps_cache_blocks():
-    # exercise 11: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
+    # regression: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
     cands = _dedup(candidate_opts(gemm_graph(256, bt=True)))
     assert sum(1 for o in cands if o.tile) == 3
     assert len({o.key() for o in cands}) == len(cands)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from uopc.buffer import buffer_data
-from uopc.realize import realize
 from uopc.opt import HandOpt
+from uopc.realize import realize
 from uopc.tensor import Tensor
 from uopc.uop import UOp
 

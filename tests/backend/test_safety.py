@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import uopc
-from uopc import helpers, runtime
+from uopc import runtime
 from uopc.dtype import dtypes
 from uopc.rangeify import Ctx
 from uopc.render_c import render_c

@@ -174,7 +174,7 @@ def test_realize_returns_self_and_drops_the_graph():
 
 def test_keepdim_reduction_realizes_as_one_kernel():
     # regression: a RESHAPE root over a REDUCE was a reduce kernel plus a copy; make_plan strips the free reshape
-    from uopc import realize, schedule
+    from uopc import schedule
 
     t = Tensor(A).sum(1, keepdim=True)
     assert len(schedule.make_plan([t.uop])[0].kernels) == 1
@@ -182,7 +182,7 @@ def test_keepdim_reduction_realizes_as_one_kernel():
 
 
 def test_realize_all_shares_one_call(monkeypatch):
-    from uopc import realize, schedule
+    from uopc import realize
 
     calls, real = [], realize.realize
     monkeypatch.setattr(realize, "realize", lambda roots, **kw: calls.append(roots) or real(roots, **kw))
@@ -599,7 +599,7 @@ def test_softmax_family_with_large_values(axis):
 
 
 def test_fuse_reduce_switch(monkeypatch):
-    from uopc import realize, schedule
+    from uopc import realize
 
     seen, real = [], realize.realize
     monkeypatch.setattr(realize, "realize", lambda roots, **kw: seen.append(kw) or real(roots, **kw))

@@ -1,4 +1,4 @@
-"""The training step as the kernelizer sees it: the chapter 7.12 schedule, and no recompiles after step 2.
+"""The training step as the kernelizer sees it: the MLP training schedule, and no recompiles after step 2.
 
 A training step (forward, backward, optimizer update, loss) is one realize; from the second step on, its graph has
 the same structure as the step before, so the structural cache answers and gcc is never called again.
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from uopc import realize, runtime
-from uopc.schedule import make_plan
 from uopc.nn import SGD, AdamW, Linear, parameters
+from uopc.schedule import make_plan
 from uopc.tensor import Tensor
 
 

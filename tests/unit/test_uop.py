@@ -173,7 +173,7 @@ def _count(roots, op):
 
 
 def test_wrap_composes_nested_targets():
-    # chapter 7.10: substitute() loses the inner STAGE, wrap() keeps both
+    # substitute() loses the inner STAGE of nested targets, wrap() keeps both
     x = buf(0, 16).reshape((4, 4))
     inner = x * 2.0 + 1.0
     outer = UOp(Ops.EXP2, (inner,)) * inner

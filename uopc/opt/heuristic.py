@@ -18,7 +18,7 @@ from uopc.uop import MOVEMENT, Ops, UOp
 # measured on a 2-core Zen 4: an elementwise kernel of 2^15 floats runs in ~5 us, a parallel region ~3 us
 THREAD_MIN_WORK = 1 << 16
 # unroll only reductions shorter than this (and untiled): longer ones are vectorized by gcc, and unrolled
-# copies in front of a register tile defeat its vectorizer (10.10)
+# copies in front of a register tile defeat its vectorizer (measured slower)
 UNROLL_MAX_REDUCE = 64
 
 

@@ -1,7 +1,7 @@
 """GEMM GFLOP/s, step by step, against NumPy (OpenBLAS) in the same run.
 
-  python examples/bench_gemm.py 1024             the table of Chapter 10.1, plus Tensor A@B and the ratio
-  python examples/bench_gemm.py --interleave     4x4 tile + threads with and without cache blocks, in rounds
+  python bench/bench_gemm.py 1024               naive loops -> threads -> register tile -> cache blocks, Tensor A@B, ratio
+  python bench/bench_gemm.py --interleave     4x4 tile + threads with and without cache blocks, in rounds
 
 B strided   C[i,j] = sum_k A[i,k] B[k,j]: the reduce walks down a column of B (stride N)
 B^T         same math, B stored transposed: both operands contiguous along k
@@ -9,18 +9,16 @@ B^T         same math, B stored transposed: both operands contiguous along k
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from uopc.dtype import dtypes  # noqa: E402
-from uopc.rangeify import Ctx, Opts, lower  # noqa: E402
-from uopc.render_c import render_c  # noqa: E402
-from uopc.runtime import Program, get_num_threads  # noqa: E402
-from uopc.uop import Ops, ParamArg, UOp  # noqa: E402
+from uopc.dtype import dtypes
+from uopc.helpers import Context
+from uopc.rangeify import Ctx, Opts, lower
+from uopc.render_c import render_c
+from uopc.runtime import Program, get_num_threads
+from uopc.uop import Ops, ParamArg, UOp
 
 
 def gemm_graph(M, N=None, K=None, bt=False):
@@ -101,11 +99,8 @@ def table(N):
         f"  {'Tensor A@B':10s} {'(layout pass+opt)':22s} {flop / t_ours / 1e9:8.1f} GFLOP/s   "
         f"max err {np.abs(out - ref).max():.1e}  (end to end, includes the transpose copy)"
     )
-    from uopc import helpers
-
-    helpers.OPT = 0  # the same Tensor program with the optimizer off
-    t_opt0 = bench(lambda: (A @ B).realize(), reps=1)
-    helpers.OPT = 1
+    with Context(OPT=0):  # the same Tensor program with the optimizer off
+        t_opt0 = bench(lambda: (A @ B).realize(), reps=1)
     speedup = t_opt0 / t_ours
     print(f"  {'Tensor A@B':10s} {'(OPT=0)':22s} {flop / t_opt0 / 1e9:8.1f} GFLOP/s   OPT=1 is {speedup:.0f}x faster")
     t_np = bench(lambda: a @ b)
@@ -121,8 +116,10 @@ def table(N):
         time.sleep(0.2)
         theirs.append(bench(lambda: a @ b, reps=3))
     m_ours, m_np = float(np.median(ours)), float(np.median(theirs))
-    print(f"  interleaved, 5 rounds: Tensor A@B {flop / m_ours / 1e9:.1f}, numpy {flop / m_np / 1e9:.1f} GFLOP/s "
-          f"(medians), ratio {m_np / m_ours:.2f}")
+    print(
+        f"  interleaved, 5 rounds: Tensor A@B {flop / m_ours / 1e9:.1f}, numpy {flop / m_np / 1e9:.1f} GFLOP/s "
+        f"(medians), ratio {m_np / m_ours:.2f}"
+    )
 
 
 def interleave(sizes, rounds=3):
