@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph
-from uopc import opt
+from uopc import opt, runtime
 from uopc.dtype import dtypes
 from uopc.opt import candidate_opts, hand_opt_choice, layout_pass, search_opt
 from uopc.opt.search import _dedup
@@ -171,6 +171,34 @@ def test_search_result_is_cached_on_disk(tmp_path, monkeypatch):
     ast2, o2 = search_opt(g, out)  # a second run reads the winner from disk: no timing
     assert opt.search_stats["timed"] - before == timed
     assert o1.key() == o2.key() and ast1 is ast2
+
+
+@pytest.mark.parametrize("change", ["cflags", "compiler_version", "cpu", "threads"])
+def test_search_result_not_reused_under_other_code_or_machine(change, tmp_path, monkeypatch):
+    # regression: the search key once left out CFLAGS and the compiler version, so a choice timed under one set of
+    # flags was applied under another. Flags, compiler, CPU and thread count all decide what was measured.
+    monkeypatch.setenv("UOPC_CACHE", str(tmp_path / "cache"))
+    g, out = gemm_graph(16, 16, 16, bt=True), buf(2, 16 * 16)
+    search_opt(g, out)
+    key = opt.search_key(g, out)
+    if change == "cflags":
+        monkeypatch.setattr(runtime, "CFLAGS", [*runtime.CFLAGS, "-fno-unroll-loops"])
+    elif change == "compiler_version":
+        cc = runtime._resolve_compiler()
+        monkeypatch.setitem(runtime._version_cache, cc, runtime._compiler_version(cc) + " (patched)")
+    elif change == "cpu":
+        monkeypatch.setattr(runtime, "_cpu_id", "another-cpu")
+    else:
+        n = runtime.get_num_threads()
+        runtime.set_num_threads(1 if n > 1 else 2)
+    try:
+        assert opt.search_key(g, out) != key
+        before = opt.search_stats["timed"]
+        search_opt(g, out)
+        assert opt.search_stats["timed"] > before, "a result timed under other conditions was reused"
+    finally:
+        if change == "threads":
+            runtime.set_num_threads(n)
 
 
 def test_tensor_matmul_at_every_opt_level(context, monkeypatch):
