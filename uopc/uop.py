@@ -17,6 +17,7 @@ Building the same (op, dtype, src, arg) twice returns the same object, so struct
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Callable
 from enum import Enum, IntEnum, auto
@@ -155,6 +156,7 @@ def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
 
 
 _cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+_cache_lock = threading.Lock()
 
 
 class UOp:
@@ -176,7 +178,11 @@ class UOp:
         d = u.__dict__
         d["op"], d["dtype"], d["src"], d["arg"] = op, dtype, src, arg
         d["shape"] = _shape(u)  # eagerly, from the sources' shapes: no recursion on deep graphs
-        _cache[key] = u
+        # look again under the lock before inserting: two threads building the same node must get one object
+        with _cache_lock:
+            if (hit := _cache.get(key)) is not None:
+                return hit
+            _cache[key] = u
         return u
 
     def __setattr__(self, name: str, value: Any) -> None:

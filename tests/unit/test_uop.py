@@ -316,3 +316,34 @@ def test_bad_arguments_raise_value_error_naming_both_shapes(build, words):
 def test_reduce_rejects_non_reduce_ops():
     with pytest.raises(ValueError, match="MUL"):
         X.reduce(Ops.MUL, 1)
+
+
+def test_hash_consing_is_thread_safe():
+    # regression: UOp() checked its table and then inserted, so two threads could build twins of one node and
+    # structural equality (`is`) silently failed. 4 threads build the same fresh chain; every node must be shared.
+    import sys
+    import threading
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, to make the race likely without the lock
+    try:
+        for trial in range(20):
+            results: list[list[UOp]] = [[] for _ in range(4)]
+            start = threading.Barrier(4)
+
+            def build(out: list[UOp], trial: int = trial) -> None:
+                start.wait()
+                x = UOp.const(float(trial) + 0.5, dtypes.f32)
+                for i in range(300):
+                    x = x * UOp.const(float(i) + 0.25, dtypes.f32) + UOp.const(float(trial), dtypes.f32)
+                    out.append(x)
+
+            threads = [threading.Thread(target=build, args=(r,)) for r in results]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for r in results[1:]:
+                assert all(a is b for a, b in zip(results[0], r, strict=True))
+    finally:
+        sys.setswitchinterval(old)
