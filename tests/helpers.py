@@ -1,4 +1,4 @@
-"""Shared test helpers: building buffers and the standard graphs (matmul, GEMM), and running a shape graph as a C kernel.
+"""Shared test helpers: building buffers and the standard graphs (matmul, GEMM), running a shape graph as C.
 
     x = buf(0, 32).reshape((4, 8))
     run(x.reduce(Ops.MAX, 1), [np.arange(32, dtype=np.float32)])   # -> array of shape (4,)
