@@ -1,7 +1,7 @@
 """GEMM GFLOP/s, step by step, against NumPy (OpenBLAS) in the same run.
 
-  python bench/bench_gemm.py 1024               naive loops -> threads -> register tile -> cache blocks, Tensor A@B, ratio
-  python bench/bench_gemm.py --interleave     4x4 tile + threads with and without cache blocks, in rounds
+  python bench/bench_gemm.py 1024           naive -> threads -> register tile -> cache blocks, Tensor A@B, ratio
+  python bench/bench_gemm.py --interleave   4x4 tile + threads with and without cache blocks, in rounds
 
 B strided   C[i,j] = sum_k A[i,k] B[k,j]: the reduce walks down a column of B (stride N)
 B^T         same math, B stored transposed: both operands contiguous along k
