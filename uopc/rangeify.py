@@ -33,10 +33,11 @@ class Ctx:
         self.reduce_ranges: dict[tuple, list[tuple[UOp, int]]] = {}
         self.memo: dict[tuple, UOp] = {}
         self.kchunk: tuple | None = None  # (root REDUCE, chunk loop, chunk size, out buffer, out shape) under ktile
+        self.idx: DType = dtypes.int32  # index arithmetic: int64 when a buffer or a shape reaches 2^31 elements
 
     def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
         """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
-        r = UOp(Ops.RANGE, (UOp.const(size, dtypes.int32),), RangeArg(self.n_ranges, kind), dtypes.int32)
+        r = UOp(Ops.RANGE, (UOp.const(size, self.idx),), RangeArg(self.n_ranges, kind), self.idx)
         self.n_ranges += 1
         return r
 
@@ -59,7 +60,7 @@ def ranges_in(*xs: UOp) -> list[UOp]:
 
 def ravel(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
     """The row-major flat index of `idx` in `shape`."""
-    out: UOp = UOp.const(0, dtypes.int32)
+    out: UOp = UOp.const(0, idx[0].dtype if idx else dtypes.int32)
     stride = 1
     for i, s in reversed(list(zip(idx, shape))):
         if s != 1:
@@ -95,7 +96,7 @@ def _reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: t
         for k in gj:
             stride //= in_shape[k]
             part = flat if stride == 1 else flat // stride
-            res.append(UOp.const(0, dtypes.int32) if in_shape[k] == 1 else part % in_shape[k] if k != gj[0] else part)
+            res.append(UOp.const(0, flat.dtype) if in_shape[k] == 1 else part % in_shape[k] if k != gj[0] else part)
     return tuple(res)
 
 
@@ -122,13 +123,13 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     if op is Ops.CONST:
         return u
     if op is Ops.BUFFER:
-        return u.index(idx[0] if idx else UOp.const(0, dtypes.int32), valid).load()
+        return u.index(idx[0] if idx else UOp.const(0, ctx.idx), valid).load()
     if op in (Ops.STAGE,):
         return rangeify(src[0], idx, ctx, valid)
     if op is Ops.RESHAPE:
         return rangeify(src[0], _reshape_index(idx, u.shape, src[0].shape), ctx, valid)
     if op is Ops.EXPAND:
-        zero = UOp.const(0, dtypes.int32)
+        zero = UOp.const(0, ctx.idx)
         return rangeify(src[0], tuple(zero if s == 1 else i for i, s in zip(idx, src[0].shape)), ctx, valid)
     if op is Ops.PERMUTE:
         new = [None] * len(idx)
@@ -144,7 +145,7 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         new = []
         for i, s, (lo, _) in zip(idx, src[0].shape, u.arg):
             if lo or s + lo < i.vmax + 1:
-                ok = simplify((UOp.const(lo - 1, dtypes.int32) < i) & (i < UOp.const(lo + s, dtypes.int32)))
+                ok = simplify((UOp.const(lo - 1, i.dtype) < i) & (i < UOp.const(lo + s, i.dtype)))
                 if not (ok.op is Ops.CONST and ok.arg is True):
                     cond = _and(cond, ok)
             new.append(i - lo if lo else i)
@@ -162,8 +163,8 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
 def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
     """An axis of `size` as (loop or CONST 0, copies): index = loop * factor + c for c in 0..factor-1."""
     if factor > 1 and size % factor == 0:
-        return (ctx.rng(size // factor, kind) if size > factor else UOp.const(0, dtypes.int32)), factor
-    return (ctx.rng(size, kind) if size > 1 else UOp.const(0, dtypes.int32)), 1
+        return (ctx.rng(size // factor, kind) if size > factor else UOp.const(0, ctx.idx)), factor
+    return (ctx.rng(size, kind) if size > 1 else UOp.const(0, ctx.idx)), 1
 
 
 def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
@@ -171,9 +172,7 @@ def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
     out: list[tuple[UOp, ...]] = [()]
     for b, f in parts:
         zero = b.op is Ops.CONST and b.arg == 0
-        out = [
-            c + (UOp.const(k, dtypes.int32) if zero else (b * f + k if f > 1 else b),) for c in out for k in range(f)
-        ]
+        out = [c + (UOp.const(k, b.dtype) if zero else (b * f + k if f > 1 else b),) for c in out for k in range(f)]
     return out
 
 
@@ -259,15 +258,30 @@ def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
 def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     if ctx.opts.gpu:
         raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
+    ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     plist = _output_parts(ctx, root.shape, _kchunk(root, out, ctx.opts))
     stores = []
     for idx in _combos(plist):
         val = rangeify(root, idx, ctx)
-        flat = ravel(idx, root.shape) if root.shape else UOp.const(0, dtypes.int32)
+        flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
         stores.append(out.index(flat).store(val))
     loops = ranges_in(*(b for b, _ in plist), *([ctx.kchunk[1]] if ctx.kchunk else []))
     body = stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))
     return simplify(merge_ends(sink(body.end(*loops))))
+
+
+INT32_LIMIT = 2**31 - 1
+
+
+def _needs_64bit(root: UOp, out: UOp) -> bool:
+    """Whether some buffer or some view in the kernel has 2^31 elements or more: then every index is 64-bit.
+
+    Decided per kernel, so kernels on ordinary sizes keep 32-bit index arithmetic (cheaper, and it vectorizes)."""
+    if out.arg.shape[0] > INT32_LIMIT:
+        return True
+    return any(
+        prod(u.shape) > INT32_LIMIT or (u.op is Ops.BUFFER and u.arg.shape[0] > INT32_LIMIT) for u in root.toposort()
+    )
 
 
 def _kchunk(root: UOp, out: UOp, o: Opts) -> tuple | None:

@@ -191,7 +191,7 @@ class CRenderer:
                 self.names[r] = name
                 if r.arg.kind is AxisType.THREAD:
                     self.lines.append(f"{ind}#pragma omp parallel for")
-                self.lines.append(f"{ind}for (int {name} = 0; {name} < {self.expr(r.src[0])}; {name}++) {{")
+                self.lines.append(f"{ind}for ({r.dtype.cname} {name} = 0; {name} < {self.expr(r.src[0])}; {name}++) {{")
                 self.loop(x, ind + "  ")
                 self.lines.append(f"{ind}}}")
             else:
