@@ -18,7 +18,7 @@ from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
 from uopc.opts import Opts
 from uopc.symbolic import simplify
-from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp, identity_element, sink
+from uopc.uop import ALU, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
 
 __all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "merge_ends", "ranges_in", "ravel"]
 
@@ -34,6 +34,8 @@ class Ctx:
         self.memo: dict[tuple, UOp] = {}
         self.kchunk: tuple | None = None  # (root REDUCE, chunk loop, chunk size, out buffer, out shape) under ktile
         self.idx: DType = dtypes.int32  # index arithmetic: int64 when a buffer or a shape reaches 2^31 elements
+        self.err: UOp | None = None  # the error record data-dependent index checks write to (a BUFFER parameter)
+        self.checks: dict[UOp, int] = {}  # GATHER -> its number in the error record
 
     def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
         """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
@@ -155,9 +157,23 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         return cond.where(inner, UOp.const(0, u.dtype))
     if op is Ops.REDUCE:
         return _reduce(u, idx, ctx, valid)
+    if op is Ops.GATHER:
+        return _gather(u, idx, ctx, valid)
     if op in ALU:
         return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
     raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
+
+
+def _gather(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    """x at idx with axis `dim` replaced by the index tensor's value there, checked against x's size."""
+    x, index = u.src
+    dim = u.arg[0]
+    if ctx.err is None:
+        raise RuntimeError("rangeify: a GATHER needs the error record that lower() sets up")
+    j = rangeify(index, idx, ctx, valid)
+    j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
+    j = UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u]))
+    return rangeify(x, idx[:dim] + (j,) + idx[dim + 1 :], ctx, valid)
 
 
 def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
@@ -259,6 +275,10 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     if ctx.opts.gpu:
         raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
+    gathers = [u for u in root.toposort() if u.op is Ops.GATHER]
+    if gathers:  # the error record is the parameter after the output (see error_slot)
+        ctx.checks = {g: i for i, g in enumerate(gathers)}
+        ctx.err = UOp(Ops.BUFFER, (), ParamArg(error_slot(out), dtypes.int64, (ERROR_RECORD,)))
     plist = _output_parts(ctx, root.shape, _kchunk(root, out, ctx.opts))
     stores = []
     for idx in _combos(plist):
@@ -271,6 +291,18 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
 
 
 INT32_LIMIT = 2**31 - 1
+# an error record: [failed, offending value, size, which check]; the first failing check in a run wins
+ERROR_RECORD = 4
+
+
+def error_slot(out: UOp) -> int:
+    """The parameter slot of a kernel's error record: right after its output buffer."""
+    return out.arg.slot + 1
+
+
+def checks_of(root: UOp) -> tuple[str, ...]:
+    """The labels of the data-dependent index checks lowering `root` makes, in the order of their numbers."""
+    return tuple(u.arg[1] for u in root.toposort() if u.op is Ops.GATHER)
 
 
 def _needs_64bit(root: UOp, out: UOp) -> bool:

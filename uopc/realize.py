@@ -19,6 +19,7 @@ import numpy as np
 from uopc import helpers
 from uopc.buffer import aligned_empty, buffer_data, output_buffer
 from uopc.opt import HandOpt, SearchOpt
+from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_c
 from uopc.runtime import Program
 from uopc.schedule import Kernel, Plan, make_plan
@@ -94,17 +95,33 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
         else:
             outs.append(output_buffer(o[0], o[1]))
     arrays = {"in": [buffer_data(b) for b in inputs], "tmp": cp.temp_arrays, "out": [buffer_data(o) for o in outs]}
+    # error records of data-dependent index checks: per call, so concurrent realizes never see each other's
+    arrays["err"] = [np.zeros(ERROR_RECORD, np.int64) for _ in range(plan.n_err)]
     for k, prg in zip(plan.kernels, cp.programs, strict=True):
         args = [arrays[kind][i] for kind, i in k.refs]
         ts = time.perf_counter()
         prg(*args)
         if helpers.DEBUG >= 2:
             _print_kernel(k, prg, args, time.perf_counter() - ts)
+    if plan.n_err:
+        _raise_index_errors(plan, arrays["err"])
     if helpers.DEBUG >= 1:
         t2 = time.perf_counter()
         print(f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms")
     by_root = dict(zip(uniq, outs, strict=True))
     return [by_root[r] for r in roots]
+
+
+def _raise_index_errors(plan: Plan, records: list[np.ndarray]) -> None:
+    """After a run: raise IndexError for the first kernel whose data-dependent index check failed."""
+    for k in plan.kernels:
+        rec = next((records[i] for kind, i in k.refs if kind == "err"), None)
+        if rec is not None and rec[0]:
+            value, size, which = (int(v) for v in rec[1:])
+            raise IndexError(
+                f"uopc: {k.checks[which]}: index {value} is out of range for a dimension of size {size} "
+                f"(valid indices 0..{size - 1}, in kernel {k.name})"
+            )
 
 
 def _print_kernel(k: Kernel, prg: Program, args: list[np.ndarray], dt: float) -> None:

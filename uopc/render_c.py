@@ -51,6 +51,18 @@ static inline long long uopc_chk(long long i, long long n, long long slot) {
   return 0;
 }
 """
+# a data-dependent index (GATHER): in range, it is used as is; out of range, the first failure of the run is recorded
+# in the error record (atomically: OpenMP threads may fail at once) for the runtime to raise, and 0 is used instead,
+# so a bad index never reads outside its buffer
+_GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long n, long long* err, long long which) {
+  if (i >= 0 && i < n) return i;
+  long long none = 0;
+  if (__atomic_compare_exchange_n(&err[0], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    err[1] = i; err[2] = n; err[3] = which;
+  }
+  return 0;
+}
+"""
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
@@ -173,6 +185,10 @@ class CRenderer:
             self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
         elif op is Ops.STORE:
             self.lines.append(f"{ind}{self.address(u.src[0])} = {self.expr(u.src[1])};")
+        elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
+            val = self.expr(u)
+            name = self.var(u, "gidx")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {val};")
         elif op is Ops.ALLOC:
             n, size = u.arg
             self.names[u] = f"acc{n}"
@@ -224,6 +240,12 @@ def _math(r: CRenderer, u: UOp) -> str:
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
 
 
+def _check(r: CRenderer, u: UOp) -> str:
+    r.helpers["~gather"] = _GATHER_CHECK
+    n, which = u.arg
+    return f"(({u.dtype.cname})uopc_gchk({r.expr(u.src[0])}, {n}, data{u.src[1].arg.slot}, {which}))"
+
+
 # op -> C expression. Each entry renders one node from its sources' expressions; another backend (CUDA) subclasses
 # CRenderer and overrides entries of this table.
 code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
@@ -237,6 +259,7 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     Ops.RECIP: lambda r, u: f"({render_const(1.0, u.dtype)}/{r.expr(u.src[0])})",
     **{op: _math for op in _MATH},
     Ops.CAST: lambda r, u: f"(({u.dtype.cname})({r.expr(u.src[0])}))",
+    Ops.CHECK: _check,
     Ops.IDIV: lambda r, u: r.divmod(u),
     Ops.MOD: lambda r, u: r.divmod(u),
 }

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from uopc.dtype import DType
 from uopc.helpers import prod
-from uopc.rangeify import lower
+from uopc.rangeify import checks_of, lower
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base
 
@@ -29,7 +29,7 @@ __all__ = ["Kernel", "Plan", "Ref", "make_plan", "stage_broadcast_compute", "str
 class Ref(NamedTuple):
     """Which array a kernel parameter binds to: the i-th input, temp or output of the plan."""
 
-    kind: str  # "in" | "tmp" | "out"
+    kind: str  # "in" | "tmp" | "out" | "err" (an error record for data-dependent index checks)
     i: int
 
     def __repr__(self) -> str:
@@ -45,6 +45,7 @@ class Kernel:
     refs: tuple[Ref, ...]
     flops: int = 0
     opts: Any = None  # the Opts it was lowered with (printed at DEBUG>=3)
+    checks: tuple[str, ...] = ()  # labels of its data-dependent index checks (GATHERs), by their number
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Plan:
     kernels: tuple[Kernel, ...]
     temps: tuple[tuple[DType, int], ...]  # (dtype, elements) per temp
     outs: tuple[Any, ...]  # per root: a Ref("in"|"out") alias, or (dtype, elements) for a fresh buffer
+    n_err: int = 0  # error records (one per kernel with index checks), zeroed before each run, read after
 
 
 def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
@@ -143,6 +145,7 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
     ph_ref = {base(place[u]).arg.slot: ref[u] for u in points}
     # 5. lower each piece into its own kernel
     kernels = []
+    n_err = 0
     for u in points:
         body = u.src[0] if u.op is Ops.STAGE else u
         body = body.substitute({p: v for p, v in place.items() if p is not u})
@@ -153,11 +156,15 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
         body = body.substitute(local)
         ast, opts = opt.lower(body, out) if opt is not None else (lower(body, out), None)
         refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref("in", in_idx[b]) for b in bufs] + [ref[u]]
+        checks = checks_of(body)
+        if checks:  # the error record is the parameter after the output
+            refs.append(Ref("err", n_err))
+            n_err += 1
         # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
         # so bind exactly the slots that survive lowering, or every later argument shifts by one
         alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
-        kernels.append(Kernel(kernel_name(body), ast, tuple(refs[s] for s in alive), _flops(body), opts))
-    return Plan(tuple(kernels), tuple(temps), tuple(outs)), inputs
+        kernels.append(Kernel(kernel_name(body), ast, tuple(refs[s] for s in alive), _flops(body), opts, checks))
+    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err), inputs
 
 
 def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):

@@ -42,6 +42,8 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # reductions and materialization requests
     REDUCE = auto()
     STAGE = auto()
+    # a data-dependent read: GATHER(x, index) takes x along one axis at positions the index tensor holds
+    GATHER = auto()
     # ALU: unary
     NEG = auto()
     RECIP = auto()
@@ -73,6 +75,8 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     AFTER = auto()
     END = auto()
     SINK = auto()
+    # a data-dependent index, checked at run time: out-of-range values are recorded for the runtime to raise
+    CHECK = auto()
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -327,6 +331,20 @@ class UOp:
             return self
         return UOp(Ops.SHRINK, (self,), bounds)
 
+    def gather(self, index: UOp, dim: int, label: str = "gather") -> UOp:
+        """out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (PyTorch's gather): the result has the
+        index's shape; the index must be an int tensor of the same rank, no larger than self off `dim`.
+
+        Index values are data, checked when the kernel runs: one outside 0..size-1 makes the realize raise an
+        IndexError that names `label`, the value and the valid range."""
+        if index.dtype is None or not index.dtype.is_int:
+            raise TypeError(f"{label}: the index must be an integer tensor, got {index.dtype}")
+        if len(index.shape) != len(self.shape) or not 0 <= dim < len(self.shape):
+            raise ValueError(f"{label}: index shape {index.shape} and dim {dim} do not fit shape {self.shape}")
+        if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
+            raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
+        return UOp(Ops.GATHER, (self, index), (dim, label))
+
     def flip(self, axes: tuple[int, ...]) -> UOp:
         """Reverse the given axes (arg: one bool per dim)."""
         for a in axes:
@@ -450,6 +468,8 @@ def _shape(self: UOp) -> tuple[int, ...]:
         return tuple(hi - lo for lo, hi in arg)
     if op in (Ops.FLIP, Ops.STAGE):
         return self.src[0].shape
+    if op is Ops.GATHER:
+        return self.src[1].shape
     if op is Ops.REDUCE:
         s = self.src[0].shape
         return s[: len(s) - arg[1]]
@@ -465,6 +485,8 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
         return u.arg, u.arg
     if op is Ops.RANGE:
         return 0, s[0].arg - 1
+    if op is Ops.CHECK:  # a checked index is always in range (a bad one is recorded and replaced by 0)
+        return 0, u.arg[0] - 1
     if u.dtype is not None and u.dtype.is_bool:
         return False, True
     if u.dtype is None or not u.dtype.is_int:
