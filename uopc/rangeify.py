@@ -20,7 +20,7 @@ from uopc.opts import Opts
 from uopc.symbolic import simplify
 from uopc.uop import ALU, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
 
-__all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "merge_ends", "ranges_in", "ravel"]
+__all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "lower_scatter", "merge_ends", "ranges_in", "ravel"]
 
 
 class Ctx:
@@ -159,6 +159,8 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         return _reduce(u, idx, ctx, valid)
     if op is Ops.GATHER:
         return _gather(u, idx, ctx, valid)
+    if op is Ops.SCATTER:
+        raise NotImplementedError("rangeify: a SCATTER is its own kernel (the scheduler materializes it)")
     if op in ALU:
         return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
     raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
@@ -275,10 +277,7 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     if ctx.opts.gpu:
         raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
-    gathers = [u for u in root.toposort() if u.op is Ops.GATHER]
-    if gathers:  # the error record is the parameter after the output (see error_slot)
-        ctx.checks = {g: i for i, g in enumerate(gathers)}
-        ctx.err = UOp(Ops.BUFFER, (), ParamArg(error_slot(out), dtypes.int64, (ERROR_RECORD,)))
+    _setup_checks(ctx, root, out)
     plist = _output_parts(ctx, root.shape, _kchunk(root, out, ctx.opts))
     stores = []
     for idx in _combos(plist):
@@ -302,7 +301,36 @@ def error_slot(out: UOp) -> int:
 
 def checks_of(root: UOp) -> tuple[str, ...]:
     """The labels of the data-dependent index checks lowering `root` makes, in the order of their numbers."""
-    return tuple(u.arg[1] for u in root.toposort() if u.op is Ops.GATHER)
+    return tuple(u.arg[1] for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER))
+
+
+def _setup_checks(ctx: Ctx, root: UOp, out: UOp) -> None:
+    """Number the kernel's index checks (as checks_of lists them) and make its error record parameter."""
+    checked = [u for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER)]
+    if checked:  # the error record is the parameter after the output (see error_slot)
+        ctx.checks = {g: i for i, g in enumerate(checked)}
+        ctx.err = UOp(Ops.BUFFER, (), ParamArg(error_slot(out), dtypes.int64, (ERROR_RECORD,)))
+
+
+def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
+    """The accumulating half of SCATTER(base, index, values): for every element of values, out[target] += value.
+
+    `out` already holds the base (an ordinary kernel copies it there first). The loop runs serially, in order, so
+    repeated indices accumulate deterministically; each index is checked like a GATHER's."""
+    ctx = ctx or Ctx()
+    _, index, values = root.src
+    dim = root.arg[0]
+    with deep_recursion():
+        ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
+        _setup_checks(ctx, root, out)
+        loops = [ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in values.shape]
+        idx = tuple(loops)
+        j = rangeify(index, idx, ctx)
+        j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
+        j = UOp(Ops.CHECK, (j, ctx.err), (root.shape[dim], ctx.checks[root]))
+        target = out.index(ravel(idx[:dim] + (j,) + idx[dim + 1 :], root.shape))
+        st = target.store(target.load() + rangeify(values, idx, ctx))
+        return simplify(sink(st.end(*ranges_in(*loops))))
 
 
 def _needs_64bit(root: UOp, out: UOp) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from uopc.dtype import DType
 from uopc.helpers import prod
-from uopc.rangeify import checks_of, lower
+from uopc.rangeify import checks_of, lower, lower_scatter
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base
 
@@ -63,7 +63,7 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op is Ops.STAGE or (u.op is Ops.REDUCE and not fuse_reduce):
+        if u.op in (Ops.STAGE, Ops.SCATTER) or (u.op is Ops.REDUCE and not fuse_reduce):
             points.append(u)
         elif u in rootset and base(u).op is not Ops.BUFFER:
             points.append(u)
@@ -79,7 +79,7 @@ def _fused_work(u: UOp) -> int:
     n, seen, stack = 0, set(), [u]
     while stack:
         x = stack.pop()
-        if x in seen or x.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE):
+        if x in seen or x.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER):
             continue
         seen.add(x)
         n += x.op in ALU
@@ -143,28 +143,40 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
         ph = UOp(Ops.BUFFER, (), ParamArg(-1 - len(place), u.dtype, (max(1, prod(u.shape)),)))
         place[u] = ph.reshape(u.shape) if u.shape != ph.shape else ph
     ph_ref = {base(place[u]).arg.slot: ref[u] for u in points}
-    # 5. lower each piece into its own kernel
-    kernels = []
-    n_err = 0
+    # 5. lower each piece into its own kernel (a SCATTER into two: copy its base, then add the values in)
+    kernels: list[Kernel] = []
+    n_err = 0  # error records so far: a kernel with index checks gets the next one
     for u in points:
         body = u.src[0] if u.op is Ops.STAGE else u
         body = body.substitute({p: v for p, v in place.items() if p is not u})
-        # renumber buffers 0..n-1 in topological order (output last): identical kernels lower to one AST
-        bufs = [b for b in body.toposort() if b.op is Ops.BUFFER]
-        local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
-        out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), u.dtype, (max(1, prod(u.shape)),)))
-        body = body.substitute(local)
-        ast, opts = opt.lower(body, out) if opt is not None else (lower(body, out), None)
-        refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref("in", in_idx[b]) for b in bufs] + [ref[u]]
-        checks = checks_of(body)
-        if checks:  # the error record is the parameter after the output
-            refs.append(Ref("err", n_err))
-            n_err += 1
-        # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
-        # so bind exactly the slots that survive lowering, or every later argument shifts by one
-        alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
-        kernels.append(Kernel(kernel_name(body), ast, tuple(refs[s] for s in alive), _flops(body), opts, checks))
+        pieces = [(body.src[0], opt), (body, None)] if body.op is Ops.SCATTER else [(body, opt)]
+        for piece, piece_opt in pieces:
+            k = _kernel(piece, ref[u], ph_ref, in_idx, piece_opt, n_err)
+            n_err += any(r.kind == "err" for r in k.refs)
+            kernels.append(k)
     return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err), inputs
+
+
+def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], opt: Any, n_err: int) -> Kernel:
+    """Lower one piece of the graph, writing `out_ref`: its buffers renumbered, its parameters bound to refs."""
+    # renumber buffers 0..n-1 in topological order (output last): identical kernels lower to one AST
+    bufs = [b for b in body.toposort() if b.op is Ops.BUFFER]
+    local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
+    out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
+    body = body.substitute(local)
+    if body.op is Ops.SCATTER:  # the accumulating half: serial, in order (threads would race on repeated indices)
+        ast, opts, name = lower_scatter(body, out), None, "s_" + "_".join(map(str, body.src[2].shape or (1,)))
+    else:
+        ast, opts = opt.lower(body, out) if opt is not None else (lower(body, out), None)
+        name = kernel_name(body)
+    refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref("in", in_idx[b]) for b in bufs] + [out_ref]
+    checks = checks_of(body)
+    if checks:  # the error record is the parameter after the output; one record per kernel that checks
+        refs.append(Ref("err", n_err))
+    # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
+    # so bind exactly the slots that survive lowering, or every later argument shifts by one
+    alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
+    return Kernel(name, ast, tuple(refs[s] for s in alive), _flops(body), opts, checks)
 
 
 def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):

@@ -44,6 +44,8 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     STAGE = auto()
     # a data-dependent read: GATHER(x, index) takes x along one axis at positions the index tensor holds
     GATHER = auto()
+    # a data-dependent write: SCATTER(base, index, values) adds values into base at positions the index holds
+    SCATTER = auto()
     # ALU: unary
     NEG = auto()
     RECIP = auto()
@@ -345,6 +347,21 @@ class UOp:
             raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
         return UOp(Ops.GATHER, (self, index), (dim, label))
 
+    def scatter_add(self, index: UOp, values: UOp, dim: int, label: str = "scatter_add") -> UOp:
+        """self with values[..., i, ...] added at [..., index[..., i, ...], ...] along `dim` (PyTorch's scatter_add):
+        repeated indices accumulate. The inverse of gather, and its gradient. Indices are checked when it runs."""
+        if index.dtype is None or not index.dtype.is_int:
+            raise TypeError(f"{label}: the index must be an integer tensor, got {index.dtype}")
+        if index.shape != values.shape:
+            raise ValueError(f"{label}: index shape {index.shape} differs from the values' shape {values.shape}")
+        if values.dtype is not self.dtype:
+            raise TypeError(f"{label}: values of dtype {values.dtype} into a tensor of dtype {self.dtype}")
+        if len(index.shape) != len(self.shape) or not 0 <= dim < len(self.shape):
+            raise ValueError(f"{label}: index shape {index.shape} and dim {dim} do not fit shape {self.shape}")
+        if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
+            raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
+        return UOp(Ops.SCATTER, (self, index, values), (dim, label))
+
     def flip(self, axes: tuple[int, ...]) -> UOp:
         """Reverse the given axes (arg: one bool per dim)."""
         for a in axes:
@@ -470,6 +487,8 @@ def _shape(self: UOp) -> tuple[int, ...]:
         return self.src[0].shape
     if op is Ops.GATHER:
         return self.src[1].shape
+    if op is Ops.SCATTER:
+        return self.src[0].shape
     if op is Ops.REDUCE:
         s = self.src[0].shape
         return s[: len(s) - arg[1]]

@@ -92,3 +92,44 @@ def test_error_records_are_per_call_across_threads():
     for t in threads:
         t.join()
     assert all(results[i] == ("raised" if i % 2 else "ok") for i in range(16)), results
+
+
+def _scatter_ref(base: np.ndarray, idx: np.ndarray, vals: np.ndarray, dim: int) -> np.ndarray:
+    out = base.copy()
+    for pos in np.ndindex(*idx.shape):
+        tgt = list(pos)
+        tgt[dim] = idx[pos]
+        out[tuple(tgt)] += vals[pos]
+    return out
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+@pytest.mark.parametrize("shape,dim,ishape", [((5, 7), 1, (5, 9)), ((6, 4), 0, (9, 4)), ((3, 4, 5), 2, (3, 2, 6))])
+def test_scatter_add_accumulates_repeated_indices(context, opt, shape, dim, ishape):
+    context(OPT=opt)
+    base = rng.standard_normal(shape).astype(np.float32)
+    idx = rng.integers(0, shape[dim], ishape).astype(np.int32)  # more indices than slots: repeats are certain
+    vals = rng.standard_normal(ishape).astype(np.float32)
+    got = run((buf(base) * 2.0).scatter_add(buf(idx), buf(vals) + 1.0, dim) - 1.0)
+    np.testing.assert_allclose(got, _scatter_ref(base * 2.0, idx, vals + 1.0, dim) - 1.0, rtol=1e-5, atol=1e-5)
+
+
+def test_scatter_add_checks_its_indices():
+    base, vals = np.zeros((2, 3), np.float32), np.ones((2, 2), np.float32)
+    with pytest.raises(IndexError, match=r"embedding backward: index -2 is out of range .*valid indices 0\.\.2"):
+        run(buf(base).scatter_add(buf(np.array([[0, 1], [-2, 2]], np.int32)), buf(vals), 1, "embedding backward"))
+
+
+def test_scatter_plan_is_a_copy_then_a_serial_accumulate(context):
+    from uopc.schedule import make_plan
+
+    context(OPT=1)
+    base, idx, vals = (
+        buf(np.zeros((4, 8), np.float32)),
+        buf(np.zeros((4, 3), np.int32)),
+        buf(np.ones((4, 3), np.float32)),
+    )
+    plan, _ = make_plan([base.scatter_add(idx, vals, 1)])
+    assert [k.name for k in plan.kernels] == ["e_4_8", "s_4_3"]
+    assert plan.kernels[0].refs[-1] == plan.kernels[1].refs[-2] == ("out", 0)  # both write the output
+    assert plan.n_err == 1 and plan.kernels[1].checks == ("scatter_add",)
