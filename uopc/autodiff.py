@@ -3,30 +3,24 @@
 Walk the loss graph from the root to the leaves (reverse topological order); each node hands its gradient to its
 sources through one rule per op (`GRAD_RULES`, data). Because UOps are hash-consed, a rule that mentions a forward
 node (MUL's other operand, the output of EXP2) refers to the very same node, so the forward value is computed once
-and shared by the loss and the gradient kernels (Chapter 7.12).
+and shared by the loss and the gradient kernels.
 
-    >>> w = Tensor([1.0, 2.0], requires_grad=True)
-    >>> (w * w).sum().backward()        # w.grad is lazy: w*1 + w*1, reading w's own buffer
-    >>> w.grad.numpy()
-    array([2., 4.], dtype=float32)
+    >>> w = new_buffer(dtypes.float32, 2, np.array([1.0, 2.0]))
+    >>> loss = (w * w).reduce(Ops.ADD, 1)
+    >>> compute_gradient(loss, UOp.const(1.0, dtypes.float32), [w])[w]     # w*1 + w*1, reading w's own buffer
 
 STAGE is the identity for gradients; STAGE("detach") stops them. BUFFER and CONST are leaves.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import operator
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from uopc.dtype import DType
 from uopc.helpers import argsort
 from uopc.uop import Ops, UOp
-
-if TYPE_CHECKING:
-    from uopc.tensor import Tensor
 
 # ---------------------------------------------------------------------------------------------------
 # small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)
@@ -192,63 +186,3 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp,
             gs = _fit(_fold(gs), s.shape)
             grads[s] = _fold(grads[s] + gs) if s in grads else gs
     return {t: grads[t] for t in targets if t in grads}
-
-
-# ---------------------------------------------------------------------------------------------------
-# the Tensor-level API (Tensor.backward and Tensor.gradient call these)
-
-
-def _loss_graph(loss: Tensor) -> UOp:
-    """The graph to differentiate: the one before realize, if the loss was already computed (loss.item())."""
-    # tensor.py keeps the pre-realize graph of a tensor that tracks gradients (as _graph or _forward_uop)
-    root = getattr(loss, "_forward_uop", None) or getattr(loss, "_graph", None) or loss.uop
-    if root.size != 1:
-        raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {root.shape}")
-    return root
-
-
-def gradient(loss: Tensor, targets: list[Tensor]) -> list[Tensor]:
-    """d loss / d target for each target, as lazy Tensors (zeros for a target the loss does not depend on)."""
-    from uopc.tensor import Tensor
-
-    root = _loss_graph(loss)
-    seed = _c(1.0, root.dtype).reshape(root.shape) if root.shape else _c(1.0, root.dtype)
-    names = [_target_nodes(t) for t in targets]
-    grads = compute_gradient(root, seed, [u for ns in names for u in ns])
-    out = []
-    for t, ns in zip(targets, names, strict=True):
-        found = [grads[u] for u in ns if u in grads]
-        out.append(Tensor(functools.reduce(lambda a, b: a + b, found) if found else zeros_like(t.uop)))
-    return out
-
-
-def _target_nodes(t: Tensor) -> list[UOp]:
-    """The nodes that stand for t in a graph: its current uop, and the graph it had before a realize."""
-    nodes = [t.uop]
-    for old in (getattr(t, "_forward_uop", None), getattr(t, "_graph", None)):
-        if old is not None and old not in nodes and old.shape == t.uop.shape:
-            nodes.append(old)
-    return nodes
-
-
-def _registered_in(root: UOp) -> list[Tensor]:
-    """Every requires-grad tensor whose current graph appears in the loss graph."""
-    from uopc.tensor import Tensor
-
-    registry = getattr(Tensor, "_grad_tensors", None)
-    if registry is None:
-        raise RuntimeError("backward() without params needs Tensor._grad_tensors; pass the parameters explicitly")
-    nodes = set(root.toposort())
-    # a WeakSet, or a mapping id -> tensor (a set would call Tensor.__eq__, which builds a graph)
-    tensors = list(registry.values() if hasattr(registry, "values") else registry)
-    return [t for t in tensors if t.requires_grad and any(u in nodes for u in _target_nodes(t))]
-
-
-def backward(loss: Tensor, params: list[Tensor] | None = None) -> None:
-    """Accumulate d loss / d p into p.grad (lazily) for `params`, or for every requires-grad tensor in the graph."""
-    from uopc.tensor import Tensor
-
-    params = _registered_in(_loss_graph(loss)) if params is None else list(params)
-    for p, g in zip(params, gradient(loss, params), strict=True):
-        # accumulate until cleared (p.grad = None), as PyTorch does
-        p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)

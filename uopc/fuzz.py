@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uopc import helpers
 from uopc.dtype import dtypes, promote
+from uopc.helpers import Context
 from uopc.tensor import Tensor
 
 MODES = [(0, False), (1, False), (0, True), (1, True)]  # (OPT, fuse_reduce)
@@ -31,7 +31,7 @@ class Val:
     name: str
 
 
-class Program:
+class FuzzProgram:
     """A random program built step by step; every step records the Python line that reproduces it."""
 
     def __init__(self, rng: np.random.Generator):
@@ -69,7 +69,7 @@ def _shape(rng) -> tuple[int, ...]:
     return tuple(int(rng.choice([1, 2, 3, 4, 5, 0] if rng.random() < 0.1 else [1, 2, 3, 4, 5])) for _ in range(nd))
 
 
-def _partner(p: Program, v: Val) -> Val:
+def _partner(p: FuzzProgram, v: Val) -> Val:
     """Another value broadcastable with v: some dims dropped or set to 1."""
     shape = list(v.a.shape)
     for i in range(len(shape)):
@@ -85,7 +85,7 @@ def _np_dtype(t: Tensor):
 
 
 # every op: (program, value) -> new value or None when it does not apply
-def op_unary(p: Program, v: Val):
+def op_unary(p: FuzzProgram, v: Val):
     fl = v.t.dtype is dtypes.float32
     choices = (
         ["neg", "abs", "relu", "sigmoid", "tanh", "sin", "exp", "sqrt", "square"] if fl else ["neg", "abs", "square"]
@@ -114,7 +114,7 @@ def op_unary(p: Program, v: Val):
     return p.step(f"{v.name}.{f}()", getattr(v.t, f)(), ref)
 
 
-def op_binary(p: Program, v: Val):
+def op_binary(p: FuzzProgram, v: Val):
     w = _partner(p, v) if p.rng.random() < 0.7 else p.pick()
     try:
         np.broadcast_shapes(v.a.shape, w.a.shape)
@@ -165,7 +165,7 @@ def op_binary(p: Program, v: Val):
         return p.step(f"{v.name}.{f}({w.name})", t, getattr(np, f)(a, b))
 
 
-def op_movement(p: Program, v: Val):
+def op_movement(p: FuzzProgram, v: Val):
     rng, s = p.rng, v.a.shape
     f = str(rng.choice(["permute", "flip", "pad", "shrink", "reshape", "expand", "slice"]))
     if not s:
@@ -206,7 +206,7 @@ def op_movement(p: Program, v: Val):
     return p.step(f"{v.name}.reshape({new})", v.t.reshape(new), v.a.reshape(new))
 
 
-def op_reduce(p: Program, v: Val):
+def op_reduce(p: FuzzProgram, v: Val):
     rng, s = p.rng, v.a.shape
     if not s:
         return None
@@ -224,21 +224,21 @@ def op_reduce(p: Program, v: Val):
     return p.step(f"{v.name}.{f}({axes}, keepdim={keep})", getattr(v.t, f)(axes, keepdim=keep), ref)
 
 
-def op_matmul(p: Program, v: Val):
+def op_matmul(p: FuzzProgram, v: Val):
     if v.t.dtype is not dtypes.float32 or not v.a.shape or v.a.size == 0:
         return None
     w = p.fresh((v.a.shape[-1], int(p.rng.integers(1, 6))), dtypes.float32)
     return p.step(f"{v.name} @ {w.name}", v.t @ w.t, v.a @ w.a)
 
 
-def op_softmax(p: Program, v: Val):
+def op_softmax(p: FuzzProgram, v: Val):
     if v.t.dtype is not dtypes.float32 or not v.a.shape or v.a.size == 0:
         return None
     e = np.exp(v.a - v.a.max(-1, keepdims=True))
     return p.step(f"{v.name}.softmax(-1)", v.t.softmax(-1), e / e.sum(-1, keepdims=True))
 
 
-def op_cast(p: Program, v: Val):
+def op_cast(p: FuzzProgram, v: Val):
     dt = p.rng.choice([dtypes.float32, dtypes.int32, dtypes.bool])
     if dt is dtypes.int32 and v.t.dtype is dtypes.float32:
         a = np.clip(v.a, -100, 100)
@@ -249,9 +249,9 @@ def op_cast(p: Program, v: Val):
 OPS = [op_unary, op_binary, op_binary, op_movement, op_movement, op_reduce, op_matmul, op_softmax, op_cast]
 
 
-def generate(seed: int) -> Program:
+def generate(seed: int) -> FuzzProgram:
     rng = np.random.default_rng(seed)
-    p = Program(rng)
+    p = FuzzProgram(rng)
     p.fresh(_shape(rng))
     for _ in range(int(rng.integers(1, 7))):
         v = p.vals[-1] if rng.random() < 0.7 else p.pick()
@@ -263,45 +263,52 @@ def generate(seed: int) -> Program:
 def check(seed: int) -> str | None:
     """Run program `seed` in its mode; None if uopc and NumPy agree, else a report with a reproduction."""
     opt, fuse = MODES[seed % len(MODES)]
-    old_opt, old_fuse = helpers.OPT, Tensor.fuse_reduce
-    helpers.OPT, Tensor.fuse_reduce = opt, fuse
+    old_fuse = Tensor.fuse_reduce
+    Tensor.fuse_reduce = fuse  # a Tensor class setting, not a helpers one: Context does not cover it
     try:
-        try:
-            p = generate(seed)
-        except Exception:
-            return f"MISMATCH seed={seed}: building the program raised:\n{traceback.format_exc()}"
-        # the last value, and every third program an earlier one too, realized together in one plan
-        outs = [p.vals[-1]]
-        if seed % 3 == 0 and len(p.vals) > 2:
-            outs.append(p.vals[int(p.rng.integers(1, len(p.vals) - 1))])
-        try:
-            Tensor.realize_all(*(v.t for v in outs))
-            got = [v.t.numpy() for v in outs]
-        except Exception:
-            return _report(seed, p, f"uopc raised:\n{traceback.format_exc()}", outs)
-        for g, v in zip(got, outs):
-            if g.shape != v.a.shape or g.dtype != v.a.dtype:
-                what = f"{v.name}: shape/dtype {g.shape} {g.dtype} != numpy {v.a.shape} {v.a.dtype}"
-                return _report(seed, p, what, outs)
-            if g.dtype.kind == "f":
-                ok = np.allclose(g, v.a, rtol=1e-3, atol=1e-4, equal_nan=True)
-            else:
-                ok = np.array_equal(g, v.a)
-            if not ok:
-                return _report(seed, p, f"{v.name} differs:\nuopc  {g!r}\nnumpy {v.a!r}", outs)
-        return None
+        with Context(OPT=opt):
+            return _run(seed)
     finally:
-        helpers.OPT, Tensor.fuse_reduce = old_opt, old_fuse
+        Tensor.fuse_reduce = old_fuse
 
 
-def _report(seed: int, p: Program, what: str, outs: list[Val] | None = None) -> str:
+def _run(seed: int) -> str | None:
+    """Build program `seed`, realize it in the current mode and compare with NumPy."""
+    try:
+        p = generate(seed)
+    except Exception:
+        return f"MISMATCH seed={seed}: building the program raised:\n{traceback.format_exc()}"
+    # the last value, and every third program an earlier one too, realized together in one plan
+    outs = [p.vals[-1]]
+    if seed % 3 == 0 and len(p.vals) > 2:
+        outs.append(p.vals[int(p.rng.integers(1, len(p.vals) - 1))])
+    try:
+        Tensor.realize_all(*(v.t for v in outs))
+        got = [v.t.numpy() for v in outs]
+    except Exception:
+        return _report(seed, p, f"uopc raised:\n{traceback.format_exc()}", outs)
+    for g, v in zip(got, outs):
+        if g.shape != v.a.shape or g.dtype != v.a.dtype:
+            what = f"{v.name}: shape/dtype {g.shape} {g.dtype} != numpy {v.a.shape} {v.a.dtype}"
+            return _report(seed, p, what, outs)
+        if g.dtype.kind == "f":
+            ok = np.allclose(g, v.a, rtol=1e-3, atol=1e-4, equal_nan=True)
+        else:
+            ok = np.array_equal(g, v.a)
+        if not ok:
+            return _report(seed, p, f"{v.name} differs:\nuopc  {g!r}\nnumpy {v.a!r}", outs)
+    return None
+
+
+def _report(seed: int, p: FuzzProgram, what: str, outs: list[Val] | None = None) -> str:
     opt, fuse = MODES[seed % len(MODES)]
     names = ", ".join(v.name for v in outs or [p.vals[-1]])
     return (
         f"MISMATCH seed={seed} (OPT={opt}, fuse_reduce={fuse}): {what}\n--- reproduction ---\n"
-        f"import numpy as np\nfrom uopc import helpers, dtypes\nfrom uopc.tensor import Tensor\n"
-        f"helpers.OPT = {opt}; Tensor.fuse_reduce = {fuse}\n" + "\n".join(p.lines) + "\n"
-        f"Tensor.realize_all({names})\nprint([t.numpy() for t in ({names},)])\n"
+        "import numpy as np\nfrom uopc import dtypes\n"
+        "from uopc.helpers import Context\nfrom uopc.tensor import Tensor\n"
+        f"Tensor.fuse_reduce = {fuse}\n" + "\n".join(p.lines) + "\n"
+        f"with Context(OPT={opt}):\n    Tensor.realize_all({names})\n    print([t.numpy() for t in ({names},)])\n"
     )
 
 

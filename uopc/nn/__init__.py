@@ -1,0 +1,31 @@
+"""Layers, optimizers and state files on top of the lazy Tensor.
+
+    >>> l1, l2 = Linear(784, 128), Linear(128, 10)
+    >>> opt = AdamW(parameters([l1, l2]), lr=1e-3)
+    >>> loss = l2(l1(x).relu()).cross_entropy(y)
+    >>> opt.zero_grad(); loss.backward(opt.params); opt.step(loss)   # one plan: grads, updates and the loss
+    >>> safe_save(get_state_dict([l1, l2]), "mlp.safetensors")
+
+layers.py (Linear, LayerNorm, Embedding), optim.py (SGD, Adam, AdamW), state.py (state dicts, safetensors).
+"""
+
+from uopc.nn.layers import Embedding, LayerNorm, Linear
+from uopc.nn.optim import SGD, Adam, AdamW, Optimizer
+from uopc.nn.state import MAX_HEADER as MAX_HEADER  # the safetensors limits stay reachable as uopc.nn.X
+from uopc.nn.state import SAFETENSORS_DTYPES as SAFETENSORS_DTYPES
+from uopc.nn.state import get_state_dict, load_state_dict, parameters, safe_load, safe_save
+
+__all__ = [
+    "Linear",
+    "LayerNorm",
+    "Embedding",
+    "Optimizer",
+    "SGD",
+    "Adam",
+    "AdamW",
+    "parameters",
+    "get_state_dict",
+    "load_state_dict",
+    "safe_save",
+    "safe_load",
+]

@@ -1,0 +1,14 @@
+"""The lazy Tensor, one concern per file, composed in tensor.py:
+
+shape.py        pure argument rules (dims, broadcasting, movement-op checks)
+creation.py     from data, constants, ranges, random samples
+elementwise.py  broadcasting binary ops, comparisons, math built from the IR's ALU ops
+reduce.py       reductions, the softmax family, matmul
+movement.py     reshape/permute/expand/pad/shrink/flip, indexing, cat/stack/split/repeat
+loss.py         one_hot and the cross-entropies
+tensor.py       the Tensor class: construction, realize/numpy, assign/detach, casts, gradients
+"""
+
+from uopc.tensor.tensor import Tensor
+
+__all__ = ["Tensor"]

@@ -1,0 +1,413 @@
+"""Elementwise math for Tensor: broadcasting binary ops with PyTorch's dtype promotion, comparisons, logic, and the
+composite functions built from the IR's small ALU set.
+
+    exp(x) = exp2(x * log2(e))     a - b = a + b * -1     relu(x) = (0 < x).where(x, 0)     x ** 3 = x * x * x
+
+Every operand is cast to one dtype and broadcast to one shape first (`_operands`); a Python scalar becomes a
+shape-() CONST that the ALU op broadcasts itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Self
+
+import numpy as np
+
+from uopc.dtype import DType, dtypes, least_upper_float, promote, truncate
+from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, scalar_dtype
+from uopc.uop import Ops, UOp
+
+
+class ElementwiseMixin:
+    """The elementwise part of Tensor. Every Tensor is an ElementwiseMixin, so `isinstance(x, ElementwiseMixin)`
+    tells a tensor operand from a scalar without importing Tensor; new tensors come from `type(self)(...)`."""
+
+    # ---------------------------------------------------------------- broadcasting binary ops
+
+    def _const(self, value: Scalar, dtype: DType | None = None) -> Self:
+        """A shape-() constant; the ALU op broadcasts it, so it needs no EXPAND."""
+        dt = dtype or self.dtype
+        # an int constant wraps to its dtype (int8 + 1000 adds -24), as a C store would
+        return type(self)(UOp.const(truncate(dt, value) if dt.is_int else value, dt))
+
+    def _broadcast_to(self, shape: tuple[int, ...], keep_const: bool = True) -> Self:
+        if self.shape == shape or (keep_const and self.uop.op is Ops.CONST):
+            return self
+        return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
+
+    def _operands(self, other: Any, reverse: bool = False) -> tuple[Self, Self]:
+        """(self, other) with one dtype (PyTorch promotion) and one broadcast shape; swapped if reverse."""
+        if isinstance(other, ElementwiseMixin):
+            dt = promote(self.dtype, other.dtype)
+        elif is_scalar(other):
+            other = other.item() if isinstance(other, np.generic) else other
+            dt = scalar_dtype(self.dtype, other)
+            other = self._const(other, dt)
+        else:
+            other = type(self)(other)
+            dt = promote(self.dtype, other.dtype)
+        shape = broadcast_shape(self.shape, other.shape)
+        a, b = self.cast(dt)._broadcast_to(shape), other.cast(dt)._broadcast_to(shape)
+        return (b, a) if reverse else (a, b)
+
+    def _alu(self, op: Ops, *others: Self) -> Self:
+        return self._new(self.uop.alu(op, *(o.uop for o in others)), *others)
+
+    def _binop(self, op: Ops, other: Any, reverse: bool = False) -> Self:
+        a, b = self._operands(other, reverse)
+        return a._alu(op, b)
+
+    def add(self, other: Any, reverse: bool = False) -> Self:
+        """a + b with broadcasting and PyTorch promotion (b + a if reverse)."""
+        return self._binop(Ops.ADD, other, reverse)
+
+    def mul(self, other: Any, reverse: bool = False) -> Self:
+        """a * b with broadcasting and PyTorch promotion."""
+        return self._binop(Ops.MUL, other, reverse)
+
+    def neg(self) -> Self:
+        """-x, spelled x * -1 (the IR's NEG is left to the backends)."""
+        if self.dtype.is_bool:
+            raise TypeError("negation (-) of a bool tensor is not supported; use logical_not() or ~")
+        if self.uop.op is Ops.CONST:  # fold here so `x - 1` reads x + -1, not x + 1 * -1
+            return self._const(-self.uop.arg)
+        return self * -1
+
+    def sub(self, other: Any, reverse: bool = False) -> Self:
+        """a - b, spelled a + (-b)."""
+        a, b = self._operands(other, reverse)
+        return a + b.neg()
+
+    def reciprocal(self) -> Self:
+        """1 / x (ints become float32)."""
+        x = self._to_float()
+        if x.uop.op is Ops.CONST:  # a constant divisor folds to one multiply: x / 4 == x * 0.25
+            v = x.uop.arg
+            return x._const(1.0 / v if v != 0 else math.copysign(math.inf, v))
+        return x._alu(Ops.RECIP)
+
+    def div(self, other: Any, reverse: bool = False) -> Self:
+        """True division: ints give float32, as Python's `/`."""
+        a, b = self._operands(other, reverse)
+        dt = least_upper_float(a.dtype)
+        return a.cast(dt) * b.cast(dt).reciprocal()
+
+    def floordiv(self, other: Any, reverse: bool = False) -> Self:
+        """Floor division (Python semantics; an integer x // 0 is 0)."""
+        a, b = self._operands(other, reverse)
+        if a.dtype.is_bool:
+            raise TypeError("floor division (//) of bool tensors is not supported")
+        return a._alu(Ops.IDIV, b) if a.dtype.is_int else (a / b).floor()
+
+    def mod(self, other: Any, reverse: bool = False) -> Self:
+        """Remainder with the sign of the divisor (Python semantics; an integer x % 0 is 0)."""
+        a, b = self._operands(other, reverse)
+        if a.dtype.is_bool:
+            raise TypeError("remainder (%) of bool tensors is not supported")
+        return a._alu(Ops.MOD, b) if a.dtype.is_int else a - (a / b).floor() * b
+
+    def __add__(self, x: Any) -> Self:
+        return self.add(x)
+
+    def __radd__(self, x: Any) -> Self:
+        return self.add(x, True)
+
+    def __sub__(self, x: Any) -> Self:
+        return self.sub(x)
+
+    def __rsub__(self, x: Any) -> Self:
+        return self.sub(x, True)
+
+    def __mul__(self, x: Any) -> Self:
+        return self.mul(x)
+
+    def __rmul__(self, x: Any) -> Self:
+        return self.mul(x, True)
+
+    def __truediv__(self, x: Any) -> Self:
+        return self.div(x)
+
+    def __rtruediv__(self, x: Any) -> Self:
+        return self.div(x, True)
+
+    def __floordiv__(self, x: Any) -> Self:
+        return self.floordiv(x)
+
+    def __rfloordiv__(self, x: Any) -> Self:
+        return self.floordiv(x, True)
+
+    def __mod__(self, x: Any) -> Self:
+        return self.mod(x)
+
+    def __rmod__(self, x: Any) -> Self:
+        return self.mod(x, True)
+
+    def __pow__(self, x: Any) -> Self:
+        return self.pow(x)
+
+    def __rpow__(self, x: Any) -> Self:
+        return self.pow(x, True)
+
+    def __neg__(self) -> Self:
+        return self.neg()
+
+    # ---------------------------------------------------------------- comparisons and logic (results are bool)
+
+    def __lt__(self, x: Any) -> Self:
+        return self._binop(Ops.CMPLT, x)
+
+    def __gt__(self, x: Any) -> Self:
+        return self._binop(Ops.CMPLT, x, reverse=True)
+
+    def __le__(self, x: Any) -> Self:
+        a, b = self._operands(x)
+        # NOT(b < a) would make NaN <= 1 True: floats need the longer, NaN-correct form
+        return (a < b) | (a == b) if a.dtype.is_float else (b < a).logical_not()
+
+    def __ge__(self, x: Any) -> Self:
+        a, b = self._operands(x)
+        return b <= a
+
+    def __eq__(self, x: Any) -> Self:  # type: ignore[override]
+        return (self != x).logical_not()
+
+    def __ne__(self, x: Any) -> Self:  # type: ignore[override]
+        return self._binop(Ops.CMPNE, x)
+
+    def _bitwise(self, op: Ops, other: Any, reverse: bool = False) -> Self:
+        a, b = self._operands(other, reverse)
+        if a.dtype.is_float:
+            raise TypeError(f"bitwise {op.name.lower()} needs bool or int tensors, got {a.dtype!r}")
+        return a._alu(op, b)
+
+    def __and__(self, x: Any) -> Self:
+        return self._bitwise(Ops.AND, x)
+
+    def __rand__(self, x: Any) -> Self:
+        return self._bitwise(Ops.AND, x, True)
+
+    def __or__(self, x: Any) -> Self:
+        return self._bitwise(Ops.OR, x)
+
+    def __ror__(self, x: Any) -> Self:
+        return self._bitwise(Ops.OR, x, True)
+
+    def __xor__(self, x: Any) -> Self:
+        return self._bitwise(Ops.XOR, x)
+
+    def __rxor__(self, x: Any) -> Self:
+        return self._bitwise(Ops.XOR, x, True)
+
+    def __invert__(self) -> Self:
+        """Logical NOT of a bool tensor, bitwise NOT of an int tensor (both an XOR)."""
+        if self.dtype.is_float:
+            raise TypeError(f"~ needs a bool or int tensor, got {self.dtype!r}")
+        # _const wraps -1 to the dtype's own width (255 for uint8): an unsigned -1u would be 32 bits wide
+        return self._alu(Ops.XOR, self._const(True if self.dtype.is_bool else -1))
+
+    def logical_not(self) -> Self:
+        """True where x is zero (False)."""
+        return ~self if self.dtype.is_bool else self == 0
+
+    def where(self, x: Any, y: Any) -> Self:
+        """Elementwise `x if self else y`, broadcasting all three (also callable as Tensor.where(cond, x, y))."""
+        cond = self.cast(dtypes.bool)
+        x = type(self)(x) if not isinstance(x, ElementwiseMixin) and not is_scalar(x) else x
+        y = type(self)(y) if not isinstance(y, ElementwiseMixin) and not is_scalar(y) else y
+        if isinstance(x, ElementwiseMixin) and isinstance(y, ElementwiseMixin):
+            dt = promote(x.dtype, y.dtype)
+        elif isinstance(x, ElementwiseMixin) or isinstance(y, ElementwiseMixin):
+            t, s = (x, y) if isinstance(x, ElementwiseMixin) else (y, x)
+            dt = scalar_dtype(t.dtype, s)
+        else:
+            dt = scalar_dtype(dtypes.from_py(x), y)
+        x, y = (v.cast(dt) if isinstance(v, ElementwiseMixin) else self._const(v, dt) for v in (x, y))
+        shape = broadcast_shape(cond.shape, x.shape, y.shape)
+        cond, x, y = (v._broadcast_to(shape) for v in (cond, x, y))
+        return cond._alu(Ops.WHERE, x, y)
+
+    # ---------------------------------------------------------------- elementwise math
+
+    def maximum(self, x: Any) -> Self:
+        """Elementwise max (NaN-propagating)."""
+        return self._binop(Ops.MAX, x)
+
+    def minimum(self, x: Any) -> Self:
+        """Elementwise min: -max(-a, -b) for floats (keeps NaN propagation), a select for ints and bools."""
+        a, b = self._operands(x)
+        return -((-a).maximum(-b)) if a.dtype.is_float else (a < b).where(a, b)
+
+    def clip(self, min: Any = None, max: Any = None) -> Self:
+        """Limit values to [min, max]; either bound may be None."""
+        if min is None and max is None:
+            raise ValueError("clip needs at least one of min and max")
+        x = self if min is None else self.maximum(min)
+        return x if max is None else x.minimum(max)
+
+    clamp = clip
+
+    def abs(self) -> Self:
+        """|x| as a select, so NaN stays NaN and the gradient is a clean sign."""
+        if self.dtype.is_bool or self.dtype.is_unsigned:
+            return self
+        return (self < 0).where(-self, self)
+
+    def sign(self) -> Self:
+        """-1, 0 or 1 (in self's dtype)."""
+        return (self < 0).where(-1, (0 < self).where(1, 0)).cast(self.dtype)
+
+    def square(self) -> Self:
+        """x * x."""
+        return self * self
+
+    def sqrt(self) -> Self:
+        """Square root (ints become float32)."""
+        return self._to_float()._alu(Ops.SQRT)
+
+    def rsqrt(self) -> Self:
+        """1 / sqrt(x)."""
+        return self.sqrt().reciprocal()
+
+    def exp2(self) -> Self:
+        """2 ** x."""
+        return self._to_float()._alu(Ops.EXP2)
+
+    def log2(self) -> Self:
+        """Base-2 logarithm."""
+        return self._to_float()._alu(Ops.LOG2)
+
+    def exp(self) -> Self:
+        """e^x, the IR's way: exp2(x * log2(e))."""
+        return (self._to_float() * (1 / math.log(2))).exp2()
+
+    def log(self) -> Self:
+        """ln x = log2(x) * ln(2)."""
+        return self.log2() * math.log(2)
+
+    def sin(self) -> Self:
+        """Sine (radians)."""
+        return self._to_float()._alu(Ops.SIN)
+
+    def cos(self) -> Self:
+        """cos x = sin(pi/2 - x)."""
+        return (math.pi / 2 - self._to_float()).sin()
+
+    def tan(self) -> Self:
+        """sin / cos."""
+        return self.sin() / self.cos()
+
+    def trunc(self) -> Self:
+        """Round toward zero (identity for ints)."""
+        return self if not self.dtype.is_float else self._alu(Ops.TRUNC)
+
+    def floor(self) -> Self:
+        """Round down: trunc, minus one where trunc rounded a negative value up."""
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return (self < t).where(t - 1, t)
+
+    def ceil(self) -> Self:
+        """Round up: trunc, plus one where trunc rounded a positive value down."""
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return (t < self).where(t + 1, t)
+
+    def sigmoid(self) -> Self:
+        """1 / (1 + e^-x): saturates cleanly to 0 and 1 (exp overflow gives 1/inf = 0)."""
+        return (1 + (-self._to_float()).exp()).reciprocal()
+
+    def tanh(self) -> Self:
+        """tanh x = 2 sigmoid(2x) - 1."""
+        return 2 * (2 * self._to_float()).sigmoid() - 1
+
+    def relu(self) -> Self:
+        # NOTE: not maximum(x, 0): its gradient at 0 would be split between the operands
+        return (0 < self).where(self, 0)
+
+    def leaky_relu(self, neg_slope: float = 0.01) -> Self:
+        """x where x > 0, else neg_slope * x."""
+        return (0 < self).where(self, self * neg_slope)
+
+    def gelu(self) -> Self:
+        """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+        x = self._to_float()
+        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+
+    def silu(self) -> Self:
+        """x * sigmoid(x) (also called swish)."""
+        return self * self.sigmoid()
+
+    def softplus(self) -> Self:
+        """log(1 + e^x), computed as relu(x) + log(1 + e^-|x|) so large x does not overflow."""
+        return self.relu() + (1 + (-self.abs()).exp()).log()
+
+    def pow(self, exponent: Any, reverse: bool = False) -> Self:
+        """self ** exponent (or exponent ** self if reverse); small integer powers are exact multiplies."""
+        if reverse:
+            return self._rpow(exponent)
+        if isinstance(exponent, ElementwiseMixin) or not is_scalar(exponent):
+            base, e = self._operands(exponent)
+            return base._pow_tensor(e)
+        e = exponent.item() if isinstance(exponent, np.generic) else exponent
+        x = self.cast(scalar_dtype(self.dtype, e))
+        if float(e).is_integer() and (not x.dtype.is_float or abs(e) <= 8):
+            return x._int_pow(int(e))
+        if e == 0.5:
+            return x.sqrt()
+        if e == -0.5:
+            return x.rsqrt()
+        return x._pow_general(x._const(e))
+
+    # ---------------------------------------------------------------- pow helpers
+
+    def _int_pow(self, n: int) -> Self:
+        """x ** n for an integer n by square-and-multiply: exact for ints, and correct for negative float bases."""
+        if n < 0:
+            if not self.dtype.is_float:
+                raise ValueError(
+                    f"integers to negative integer powers are not allowed (dtype {self.dtype!r}, power {n})"
+                )
+            return self._int_pow(-n).reciprocal()
+        out, sq = None, self
+        while n:
+            if n & 1:
+                out = sq if out is None else out * sq
+            n >>= 1
+            if n:
+                sq = sq * sq
+        return out if out is not None else self.ones_like()
+
+    def _pow_general(self, y: Self) -> Self:
+        """x ** y = exp2(y * log2|x|), with the sign of a negative base fixed up for integer y (NaN otherwise)."""
+        mag = (y * self.abs().log2()).exp2()
+        if y.uop.op is Ops.CONST:  # a scalar exponent: decide integer/odd in Python
+            e = y.uop.arg
+            if not float(e).is_integer():
+                return (self < 0).where(math.nan, mag)
+            return (self < 0).where(-mag, mag) if int(e) % 2 else mag
+        is_int = y.trunc() == y
+        odd = (y * 0.5).trunc() != y * 0.5
+        neg = is_int.where(odd.where(-mag, mag), math.nan)
+        return (y == 0).where(1, (self < 0).where(neg, mag))  # 0 ** 0 == nan ** 0 == 1
+
+    def _pow_tensor(self, y: Self) -> Self:
+        """Elementwise x ** y of two same-dtype tensors; ints go through float64 and round back."""
+        if self.dtype.is_float:
+            return self._pow_general(y)
+        r = self.double()._pow_general(y.double())
+        return (r < 0).where(r - 0.5, r + 0.5).trunc().cast(self.dtype)
+
+    def _rpow(self, base: Any) -> Self:
+        """base ** x for a scalar or tensor base."""
+        if isinstance(base, ElementwiseMixin) or not is_scalar(base):
+            b, e = self._operands(base, reverse=True)
+            return b._pow_tensor(e)
+        b = base.item() if isinstance(base, np.generic) else base
+        dt = scalar_dtype(self.dtype, b)
+        if dt.is_float and b > 0:  # the common case, e.g. 2 ** self = exp2(self)
+            xf = self.cast(dt)
+            return (xf if b == 2 else xf * math.log2(b)).exp2()
+        return self._const(b, dt)._pow_tensor(self.cast(dt))

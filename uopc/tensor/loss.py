@@ -1,0 +1,79 @@
+"""Losses for Tensor: one_hot, PyTorch's cross_entropy and tinygrad's sparse_categorical_crossentropy.
+
+Both cross-entropies are one rule, mean/sum/none of -sum_c q_c log_softmax(x)_c, where q is the (smoothed) target
+distribution; class-index targets pick log_softmax with a one-hot select rather than a gather.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+
+from uopc.dtype import dtypes
+
+
+class LossMixin:
+    """The losses of Tensor; every Tensor is a LossMixin (so isinstance tells a tensor target from data)."""
+
+    # ---------------------------------------------------------------- losses
+
+    def one_hot(self, num_classes: int) -> Self:
+        """int32 one-hot vectors (a new last dim of num_classes), via arange(C) == self."""
+        return (self.arange(num_classes) == self.unsqueeze(-1)).cast(dtypes.int32)
+
+    def cross_entropy(
+        self, target: Any, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
+    ) -> Self:
+        """PyTorch's cross_entropy on logits with the class dim 1 (or 0 for a 1-D input).
+
+        `target` is class indices (int, the input's shape without the class dim) or probabilities (float, same shape).
+        """
+        if self.ndim == 0:
+            raise ValueError("cross_entropy needs logits with a class dim, got a 0-d tensor")
+        cdim = 1 if self.ndim > 1 else 0
+        target = target if isinstance(target, LossMixin) else type(self)(target)
+        return self._cross_entropy(target, cdim, reduction, label_smoothing, ignore_index)
+
+    def sparse_categorical_crossentropy(
+        self, Y: Any, ignore_index: int = -1, label_smoothing: float = 0.0, reduction: str = "mean"
+    ) -> Self:
+        """tinygrad's loss: class dim last, Y int class indices; entries equal to ignore_index count for nothing."""
+        if self.ndim == 0:
+            raise ValueError("sparse_categorical_crossentropy needs logits with a class dim, got a 0-d tensor")
+        Y = Y if isinstance(Y, LossMixin) else type(self)(Y)
+        return self._cross_entropy(Y, self.ndim - 1, reduction, label_smoothing, ignore_index)
+
+    def _cross_entropy(self, target: Self, cdim: int, reduction: str, smoothing: float, ignore: int) -> Self:
+        """Mean/sum/none of -sum_c q_c log_softmax(x)_c over logits x = self, with the class dim `cdim`."""
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if not 0.0 <= smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {smoothing}")
+        x = self
+        n_cls = x.shape[cdim]
+        logp = x.log_softmax(cdim)
+        if target.dtype.is_float:  # class probabilities
+            if target.shape != x.shape:
+                raise ValueError(
+                    f"probability targets must have the input's shape: input {x.shape}, target {target.shape}"
+                )
+            q = target * (1 - smoothing) + smoothing / n_cls if smoothing else target
+            loss = -(logp * q).sum(cdim)
+            return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+        if target.dtype.is_bool:
+            raise TypeError(f"class-index targets must be an int tensor, got {target.dtype!r}")
+        expected = x.shape[:cdim] + x.shape[cdim + 1 :]
+        if target.shape != expected:
+            raise ValueError(
+                f"class-index targets must have the input's shape without the class dim {cdim}: "
+                f"input {x.shape}, target {target.shape}, expected {expected}"
+            )
+        cls = x.arange(n_cls).reshape((n_cls,) + (1,) * (x.ndim - cdim - 1))
+        hit = cls == target.unsqueeze(cdim)  # the one-hot mask, broadcast against logp
+        loss = -hit.where(logp, 0).sum(cdim)  # a select, not a multiply: -inf * 0 would be NaN
+        if smoothing:
+            loss = loss * (1 - smoothing) - logp.mean(cdim) * smoothing
+        keep = target != ignore
+        loss = keep.where(loss, 0)
+        if reduction == "none":
+            return loss
+        return loss.sum() if reduction == "sum" else loss.sum() / keep.sum()

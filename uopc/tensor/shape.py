@@ -1,0 +1,192 @@
+"""Pure argument rules for the Tensor API: dims, broadcasting, and the checks of every movement op's arguments.
+
+Nothing here builds a UOp or a Tensor; each function takes shapes (and Python arguments) and returns the checked,
+normalized form, or raises a clear exception naming the problem:
+
+    >>> broadcast_shape((3, 1), (4,))
+    (3, 4)
+    >>> reshape_shape((2, 6), (3, -1))
+    (3, 4)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from uopc.dtype import DType, dtypes
+from uopc.helpers import prod
+
+Scalar = bool | int | float
+Axis = int | Sequence[int] | None
+
+
+def is_int(x: Any) -> bool:
+    """A Python or NumPy integer that is not a bool."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def is_scalar(x: Any) -> bool:
+    """A Python or NumPy bool, int or float."""
+    return isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def scalar_dtype(dt: DType, x: Scalar) -> DType:
+    """PyTorch's rule: a Python scalar never widens a tensor's dtype, it only lifts it to the scalar's category."""
+    if isinstance(x, (bool, np.bool_)):
+        return dt
+    if isinstance(x, (int, np.integer)):
+        return dtypes.default_int if dt.is_bool else dt
+    return dt if dt.is_float else dtypes.default_float
+
+
+def varargs(args: tuple) -> tuple:
+    """`f(2, 3)` and `f((2, 3))` both mean (2, 3)."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def shape_arg(shape: tuple) -> tuple[int, ...]:
+    """A creation shape from varargs: ints >= 0."""
+    shape = varargs(shape)
+    for s in shape:
+        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+            raise TypeError(f"a shape must be ints, got {type(s).__name__} {s!r} in {shape}")
+    if any(s < 0 for s in shape):
+        raise ValueError(f"negative dimensions are not allowed, got shape {shape}")
+    return tuple(int(s) for s in shape)
+
+
+def norm_dim(d: Any, ndim: int) -> int:
+    """Dim `d` of an `ndim`-dim tensor, negative counting from the end; a 0-d tensor accepts 0 and -1 as PyTorch."""
+    if not is_int(d):
+        raise TypeError(f"a dim must be an int, got {type(d).__name__} {d!r}")
+    n = max(ndim, 1)
+    if not -n <= d < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return int(d) % n
+
+
+def norm_axes(axis: Axis, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Reduced axes as sorted non-negative ints (all if None; a 0-d tensor has none)."""
+    ndim = len(shape)
+    if axis is None:
+        return tuple(range(ndim))
+    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    norm = [norm_dim(a, ndim) for a in axes]
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"axis {axis} names a dim more than once (shape {shape})")
+    return tuple(sorted(norm)) if ndim else ()
+
+
+def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+    """The shape after reducing `axes`: size 1 there if keepdim, else those dims dropped."""
+    if keepdim:
+        return tuple(1 if i in axes else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in axes)
+
+
+def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The NumPy broadcast of `shapes` (align right; each dim equal or 1)."""
+    n = max(len(s) for s in shapes)
+    padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for dims in zip(*padded, strict=True):
+        sizes = {d for d in dims if d != 1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def reshape_shape(shape: tuple[int, ...], new: tuple) -> tuple[int, ...]:
+    """The target of a reshape of `shape` to `new`, with its one -1 (if any) inferred."""
+    new = tuple(int(s) for s in new)
+    size = prod(shape)
+    if new.count(-1) > 1 or any(s < -1 for s in new):
+        raise ValueError(f"cannot reshape {shape} to {new}: sizes must be >= 0, with at most one -1")
+    known = prod(s for s in new if s != -1)
+    if -1 in new:
+        if known == 0:
+            raise ValueError(f"cannot reshape {shape} to {new}: the -1 is ambiguous when another dim is 0")
+        new = tuple(size // known if s == -1 else s for s in new)
+    if prod(new) != size:
+        raise ValueError(f"shape {new} is invalid for input of shape {shape} (size {size})")
+    return new
+
+
+def permute_order(shape: tuple[int, ...], order: tuple) -> tuple[int, ...]:
+    """`order` checked to be a permutation of the dims of `shape` (negative dims allowed)."""
+    if len(order) != len(shape):
+        raise ValueError(f"permute order {order} has {len(order)} dims but shape {shape} has {len(shape)}")
+    norm = tuple(norm_dim(d, len(shape)) for d in order)
+    if len(set(norm)) != len(norm):
+        raise ValueError(f"permute order {order} repeats a dim (shape {shape})")
+    return norm
+
+
+def expand_shape(shape: tuple[int, ...], target: tuple) -> tuple[int, ...]:
+    """The target of an expand of `shape` (-1 keeps a dim; new leading dims allowed), as PyTorch checks it."""
+    new = len(target) - len(shape)
+    if new < 0:
+        raise ValueError(f"cannot expand shape {shape} to {target}: the target has fewer dims")
+    out = []
+    for i, (s, t) in enumerate(zip((1,) * new + shape, target, strict=True)):
+        if t == -1 and i < new:
+            raise ValueError(f"cannot expand shape {shape} to {target}: -1 is not allowed for a new leading dim")
+        t = s if t == -1 else int(t)
+        if s != t and s != 1:
+            raise ValueError(
+                f"cannot expand shape {shape} to {target}: "
+                f"the size {s} at dim {i - new} is not 1 and does not match {t}"
+            )
+        out.append(t)
+    return tuple(out)
+
+
+def shrink_bounds(shape: tuple[int, ...], bounds: Sequence) -> tuple[tuple[int, int], ...]:
+    """Per-dim [lo, hi) (None keeps a dim whole), checked against `shape`."""
+    if len(bounds) != len(shape):
+        raise ValueError(f"shrink {tuple(bounds)} has {len(bounds)} entries but shape {shape} has {len(shape)} dims")
+    out = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, shape, strict=True))
+    if not all(0 <= lo <= hi <= s for (lo, hi), s in zip(out, shape, strict=True)):
+        raise ValueError(f"shrink {tuple(bounds)} does not fit shape {shape}: need 0 <= lo <= hi <= size")
+    return out
+
+
+def pad_pairs(shape: tuple[int, ...], padding: Sequence) -> list[tuple[int, int]]:
+    """Per-dim (before, after) from one pair (or None) per dim, or from PyTorch's flat (last_lo, last_hi, ...)."""
+    padding = tuple(padding)
+    ndim = len(shape)
+    if all(is_int(p) for p in padding):  # the flat form, innermost dim first
+        if len(padding) % 2 or len(padding) > 2 * ndim:
+            raise ValueError(
+                f"flat padding {padding} needs an even number of entries, at most 2 per dim of shape {shape}"
+            )
+        pairs = [(0, 0)] * ndim
+        for i in range(len(padding) // 2):
+            pairs[ndim - 1 - i] = (int(padding[2 * i]), int(padding[2 * i + 1]))
+        return pairs
+    if len(padding) != ndim:
+        raise ValueError(f"padding {padding} has {len(padding)} entries but shape {shape} has {ndim} dims")
+    pairs = []
+    for p in padding:
+        if p is None:
+            pairs.append((0, 0))
+        elif isinstance(p, (tuple, list)) and len(p) == 2 and all(is_int(v) for v in p):
+            pairs.append((int(p[0]), int(p[1])))
+        else:
+            raise ValueError(f"padding {padding}: each entry must be a (before, after) pair of ints or None, got {p!r}")
+    return pairs
+
+
+def pad_cuts(shape: tuple[int, ...], pairs: list[tuple[int, int]], padding: Sequence) -> list[tuple[int, int]]:
+    """The SHRINK bounds that the negative amounts of `pairs` (cuts) ask for, checked against `shape`."""
+    cut = []
+    for d, ((lo, hi), s) in enumerate(zip(pairs, shape, strict=True)):
+        lo_cut, hi_cut = max(0, -lo), max(0, -hi)
+        if lo_cut + hi_cut > s:
+            raise ValueError(f"padding {tuple(padding)} cuts {lo_cut + hi_cut} from dim {d} of shape {shape}")
+        cut.append((lo_cut, s - hi_cut))
+    return cut

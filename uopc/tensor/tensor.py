@@ -1,0 +1,272 @@
+"""The user-facing lazy Tensor: PyTorch/tinygrad-style names on top of the UOp shape graph.
+
+Operations only build UOps; `numpy()`, `item()` or `realize()` hand the graph to the realize stage, which cuts it
+into kernels, compiles them and returns a buffer:
+
+    >>> from uopc import Tensor
+    >>> x = Tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> y = (x * 2 - 1).relu().sum(1)      # a graph of UOps: nothing has run yet
+    >>> y.tolist()                         # one fused kernel, r_2
+    [4.0, 12.0]
+
+This file holds what makes a Tensor a Tensor: construction, realize/numpy, assign/detach, casts and the gradient
+bookkeeping (which tensors want gradients, accumulating .grad). The operations come from one mixin per concern:
+creation.py, elementwise.py, reduce.py (+ matmul, softmax), movement.py (+ indexing, cat), loss.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import numpy as np
+
+from uopc.autodiff import compute_gradient, zeros_like
+from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
+from uopc.dtype import DType, dtypes, least_upper_float, to_dtype
+from uopc.helpers import prod
+from uopc.tensor.creation import CreationMixin, full_uop, host_array
+from uopc.tensor.elementwise import ElementwiseMixin
+from uopc.tensor.loss import LossMixin
+from uopc.tensor.movement import MovementMixin
+from uopc.tensor.reduce import ReduceMixin
+from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
+from uopc.uop import Ops, UOp
+
+
+class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin):
+    """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
+
+    fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
+    __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
+    device = "CPU"
+    # tensors created with requires_grad=True, so that loss.backward() without a parameter list can find them
+    # id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
+    _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+
+    def __init__(self, data: Any, dtype: Any = None, requires_grad: bool | None = None):
+        self.requires_grad = requires_grad
+        if requires_grad:
+            Tensor._grad_tensors[id(self)] = self
+        self.grad: Tensor | None = None
+        # the graph a realized tensor came from, kept while it tracks gradients (loss.item(); loss.backward())
+        self._graph: UOp | None = None
+        self._leaf = True  # created from data (or assign): realize never keeps a leaf's graph
+        if isinstance(data, Tensor):
+            data = data.uop
+        if isinstance(data, UOp):
+            self.uop: UOp = data if dtype is None else data.cast(to_dtype(dtype))
+            return
+        arr, dt = host_array(data, dtype)
+        if arr.size == 0:
+            self.uop = full_uop(0, dt, arr.shape)
+        else:
+            self.uop = new_buffer(dt, arr.size, arr).reshape(arr.shape)
+
+    def _new(self, uop: UOp, *others: Tensor) -> Tensor:
+        """A tensor computed from self (and others): it tracks gradients if any input does."""
+        out = Tensor(uop)  # set requires_grad afterwards: an op result is not a parameter to register
+        out.requires_grad = True if self.requires_grad or any(o.requires_grad for o in others) else None
+        out._leaf = False
+        return out
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        """Mark this tensor as one whose gradient backward() computes (returns self)."""
+        self.requires_grad = requires_grad
+        if requires_grad:
+            Tensor._grad_tensors[id(self)] = self
+        return self
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.uop.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.uop.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        """The number of elements."""
+        return prod(self.shape)
+
+    def size(self, dim: int | None = None) -> tuple[int, ...] | int:
+        """The shape, or the size of one dim."""
+        if dim is None:
+            return self.shape
+        d = norm_dim(dim, self.ndim)
+        return self.shape[d] if self.ndim else 1
+
+    @property
+    def T(self) -> Tensor:
+        """All dims reversed (the transpose of a matrix)."""
+        return self.permute(*reversed(range(self.ndim)))
+
+    def __repr__(self) -> str:
+        grad = "" if self.requires_grad is None else f", requires_grad={self.requires_grad}"
+        return f"<Tensor shape={self.shape} dtype={self.dtype!r}{grad}>"
+
+    def __hash__(self) -> int:  # __eq__ builds a Tensor, so hashing must be by identity
+        return id(self)
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise RuntimeError(f"Boolean value of Tensor with {self.numel()} values (shape {self.shape}) is ambiguous")
+        return bool(self.item())
+
+    # ---------------------------------------------------------------- realization
+
+    def realize(self) -> Tensor:
+        """Compute this tensor now; afterwards it is a buffer (returns self)."""
+        Tensor.realize_all(self)
+        return self
+
+    @staticmethod
+    def realize_all(*tensors: Tensor) -> None:
+        """Realize several tensors in one realize call, so they share one plan and its common work."""
+        # imported here, not at the top, so that `import uopc` does not load the compiler: it loads on the first realize
+        from uopc import realize
+
+        todo = []
+        for t in dict.fromkeys(tensors):
+            if t.numel() == 0:  # never realize an empty root: its value is fully known
+                t.uop = full_uop(0, t.dtype, t.shape)
+            elif not is_contiguous_buffer(t.uop):
+                todo.append(t)
+        if not todo:
+            return
+        roots = [t.uop for t in todo]
+        bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt())
+        for t, buf in zip(todo, bufs, strict=True):
+            t._graph = t.uop if t.requires_grad and not t._leaf else None
+            t.uop = buf.reshape(t.shape)  # drop the graph: its intermediates can be freed
+
+    def numpy(self) -> np.ndarray:
+        """A fresh NumPy copy of the data (realizes)."""
+        if self.numel() == 0:
+            return np.zeros(self.shape, self.dtype.np)
+        self.realize()
+        return buffer_data(base_buffer(self.uop)).reshape(self.shape).copy()
+
+    def item(self) -> Scalar:
+        """The value of a one-element tensor as a Python scalar."""
+        if self.numel() != 1:
+            raise ValueError(f"only a one-element tensor can be converted to a Python scalar, got shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        """The data as (nested) Python lists."""
+        return self.numpy().tolist()
+
+    def contiguous(self) -> Tensor:
+        """Ask for a materialization point: the scheduler will write this into a temp buffer."""
+        return self._new(UOp(Ops.STAGE, (self.uop,)))
+
+    def detach(self) -> Tensor:
+        """The same values with gradients stopped (a STAGE("detach") that execution ignores)."""
+        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"))
+
+    def assign(self, x: Any) -> Tensor:
+        """Rebind this tensor to x's graph (lazily): x must broadcast to self's shape and have self's dtype."""
+        if not isinstance(x, Tensor):
+            x = Tensor(x, dtype=self.dtype) if not is_scalar(x) else self.full_like(x)
+        if x.dtype is not self.dtype:
+            raise TypeError(f"assign: dtype {x.dtype!r} does not match the tensor's {self.dtype!r}")
+        if broadcast_shape(self.shape, x.shape) != self.shape:
+            raise ValueError(f"assign: shape {x.shape} cannot be broadcast to the tensor's shape {self.shape}")
+        self.uop = x._broadcast_to(self.shape, keep_const=False).uop
+        self._graph, self._leaf = None, True
+        return self
+
+    # ---------------------------------------------------------------- gradients (the rules are in uopc/autodiff.py)
+
+    def backward(self, params: list[Tensor] | None = None) -> None:
+        """Accumulate d(self)/d(p) into p.grad for `params`, or for every requires-grad tensor self depends on."""
+        params = self._registered_in(self._loss_graph()) if params is None else list(params)
+        for p, g in zip(params, self.gradient(*params), strict=True):
+            # accumulate until cleared (p.grad = None), as PyTorch does
+            p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)
+
+    def gradient(self, *targets: Tensor) -> list[Tensor]:
+        """The gradients of scalar self with respect to `targets` as lazy Tensors (tinygrad's form; .grad is not
+        touched); zeros for a target self does not depend on."""
+        root = self._loss_graph()
+        seed = UOp.const(1.0, root.dtype)
+        seed = seed.reshape(root.shape) if root.shape else seed
+        nodes = [t._target_nodes() for t in targets]
+        grads = compute_gradient(root, seed, [u for ns in nodes for u in ns])
+        out = []
+        for t, ns in zip(targets, nodes, strict=True):
+            found = [grads[u] for u in ns if u in grads]
+            out.append(Tensor(functools.reduce(lambda a, b: a + b, found) if found else zeros_like(t.uop)))
+        return out
+
+    def _loss_graph(self) -> UOp:
+        """The graph to differentiate: the one before realize, if the loss was already computed (loss.item())."""
+        root = self._graph if self._graph is not None else self.uop
+        if root.size != 1:
+            raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {root.shape}")
+        return root
+
+    def _target_nodes(self) -> list[UOp]:
+        """The nodes that stand for self in a graph: its current uop, and the graph it had before a realize."""
+        nodes = [self.uop]
+        if self._graph is not None and self._graph is not self.uop and self._graph.shape == self.uop.shape:
+            nodes.append(self._graph)
+        return nodes
+
+    @staticmethod
+    def _registered_in(root: UOp) -> list[Tensor]:
+        """Every requires-grad tensor whose current graph (or graph before a realize) appears in the loss graph."""
+        nodes = set(root.toposort())
+        tensors = list(Tensor._grad_tensors.values())
+        return [t for t in tensors if t.requires_grad and any(u in nodes for u in t._target_nodes())]
+
+    # ---------------------------------------------------------------- dtypes
+
+    def cast(self, dtype: Any) -> Tensor:
+        """Convert elements to `dtype` (float -> int truncates, as C)."""
+        dt = to_dtype(dtype)
+        return self if dt is self.dtype else self._new(self.uop.cast(dt))
+
+    def float(self) -> Tensor:
+        """Cast to float32."""
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Tensor:
+        """Cast to float16."""
+        return self.cast(dtypes.float16)
+
+    def double(self) -> Tensor:
+        """Cast to float64."""
+        return self.cast(dtypes.float64)
+
+    def int(self) -> Tensor:
+        """Cast to int32."""
+        return self.cast(dtypes.int32)
+
+    def long(self) -> Tensor:
+        """Cast to int64."""
+        return self.cast(dtypes.int64)
+
+    def bool(self) -> Tensor:
+        """Cast to bool (nonzero is True)."""
+        return self.cast(dtypes.bool)
+
+    def _to_float(self) -> Tensor:
+        """Float-only ops cast ints and bools to the default float first, as PyTorch does."""
+        return self.cast(least_upper_float(self.dtype))
