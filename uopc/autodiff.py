@@ -80,6 +80,12 @@ def _no_grad(g: UOp, x: UOp) -> tuple[None, ...]:
     return (None,) * len(x.src)
 
 
+def _scatter_back(g: UOp, x: UOp) -> UOp:
+    """d GATHER(a, index) / da: each gradient element added back where it was read from (repeats accumulate)."""
+    dim, label, wrap = x.arg
+    return zeros_like(x.src[0]).scatter_add(x.src[1], g, dim, label + " backward", wrap)
+
+
 LN2 = math.log(2.0)
 
 # One rule per op: (gradient of the node, the node) -> one gradient (or None) per source, in source order.
@@ -117,6 +123,9 @@ GRAD_RULES: dict[Ops, GradRule] = {
     Ops.PAD: lambda g, x: (g.shrink(_unpad(x.arg, x.src[0].shape)),),  # keep the original window
     Ops.SHRINK: lambda g, x: (g.pad(_unshrink(x.arg, x.src[0].shape)),),  # zeros where nothing was read
     Ops.FLIP: lambda g, x: (g.flip(tuple(i for i, f in enumerate(x.arg) if f)),),
+    # ---- data-dependent reads and writes: each is the other's gradient; the index gets none
+    Ops.GATHER: lambda g, x: (_scatter_back(g, x), None),
+    Ops.SCATTER: lambda g, x: (g, None, g.gather(x.src[1], x.arg[0], x.arg[1] + " backward", x.arg[2])),
     # ---- materialization: contiguous() is the identity, detach() stops the gradient
     Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (g,),
 }

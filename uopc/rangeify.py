@@ -174,7 +174,8 @@ def _gather(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         raise RuntimeError("rangeify: a GATHER needs the error record that lower() sets up")
     j = rangeify(index, idx, ctx, valid)
     j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
-    j = UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u]))
+    lo = -x.shape[dim] if u.arg[2] else 0  # wrap: negative indices count from the end, as in NumPy
+    j = UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u], lo))
     return rangeify(x, idx[:dim] + (j,) + idx[dim + 1 :], ctx, valid)
 
 
@@ -290,8 +291,8 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
 
 
 INT32_LIMIT = 2**31 - 1
-# an error record: [failed, offending value, size, which check]; the first failing check in a run wins
-ERROR_RECORD = 4
+# an error record: [failed, offending value, lowest valid, size, which check]; the first failing check in a run wins
+ERROR_RECORD = 5
 
 
 def error_slot(out: UOp) -> int:
@@ -327,7 +328,8 @@ def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
         idx = tuple(loops)
         j = rangeify(index, idx, ctx)
         j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
-        j = UOp(Ops.CHECK, (j, ctx.err), (root.shape[dim], ctx.checks[root]))
+        lo = -root.shape[dim] if root.arg[2] else 0
+        j = UOp(Ops.CHECK, (j, ctx.err), (root.shape[dim], ctx.checks[root], lo))
         target = out.index(ravel(idx[:dim] + (j,) + idx[dim + 1 :], root.shape))
         st = target.store(target.load() + rangeify(values, idx, ctx))
         return simplify(sink(st.end(*ranges_in(*loops))))

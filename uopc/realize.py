@@ -117,10 +117,10 @@ def _raise_index_errors(plan: Plan, records: list[np.ndarray]) -> None:
     for k in plan.kernels:
         rec = next((records[i] for kind, i in k.refs if kind == "err"), None)
         if rec is not None and rec[0]:
-            value, size, which = (int(v) for v in rec[1:])
+            value, lo, size, which = (int(v) for v in rec[1:])
             raise IndexError(
                 f"uopc: {k.checks[which]}: index {value} is out of range for a dimension of size {size} "
-                f"(valid indices 0..{size - 1}, in kernel {k.name})"
+                f"(valid indices {lo}..{size - 1}, in kernel {k.name})"
             )
 
 

@@ -54,11 +54,11 @@ static inline long long uopc_chk(long long i, long long n, long long slot) {
 # a data-dependent index (GATHER): in range, it is used as is; out of range, the first failure of the run is recorded
 # in the error record (atomically: OpenMP threads may fail at once) for the runtime to raise, and 0 is used instead,
 # so a bad index never reads outside its buffer
-_GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long n, long long* err, long long which) {
-  if (i >= 0 && i < n) return i;
+_GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, long long n, long long* err, long long which) {
+  if (i >= lo && i < n) return i < 0 ? i + n : i;
   long long none = 0;
   if (__atomic_compare_exchange_n(&err[0], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    err[1] = i; err[2] = n; err[3] = which;
+    err[1] = i; err[2] = lo; err[3] = n; err[4] = which;
   }
   return 0;
 }
@@ -242,8 +242,8 @@ def _math(r: CRenderer, u: UOp) -> str:
 
 def _check(r: CRenderer, u: UOp) -> str:
     r.helpers["~gather"] = _GATHER_CHECK
-    n, which = u.arg
-    return f"(({u.dtype.cname})uopc_gchk({r.expr(u.src[0])}, {n}, data{u.src[1].arg.slot}, {which}))"
+    n, which, lo = u.arg
+    return f"(({u.dtype.cname})uopc_gchk({r.expr(u.src[0])}, {lo}, {n}, data{u.src[1].arg.slot}, {which}))"
 
 
 # op -> C expression. Each entry renders one node from its sources' expressions; another backend (CUDA) subclasses

@@ -333,23 +333,25 @@ class UOp:
             return self
         return UOp(Ops.SHRINK, (self,), bounds)
 
-    def gather(self, index: UOp, dim: int, label: str = "gather") -> UOp:
+    def gather(self, index: UOp, dim: int, label: str = "gather", wrap: bool = False) -> UOp:
         """out[..., i, ...] = self[..., index[..., i, ...], ...] along `dim` (PyTorch's gather): the result has the
         index's shape; the index must be an int tensor of the same rank, no larger than self off `dim`.
 
-        Index values are data, checked when the kernel runs: one outside 0..size-1 makes the realize raise an
-        IndexError that names `label`, the value and the valid range."""
+        Index values are data, checked when the kernel runs: one outside 0..size-1 (-size..size-1 with `wrap`, where
+        negative indices count from the end) makes the realize raise an IndexError naming `label`, the value and
+        the valid range."""
         if index.dtype is None or not index.dtype.is_int:
             raise TypeError(f"{label}: the index must be an integer tensor, got {index.dtype}")
         if len(index.shape) != len(self.shape) or not 0 <= dim < len(self.shape):
             raise ValueError(f"{label}: index shape {index.shape} and dim {dim} do not fit shape {self.shape}")
         if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
             raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
-        return UOp(Ops.GATHER, (self, index), (dim, label))
+        return UOp(Ops.GATHER, (self, index), (dim, label, wrap))
 
-    def scatter_add(self, index: UOp, values: UOp, dim: int, label: str = "scatter_add") -> UOp:
+    def scatter_add(self, index: UOp, values: UOp, dim: int, label: str = "scatter_add", wrap: bool = False) -> UOp:
         """self with values[..., i, ...] added at [..., index[..., i, ...], ...] along `dim` (PyTorch's scatter_add):
-        repeated indices accumulate. The inverse of gather, and its gradient. Indices are checked when it runs."""
+        repeated indices accumulate. The inverse of gather, and its gradient. Indices are checked when it runs
+        (negative ones count from the end with `wrap`)."""
         if index.dtype is None or not index.dtype.is_int:
             raise TypeError(f"{label}: the index must be an integer tensor, got {index.dtype}")
         if index.shape != values.shape:
@@ -360,7 +362,7 @@ class UOp:
             raise ValueError(f"{label}: index shape {index.shape} and dim {dim} do not fit shape {self.shape}")
         if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
             raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
-        return UOp(Ops.SCATTER, (self, index, values), (dim, label))
+        return UOp(Ops.SCATTER, (self, index, values), (dim, label, wrap))
 
     def flip(self, axes: tuple[int, ...]) -> UOp:
         """Reverse the given axes (arg: one bool per dim)."""

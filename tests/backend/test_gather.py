@@ -133,3 +133,92 @@ def test_scatter_plan_is_a_copy_then_a_serial_accumulate(context):
     assert [k.name for k in plan.kernels] == ["e_4_8", "s_4_3"]
     assert plan.kernels[0].refs[-1] == plan.kernels[1].refs[-2] == ("out", 0)  # both write the output
     assert plan.n_err == 1 and plan.kernels[1].checks == ("scatter_add",)
+
+
+# ------------------------------------------------------------------ the Tensor layer (reference: PyTorch)
+
+torch = pytest.importorskip("torch")
+
+
+def test_tensor_gather_and_scatter_add_forward_and_gradient_match_torch():
+    from uopc import Tensor
+
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    i = rng.integers(0, 6, (4, 9))
+    w = rng.standard_normal((4, 9)).astype(np.float32)
+    tx, ts = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    g = tx.gather(1, Tensor(i.astype(np.int32)))
+    s = Tensor(np.zeros((4, 6), np.float32)).scatter_add(1, Tensor(i.astype(np.int32)), ts * 2)
+    ((g * Tensor(w)).sum() + (s * s).sum()).backward()
+    X, S = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    G = X.gather(1, torch.tensor(i))
+    Sc = torch.zeros(4, 6).scatter_add(1, torch.tensor(i), S * 2)
+    ((G * torch.tensor(w)).sum() + (Sc * Sc).sum()).backward()
+    np.testing.assert_allclose(g.numpy(), G.detach().numpy(), rtol=0, atol=0)
+    np.testing.assert_allclose(s.numpy(), Sc.detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(tx.grad.numpy(), X.grad.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ts.grad.numpy(), S.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_fancy_indexing_and_embedding_match_torch_with_gradients():
+    from uopc import Tensor
+    from uopc.nn import Embedding
+
+    x = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    ids = np.array([[4, -1, 0], [2, 2, -5]])  # negative indices count from the end, as in NumPy and PyTorch
+    tx = Tensor(x, requires_grad=True)
+    out = tx[Tensor(ids.astype(np.int32)), 1:]
+    (out * out).sum().backward()
+    X = torch.tensor(x, requires_grad=True)
+    O = X[torch.tensor(ids), 1:]
+    (O * O).sum().backward()
+    np.testing.assert_array_equal(out.numpy(), O.detach().numpy())
+    np.testing.assert_allclose(tx.grad.numpy(), X.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+    emb = Embedding(7, 3)
+    tok = np.array([[1, 6, 1], [0, 0, 3]])
+    e = emb(Tensor(tok.astype(np.int32)))
+    (e * e).sum().backward()
+    W = torch.tensor(emb.weight.numpy(), requires_grad=True)
+    E = torch.nn.functional.embedding(torch.tensor(tok), W)
+    (E * E).sum().backward()
+    np.testing.assert_array_equal(e.numpy(), E.detach().numpy())
+    np.testing.assert_allclose(emb.weight.grad.numpy(), W.grad.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_reads_only_the_rows_it_needs():
+    # regression: Embedding was a one-hot matmul, reading the whole (vocab, dim) table for every token
+    from uopc import Tensor
+    from uopc.nn import Embedding
+    from uopc.schedule import make_plan
+
+    emb = Embedding(50_000, 8)
+    plan, _ = make_plan([emb(Tensor(np.array([3, 49_999], np.int32))).uop])
+    assert [k.name for k in plan.kernels] == ["e_2_8"]  # one elementwise kernel: no reduction over the vocabulary
+
+
+@pytest.mark.parametrize(
+    "what,call,message",
+    [
+        ("cross_entropy", lambda T, E: T(np.zeros((3, 5), np.float32)).cross_entropy(T([1, 7, 0])), "index 7"),
+        ("fancy index", lambda T, E: T(np.zeros((3, 5), np.float32))[T([5, 0])], "index 5"),
+        ("negative fancy index", lambda T, E: T(np.zeros((3, 5), np.float32))[T([-4])], "index -4"),
+        ("Embedding", lambda T, E: E(5, 2)(T([7])), "index 7"),
+    ],
+)
+def test_bad_data_dependent_index_raises_instead_of_a_silent_zero(what, call, message):
+    # regression: these gave a number, a zero row and a zero vector (one-hot selects never read the index)
+    from uopc import Tensor
+    from uopc.nn import Embedding
+
+    with pytest.raises(IndexError, match=message):
+        call(Tensor, Embedding).realize()
+
+
+def test_cross_entropy_ignore_index_is_not_an_error():
+    from uopc import Tensor
+
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    got = Tensor(x).cross_entropy(Tensor([1, -100, 4])).item()
+    ref = torch.nn.functional.cross_entropy(torch.tensor(x), torch.tensor([1, -100, 4])).item()
+    assert abs(got - ref) < 1e-6

@@ -49,12 +49,17 @@ class LayerNorm:
 
 
 class Embedding:
-    """Rows of a (vocab, dim) table picked by integer ids; a one-hot matmul, so the gradient is a plain matmul."""
+    """Rows of a (vocab, dim) table picked by integer ids: a gather (O(tokens x dim), whatever the vocabulary), its
+    gradient a scatter-add; an id outside 0..vocab-1 raises IndexError when the lookup is computed."""
 
     def __init__(self, vocab_size: int, dim: int):
         self.vocab_size, self.dim = vocab_size, dim
         self.weight = Tensor.randn(vocab_size, dim, requires_grad=True)  # N(0, 1), as PyTorch initializes it
 
     def __call__(self, idx: Tensor) -> Tensor:
-        one_hot = (idx.reshape(-1, 1) == Tensor.arange(self.vocab_size)).cast(self.weight.dtype)
-        return (one_hot @ self.weight).reshape(*idx.shape, self.dim)  # one 2-D matmul, whatever idx's shape
+        if not isinstance(idx, Tensor):
+            idx = Tensor(idx)
+        # ids are never negative here (PyTorch's rule): the range check is 0..vocab-1, so wrap is off
+        ids = idx.reshape(-1, 1).expand(idx.numel(), self.dim)
+        label = f"Embedding({self.vocab_size}, {self.dim})"
+        return self.weight._new(self.weight.uop.gather(ids.uop, 0, label)).reshape(*idx.shape, self.dim)

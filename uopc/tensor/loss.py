@@ -1,7 +1,7 @@
 """Losses for Tensor: one_hot, PyTorch's cross_entropy and tinygrad's sparse_categorical_crossentropy.
 
 Both cross-entropies are one rule, mean/sum/none of -sum_c q_c log_softmax(x)_c, where q is the (smoothed) target
-distribution; class-index targets pick log_softmax with a one-hot select rather than a gather.
+distribution; class-index targets pick log_softmax with a checked gather (a bad class id raises IndexError).
 """
 
 from __future__ import annotations
@@ -67,12 +67,13 @@ class LossMixin:
                 f"class-index targets must have the input's shape without the class dim {cdim}: "
                 f"input {x.shape}, target {target.shape}, expected {expected}"
             )
-        cls = x.arange(n_cls).reshape((n_cls,) + (1,) * (x.ndim - cdim - 1))
-        hit = cls == target.unsqueeze(cdim)  # the one-hot mask, broadcast against logp
-        loss = -hit.where(logp, 0).sum(cdim)  # a select, not a multiply: -inf * 0 would be NaN
+        keep = target != ignore
+        # pick each target's log-probability with a checked gather: a class id outside 0..C-1 raises IndexError
+        # (ignored entries point at class 0 and are masked out below)
+        picked = logp._gather(cdim, keep.where(target, 0).unsqueeze(cdim), "cross_entropy target")
+        loss = -picked.squeeze(cdim)
         if smoothing:
             loss = loss * (1 - smoothing) - logp.mean(cdim) * smoothing
-        keep = target != ignore
         loss = keep.where(loss, 0)
         if reduction == "none":
             return loss

@@ -218,7 +218,7 @@ class MovementMixin:
         out = self.shrink(bounds).flip(tuple(flips))._strided(steps).reshape(tuple(final))
         if gather_at is None:
             return out
-        out = out._gather(gather_at, items[tensors[0]])
+        out = out._take(gather_at, items[tensors[0]])
         # NumPy: ints and the Tensor are all advanced indices; if they are not adjacent, the gathered dims go first
         adv = [i for i, it in enumerate(items) if is_int(it) or isinstance(it, MovementMixin)]
         if adv != list(range(adv[0], adv[-1] + 1)):
@@ -237,26 +237,45 @@ class MovementMixin:
         keep = [b for n, st in zip(counts, steps, strict=True) for b in (((0, n), (0, 1)) if st > 1 else ((0, n),))]
         return x.reshape(split).shrink(keep).reshape(counts)
 
-    def _gather(self, dim: int, idx: Self) -> Self:
-        """self indexed along `dim` by an int tensor: a one-hot (arange == idx) select, summed over `dim`.
+    def _take(self, dim: int, idx: Self, label: str = "index") -> Self:
+        """self indexed along `dim` by an int tensor, as NumPy's take: shape x.shape[:dim] + idx.shape + rest.
 
-        The result has shape x.shape[:dim] + idx.shape + x.shape[dim+1:]; an out-of-range index gives zeros.
+        A data-dependent read: each index is checked when the kernel runs (negative ones count from the end), and
+        one outside -n..n-1 raises IndexError naming `label`, the value and the valid range. Work is O(result).
         """
         if not idx.dtype.is_int:
             raise IndexError(
                 f"tensors used as indices must be int tensors, got {idx.dtype!r} "
                 "(boolean masks are not supported: their result shape depends on the data)"
             )
-        n = self.shape[dim]
+        n, k, rest = self.shape[dim], idx.ndim, self.shape[dim + 1 :]
         if n == 0 and idx.numel():
             raise IndexError(f"cannot index dimension {dim} of size 0 (shape {self.shape})")
-        idx = (idx < 0).where(idx + n, idx)  # negative indices count from the end
-        rest = self.shape[dim + 1 :]
-        onehot = (self.arange(n) == idx.unsqueeze(-1)).reshape((1,) * dim + idx.shape + (n,) + (1,) * len(rest))
-        xs = self.reshape(self.shape[:dim] + (1,) * idx.ndim + (n,) + rest)
-        # a select, not a multiply: a NaN or inf elsewhere in x must not leak into the sum as NaN
-        picked = onehot.where(xs, type(self)(UOp.const(0, self.dtype)))
-        return picked._reduce(Ops.ADD, dim + idx.ndim, keepdim=False)  # raw ADD: keeps x's dtype (bool: OR)
+        if k == 0:
+            return self._take(dim, idx.reshape(1), label).squeeze(dim)
+        # GATHER needs index and source of one rank: the source gets idx's leading dims as broadcast axes
+        full = self.shape[:dim] + idx.shape + rest
+        src = self.reshape(self.shape[:dim] + (1,) * (k - 1) + (n,) + rest).expand(full[: dim + k - 1] + (n,) + rest)
+        index = idx.reshape((1,) * dim + idx.shape + (1,) * len(rest)).expand(full)
+        return src._new(src.uop.gather(index.uop, dim + k - 1, label, wrap=True))
+
+    def gather(self, dim: int, index: Any) -> Self:
+        """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1 (PyTorch's gather): the result has index's shape.
+
+        index is an int tensor of self's rank, no larger than self off `dim`; a value outside 0..size-1 raises
+        IndexError when the result is computed."""
+        return self._gather(dim, index, "gather")
+
+    def _gather(self, dim: int, index: Any, label: str) -> Self:
+        index = index if isinstance(index, MovementMixin) else type(self)(index)
+        return self._new(self.uop.gather(index.uop, norm_dim(dim, self.ndim), label))
+
+    def scatter_add(self, dim: int, index: Any, src: Any) -> Self:
+        """self with src[i][j] added at [i][index[i][j]] for dim=1 (PyTorch's scatter_add); repeats accumulate."""
+        index = index if isinstance(index, MovementMixin) else type(self)(index)
+        src = src if isinstance(src, MovementMixin) else type(self)(src, dtype=self.dtype)
+        d = norm_dim(dim, self.ndim)
+        return self._new(self.uop.scatter_add(index.uop, src.uop, d, "scatter_add"), src)
 
     # ---------------------------------------------------------------- joining (Tensor.cat(a, b) or a.cat(b))
 
