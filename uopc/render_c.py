@@ -54,7 +54,8 @@ static inline long long uopc_chk(long long i, long long n, long long slot) {
 # a data-dependent index (GATHER): in range, it is used as is; out of range, the first failure of the run is recorded
 # in the error record (atomically: OpenMP threads may fail at once) for the runtime to raise, and 0 is used instead,
 # so a bad index never reads outside its buffer
-_GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, long long n, long long* err, long long which) {
+_GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, long long n, long long* err,
+                                      long long which) {
   if (i >= lo && i < n) return i < 0 ? i + n : i;
   long long none = 0;
   if (__atomic_compare_exchange_n(&err[0], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {

@@ -170,9 +170,9 @@ def test_fancy_indexing_and_embedding_match_torch_with_gradients():
     out = tx[Tensor(ids.astype(np.int32)), 1:]
     (out * out).sum().backward()
     X = torch.tensor(x, requires_grad=True)
-    O = X[torch.tensor(ids), 1:]
-    (O * O).sum().backward()
-    np.testing.assert_array_equal(out.numpy(), O.detach().numpy())
+    ref = X[torch.tensor(ids), 1:]
+    (ref * ref).sum().backward()
+    np.testing.assert_array_equal(out.numpy(), ref.detach().numpy())
     np.testing.assert_allclose(tx.grad.numpy(), X.grad.numpy(), rtol=1e-6, atol=1e-6)
 
     emb = Embedding(7, 3)
