@@ -17,6 +17,7 @@ array into the result's fresh aligned array, the only copy. The core of uopc doe
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -95,13 +96,9 @@ def _abort_on_exception(exc_type: Any, exc: Any, tb: Any) -> None:
 
 def mpiexec_path() -> str:
     """The `mpiexec` of the MPICH wheel (installed next to this Python), else the first one on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(here, os.X_OK):
-        return here
-    for d in os.environ.get("PATH", "").split(os.pathsep):
-        p = os.path.join(d, "mpiexec")
-        if d and os.access(p, os.X_OK):
-            return p
+    found = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
+    if found:
+        return found
     raise FileNotFoundError(f"no mpiexec next to {sys.executable} or on PATH: pip install 'uopc[dist]'")
 
 
