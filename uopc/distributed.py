@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -254,15 +255,27 @@ class DataParallel:
         self.params: list[Tensor] = list(opt.params)
         broadcast_parameters(self.params, root)
         self.buckets = plan_buckets(self.params, bucket_bytes)
+        # per bucket: last step's array and weak references to the slot views handed out as gradients
+        self._last: list[tuple[np.ndarray, list[weakref.ref]] | None] = [None] * len(self.buckets)
+        self.reused = 0  # how many steps found last step's bucket array free again
+
+    def _bucket_array(self, i: int) -> np.ndarray:
+        """Last step's array for bucket `i` once no gradient view of it is alive (after `zero_grad`), else a fresh
+        one: held gradients keep their values. Reuse matters: MPI all-reduces a buffer it has seen before about
+        twice as fast as a freshly mapped one (measured with MPICH over shared memory, 1-25 MiB)."""
+        last = self._last[i]
+        if last is not None and all(r() is None for r in last[1]):
+            self.reused += 1
+            return last[0]
+        return aligned_empty(self.buckets[i].numel, self.buckets[i].dtype)
 
     def sync_gradients(self, *extra: Tensor) -> None:
         """Average every parameter's gradient over the ranks (a missing gradient counts as zeros)."""
         grads = [p.grad for p in self.params if p.grad is not None]
         Tensor.realize_all(*grads, *extra)
         flats, requests = [], []
-        for b in self.buckets:
-            # a fresh bucket every step: last step's gradients are views of the last bucket and keep their values
-            flat = aligned_empty(b.numel, b.dtype)
+        for i, b in enumerate(self.buckets):
+            flat = self._bucket_array(i)
             end = 0
             for s in b.slots:
                 flat[end : s.offset] = 0  # the alignment gap: reduced too, so make it harmless zeros
@@ -276,16 +289,19 @@ class DataParallel:
             # non-blocking: the next bucket is filled while this one is on the wire
             requests.append(MPI.COMM_WORLD.Iallreduce(MPI.IN_PLACE, flat, op=_mpi_op("sum", b.dtype)))
         MPI.Request.Waitall(requests)
-        for b, flat in zip(self.buckets, flats, strict=True):
+        for i, (b, flat) in enumerate(zip(self.buckets, flats, strict=True)):
             if self.world.size > 1:
                 np.divide(flat, self.world.size, out=flat)
+            views = []
             for s in b.slots:
                 p = self.params[s.index]
                 if s.size == 0:
                     p.grad = Tensor.zeros(p.shape, dtype=p.dtype)
-                else:
-                    # a view: the slot starts on an ALIGN boundary and no other tensor's storage overlaps it
-                    p.grad = _wrap(flat[s.offset : s.offset + s.size], b.dtype, p.shape)
+                    continue
+                # a view, no copy: the slot starts on an ALIGN boundary and no other storage overlaps it
+                views.append(flat[s.offset : s.offset + s.size])
+                p.grad = _wrap(views[-1], b.dtype, p.shape)
+            self._last[i] = (flat, [weakref.ref(v) for v in views])
 
     def step(self, *extra: Tensor) -> None:
         """sync_gradients(*extra), then the optimizer's step."""

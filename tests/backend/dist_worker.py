@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from uopc import distributed as dist
+from uopc.buffer import base_buffer, buffer_data
 from uopc.dtype import dtypes
 from uopc.nn import SGD, AdamW, Linear, parameters
 from uopc.tensor import Tensor
@@ -121,6 +122,29 @@ def check_training(world: dist.World, out: dict) -> None:
     out["bucket_sizes"] = np.array([len(b.slots) for b in buckets])
 
 
+def check_gradient_views(world: dist.World, out: dict) -> None:
+    """Gradients are views of the bucket; a gradient still held keeps its values while later steps run."""
+    layer = Linear(8, 4)
+    opt = SGD(parameters(layer), lr=0.1)
+    dp = dist.DataParallel(opt, bucket_bytes=64)  # weight and bias in two buckets
+    held = None
+    for i in range(5):
+        loss = layer(Tensor(np.full((2, 8), i + 1.0 + world.rank, np.float32))).sum()
+        opt.zero_grad()
+        loss.backward(opt.params)
+        dp.step(loss)
+        # the weight's bucket is 1 (the bias is planned first); holding the storage array here would block reuse
+        out["grad_is_view"] = np.array(
+            np.shares_memory(buffer_data(base_buffer(opt.params[0].grad.uop)), dp._last[1][0])
+        )
+        if i == 2:
+            held = (opt.params[0].grad, opt.params[0].grad.numpy())
+    out["held_grad_kept"] = np.array(np.array_equal(held[0].numpy(), held[1]))
+    # the weight's gradient at step 2: ones(4, 1) * mean over ranks of the input row sum
+    out["held_grad"] = held[1]
+    out["reused"] = np.array(dp.reused)
+
+
 def main() -> None:
     world = dist.init()
     if sys.argv[1] == "abort":
@@ -132,6 +156,7 @@ def main() -> None:
     check_collectives(world, out)
     check_sampler(world, out)
     check_training(world, out)
+    check_gradient_views(world, out)
     if world.rank == 0:
         np.savez(sys.argv[2], **out)
 

@@ -87,6 +87,15 @@ def test_buckets_hold_several_gradients(results):
     assert list(results["bucket_sizes"]) == [3, 1]  # b2, W2, b1 share 512 bytes; W1 (768 bytes) is alone
 
 
+def test_gradients_are_bucket_views_and_held_ones_keep_their_values(results):
+    assert results["grad_is_view"]
+    assert results["held_grad_kept"]
+    # step 2's inputs are 3 and 4 on the two ranks: d(sum)/dW = column sums of x, averaged = 2 * 3.5
+    np.testing.assert_array_equal(results["held_grad"], np.full((4, 8), 7.0, np.float32))
+    # 5 steps x 2 buckets: 2 fresh at the start, and 1 more for the bucket whose gradient was held at step 2
+    assert results["reused"] == 7
+
+
 def _params(results: dict, key: str) -> list[np.ndarray]:
     return [results[k] for k in sorted(k for k in results if k.startswith(key + "_"))]
 
