@@ -45,6 +45,7 @@ __all__ = [
     "broadcast_parameters",
     "init",
     "mpiexec_path",
+    "plan_buckets",
 ]
 
 DEFAULT_BUCKET_BYTES = 25 << 20  # PyTorch DDP's default: few messages, yet each one small next to a large model
@@ -253,6 +254,9 @@ class DataParallel:
             raise ValueError(f"DataParallel: bucket_bytes must be positive, got {bucket_bytes}")
         self.opt, self.world = opt, init()
         self.params: list[Tensor] = list(opt.params)
+        for i, p in enumerate(self.params):
+            if not p.dtype.is_float:
+                raise TypeError(f"DataParallel: parameter {i} has dtype {p.dtype!r}; only float tensors have gradients")
         broadcast_parameters(self.params, root)
         self.buckets = plan_buckets(self.params, bucket_bytes)
         # per bucket: last step's array and weak references to the slot views handed out as gradients
