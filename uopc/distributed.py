@@ -185,7 +185,7 @@ def _check_same_signature(params: Sequence[Tensor], what: str) -> None:
     sigs = MPI.COMM_WORLD.allgather(sig)
     for r, other in enumerate(sigs):
         if other != sig:
-            raise ValueError(f"{what}: rank {r} has parameters {other}, rank {init().rank} has {sig}")
+            raise ValueError(f"{what}: parameters differ: rank {r} has {other}, rank {init().rank} has {sig}")
 
 
 def broadcast_parameters(params: Sequence[Tensor], root: int = 0) -> None:

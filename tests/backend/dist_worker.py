@@ -55,6 +55,12 @@ def check_collectives(world: dist.World, out: dict) -> None:
             raise AssertionError(f"all_reduce op={op!r} on int32 did not raise")
         except err:
             pass
+    # ranks whose parameters differ in shape: every rank raises instead of hanging in a mismatched collective
+    try:
+        dist.broadcast_parameters([Tensor.zeros(2 + world.rank)])
+        raise AssertionError("broadcast_parameters accepted different shapes on different ranks")
+    except ValueError as e:
+        assert "((2,), 'float32')" in str(e) and "((3,), 'float32')" in str(e), e
     out["broadcast"] = dist.broadcast(Tensor([1.0, 2.0, 3.0]) * (world.rank + 1), root=1).numpy()
     dist.barrier()
 
