@@ -115,7 +115,7 @@ def _realized_array(t: Tensor) -> np.ndarray:
 
 
 def _wrap(arr: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> Tensor:
-    """A Tensor whose storage is `arr` itself (aligned, flat, not shared with any other tensor)."""
+    """A Tensor whose storage is `arr` itself (aligned, flat, overlapping no other tensor's storage)."""
     return Tensor(buffer_from(arr, dtype).reshape(shape))
 
 
