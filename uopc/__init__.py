@@ -7,7 +7,7 @@ Importing uopc loads only the Tensor front end; the compiler stages load on the 
 """
 
 from uopc.dtype import dtypes
-from uopc.tensor import Tensor
+from uopc.tensor import Tensor, no_grad
 
 
 def set_num_threads(n: int) -> None:
@@ -26,4 +26,4 @@ def get_num_threads() -> int:
     return _get()
 
 
-__all__ = ["Tensor", "dtypes", "set_num_threads", "get_num_threads"]
+__all__ = ["Tensor", "dtypes", "no_grad", "set_num_threads", "get_num_threads"]

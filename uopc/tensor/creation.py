@@ -4,7 +4,7 @@
     >>> Tensor.arange(4).tolist()
     [0, 1, 2, 3]
 
-Random samples are drawn on the host from one generator (`Tensor.manual_seed` replaces it) and copied in.
+Random samples are generated in the graph (random.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes, least_upper_float, to_dtype
+from uopc.dtype import DType, dtypes, to_dtype
 from uopc.tensor.shape import Scalar, is_scalar, shape_arg
 from uopc.uop import UOp
-
-# every random creation draws from this generator; Tensor.manual_seed replaces it
-_rng = np.random.default_rng()
 
 
 def full_uop(value: Scalar, dtype: DType, shape: tuple[int, ...]) -> UOp:
@@ -121,44 +118,3 @@ class CreationMixin:
             return cls.zeros(n, m, dtype=dt)
         ones = cls.ones(k, 1, dtype=dt).pad(((0, 0), (0, k)))
         return ones.flatten().shrink(((0, k * k),)).reshape(k, k).shrink(((0, n), (0, m)))
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        """Make every later rand/randn/uniform/randint reproducible."""
-        global _rng
-        _rng = np.random.default_rng(seed)
-
-    @classmethod
-    def _random(cls, arr: np.ndarray, dtype: Any, requires_grad: bool | None) -> Self:
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        return cls(arr, dtype=dt, requires_grad=requires_grad)
-
-    @classmethod
-    def rand(cls, *shape: Any, dtype: Any = None, requires_grad: bool | None = None) -> Self:
-        """Uniform samples in [0, 1), drawn on the host."""
-        return cls._random(_rng.random(shape_arg(shape)), dtype, requires_grad)
-
-    @classmethod
-    def randn(cls, *shape: Any, dtype: Any = None, requires_grad: bool | None = None) -> Self:
-        """Standard normal samples, drawn on the host."""
-        return cls._random(_rng.standard_normal(shape_arg(shape)), dtype, requires_grad)
-
-    @classmethod
-    def uniform(
-        cls, *shape: Any, low: float = 0.0, high: float = 1.0, dtype: Any = None, requires_grad: bool | None = None
-    ) -> Self:
-        """Uniform samples in [low, high), drawn on the host."""
-        return cls._random(_rng.uniform(low, high, shape_arg(shape)), dtype, requires_grad)
-
-    @classmethod
-    def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: Any = None) -> Self:
-        """Random integers in [low, high) (int32 unless `dtype`)."""
-        return cls(_rng.integers(low, high, shape_arg(shape)), dtype=dtype or dtypes.default_int)
-
-    def rand_like(self) -> Self:
-        """Uniform [0, 1) samples with self's shape and (float) dtype."""
-        return self.rand(self.shape, dtype=least_upper_float(self.dtype))
-
-    def randn_like(self) -> Self:
-        """Standard normal samples with self's shape and (float) dtype."""
-        return self.randn(self.shape, dtype=least_upper_float(self.dtype))

@@ -331,11 +331,6 @@ class ElementwiseMixin:
         """x where x > 0, else neg_slope * x."""
         return (0 < self).where(self, self * neg_slope)
 
-    def gelu(self) -> Self:
-        """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-        x = self._to_float()
-        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
-
     def silu(self) -> Self:
         """x * sigmoid(x) (also called swish)."""
         return self * self.sigmoid()

@@ -65,9 +65,17 @@ class MovementMixin:
         x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
         return x if shape == x.shape else x._new(x.uop.expand(shape))
 
-    def pad(self, padding: Sequence, value: float = 0.0) -> Self:
-        """Pad with `value` (±inf too): ((before, after) or None) per dim, or PyTorch's flat form; negative pads cut."""
+    def pad(self, padding: Sequence, mode: Any = "constant", value: float = 0.0) -> Self:
+        """Pad with `value` (±inf too): ((before, after) or None) per dim, or PyTorch's flat form; negative pads cut.
+
+        mode "reflect", "replicate" or "circular" fills from the tensor itself; a number as `mode` is the value."""
+        if not isinstance(mode, str):  # pad(p, 1.0): the value, positionally
+            mode, value = "constant", mode
         pairs = pad_pairs(self.shape, padding)
+        if mode != "constant":
+            if mode not in ("reflect", "replicate", "circular"):
+                raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+            return self._pad_mode(pairs, mode)
         x = self.shrink(pad_cuts(self.shape, pairs, padding))  # negative amounts cut first
         grow = tuple((max(0, lo), max(0, hi)) for lo, hi in pairs)
         if all(g == (0, 0) for g in grow):

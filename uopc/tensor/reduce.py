@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from uopc.dtype import dtypes, promote
+from uopc.dtype import dtypes, promote, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.creation import full_uop
 from uopc.tensor.shape import Axis, broadcast_shape, norm_axes, norm_dim, reduced_shape
@@ -42,8 +42,15 @@ class ReduceMixin:
         x = self.permute(*kept, *axes)
         return x._new(x.uop.reduce(op, len(axes))).reshape(out_shape)
 
-    def sum(self, axis: Axis = None, keepdim: bool = False) -> Self:
-        """Sum over `axis` (all if None); bool and small ints give int32 (PyTorch: int64), half accumulates in float."""
+    def sum(self, axis: Axis = None, keepdim: bool = False, dtype: Any = None) -> Self:
+        """Sum over `axis` (all if None); bool and small ints give int32 (PyTorch: int64), half accumulates in float.
+        `dtype` casts the input first and sums in that dtype."""
+        if dtype is not None:
+            return (
+                self.cast(dtype)._reduce(Ops.ADD, axis, keepdim)
+                if not to_dtype(dtype).is_bool
+                else self.cast(dtype).max(axis, keepdim)
+            )
         if self.dtype.is_bool or (self.dtype.is_int and self.dtype.itemsize < 4):
             return self.cast(dtypes.default_int)._reduce(Ops.ADD, axis, keepdim)
         if self.dtype is dtypes.float16:
@@ -79,13 +86,6 @@ class ReduceMixin:
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:
         """sqrt(var)."""
         return self.var(axis, keepdim, correction).sqrt()
-
-    def prod(self, axis: Axis = None, keepdim: bool = False) -> Self:
-        """Product over `axis`, as exp(sum(log|x|)) with the sign and zeros fixed up (floats only, approximate)."""
-        x = self._to_float()
-        mag = x.abs().log().sum(axis, keepdim).exp()
-        negs = (x < 0).sum(axis, keepdim)
-        return ((negs % 2) == 1).where(-mag, mag)
 
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> Self:
         """Index (int32) of the first largest value over `axis` (flattened if None); a NaN counts as the largest."""

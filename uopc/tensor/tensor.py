@@ -16,8 +16,10 @@ creation.py, elementwise.py, reduce.py (+ matmul, softmax), movement.py (+ index
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -28,14 +30,31 @@ from uopc.dtype import DType, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
+from uopc.tensor.extras import ExtrasMixin
 from uopc.tensor.loss import LossMixin
+from uopc.tensor.math import MathMixin
 from uopc.tensor.movement import MovementMixin
+from uopc.tensor.random import RandomMixin
 from uopc.tensor.reduce import ReduceMixin
+from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp
 
+# repr shows the values of a realized tensor with at most this many elements
+REPR_MAX_VALUES = 64
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin):
+
+class Tensor(
+    RandomMixin,
+    CreationMixin,
+    ScanMixin,
+    MathMixin,
+    ExtrasMixin,
+    ElementwiseMixin,
+    ReduceMixin,
+    MovementMixin,
+    LossMixin,
+):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
     fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
@@ -67,7 +86,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
     def _new(self, uop: UOp, *others: Tensor) -> Tensor:
         """A tensor computed from self (and others): it tracks gradients if any input does."""
         out = Tensor(uop)  # set requires_grad afterwards: an op result is not a parameter to register
-        out.requires_grad = True if self.requires_grad or any(o.requires_grad for o in others) else None
+        grad = not Tensor.no_grad and (self.requires_grad or any(o.requires_grad for o in others))
+        out.requires_grad = True if grad else None
         out._leaf = False
         return out
 
@@ -109,8 +129,14 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
         return self.permute(*reversed(range(self.ndim)))
 
     def __repr__(self) -> str:
+        """Values only for a small tensor that is already computed (a buffer); a lazy one is never realized by
+        repr, so printing a tensor never runs work: it shows its shape and dtype and says (lazy)."""
         grad = "" if self.requires_grad is None else f", requires_grad={self.requires_grad}"
-        return f"<Tensor shape={self.shape} dtype={self.dtype!r}{grad}>"
+        if is_contiguous_buffer(self.uop) and 0 < self.numel() <= REPR_MAX_VALUES:
+            vals = np.array2string(self.numpy(), separator=", ", threshold=REPR_MAX_VALUES)
+            return f"Tensor({vals}, dtype={self.dtype!r}{grad})"
+        state = "" if is_contiguous_buffer(self.uop) or self.numel() == 0 else " (lazy)"
+        return f"<Tensor shape={self.shape} dtype={self.dtype!r}{grad}{state}>"
 
     def __hash__(self) -> int:  # __eq__ builds a Tensor, so hashing must be by identity
         return id(self)
@@ -130,9 +156,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
 
     # ---------------------------------------------------------------- realization
 
-    def realize(self) -> Tensor:
-        """Compute this tensor now; afterwards it is a buffer (returns self)."""
-        Tensor.realize_all(self)
+    def realize(self, *others: Tensor) -> Tensor:
+        """Compute this tensor (and `others`, in the same plan: tinygrad's x.realize(a, b)) now; returns self."""
+        Tensor.realize_all(self, *others)
         return self
 
     @staticmethod
@@ -142,6 +168,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
         from uopc import realize
 
         todo = []
+        counter = RandomMixin._rng_counter
+        if counter is not None and not is_contiguous_buffer(counter.uop):  # a random draw advanced it: same plan
+            tensors = (*tensors, counter)
         for t in dict.fromkeys(tensors):
             if t.numel() == 0:  # never realize an empty root: its value is fully known
                 t.uop = full_uop(0, t.dtype, t.shape)
@@ -270,3 +299,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
     def _to_float(self) -> Tensor:
         """Float-only ops cast ints and bools to the default float first, as PyTorch does."""
         return self.cast(least_upper_float(self.dtype))
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """`with no_grad():` (PyTorch's spelling of tinygrad's `with Tensor.test():`): results built inside do not
+    track gradients (Tensor.no_grad is True for the block)."""
+    prev = Tensor.no_grad
+    Tensor.no_grad = True
+    try:
+        yield
+    finally:
+        Tensor.no_grad = prev

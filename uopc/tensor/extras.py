@@ -1,0 +1,321 @@
+"""The rest of the Tensor API users reach for: einsum, roll, diag, unfold, meshgrid, repeat_interleave, linspace,
+padding modes, item assignment, and the losses on probabilities (nll_loss, binary cross-entropies).
+
+All of them are movement ops, ALU ops and reductions on the shape graph. Item assignment is lazy: `x[1:3] = v`
+pads v into place and selects it with a mask, then assigns the result to x (nothing runs until x is used).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+from uopc.dtype import dtypes, to_dtype
+from uopc.tensor.shape import Axis, is_int, norm_dim
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def _reduce_loss(loss: Any, reduction: str) -> Any:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
+
+
+class ExtrasMixin:
+    """Composite ops of Tensor that are neither pure movement nor elementwise math."""
+
+    # ---------------------------------------------------------------- copies and shapes
+
+    def clone(self) -> Self:
+        """A copy in a new buffer (a materialization point); gradients flow through it."""
+        return self.contiguous()
+
+    def pad_to(self, *shape: Any) -> Self:
+        """Zero-pad at the end of each dim up to `shape` (None keeps a dim)."""
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return self.pad(tuple((0, 0 if s is None else s - d) for s, d in zip(shape, self.shape, strict=True)))
+
+    def shrink_to(self, *shape: Any) -> Self:
+        """Keep the first `shape` entries of each dim (None keeps a dim)."""
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        return self.shrink(tuple(None if s is None else (0, s) for s in shape))
+
+    def roll(self, shifts: int | Sequence[int], dims: int | Sequence[int] | None = None) -> Self:
+        """Rotate elements along `dims` by `shifts` (flattened first if dims is None), as PyTorch."""
+        if dims is None:
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        shifts = [shifts] if is_int(shifts) else list(shifts)
+        dims = [dims] if is_int(dims) else list(dims)
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: {len(shifts)} shifts for {len(dims)} dims")
+        x = self
+        for s, d in zip(shifts, dims, strict=True):
+            d = norm_dim(d, x.ndim)
+            n = x.shape[d]
+            s = int(s) % n if n else 0
+            if s:
+                head = x.shrink(tuple((n - s, n) if i == d else None for i in range(x.ndim)))
+                tail = x.shrink(tuple((0, n - s) if i == d else None for i in range(x.ndim)))
+                x = head.cat(tail, dim=d)
+        return x
+
+    def diagonal(self) -> Self:
+        """The main diagonal of a square matrix: flatten, pad by one per row, keep column 0."""
+        if self.ndim != 2 or self.shape[0] != self.shape[1]:
+            raise ValueError(f"diagonal needs a square matrix, got shape {self.shape}")
+        n = self.shape[0]
+        return self.flatten().pad(((0, n),)).reshape(n, n + 1)[:, 0]
+
+    def diag(self) -> Self:
+        """A 1-D tensor becomes a diagonal matrix; a square matrix gives its diagonal."""
+        if self.ndim == 1:
+            n = self.shape[0]
+            return self.eye(n, dtype=dtypes.bool).where(self.reshape(1, n), 0).cast(self.dtype)
+        if self.ndim == 2:
+            return self.diagonal()
+        raise ValueError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
+
+    def unfold(self, dim: int, size: int, step: int) -> Self:
+        """Windows of `size` every `step` along `dim`, as a new last dim (PyTorch's Tensor.unfold)."""
+        d = norm_dim(dim, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if size < 0 or size > n or step <= 0:
+            raise ValueError(f"unfold: size {size} and step {step} do not fit dim {dim} of size {n}")
+        count = (n - size) // step + 1
+        # tile the axis count times (count * n), pad rows to n + step and view (count, n + step): row r starts at
+        # r * (n + step) = r * n + r * step, which is element r * step of tile r; keep the first `size` of each row
+        x = self.transpose(d, -1) if d != self.ndim - 1 else self
+        lead = x.shape[:-1]
+        tiled = x.unsqueeze(-2).expand(*lead, count, n).reshape(*lead, count * n)
+        rows = tiled.pad(((0, 0),) * len(lead) + ((0, count * step),)).reshape(*lead, count, n + step)
+        win = rows.shrink(tuple((0, s) for s in lead) + ((0, count), (0, size)))
+        return win.transpose(d, -2) if d != self.ndim - 1 else win
+
+    def repeat_interleave(self, repeats: int, dim: int | None = None) -> Self:
+        """Each element repeated `repeats` times along `dim` (flattened if None)."""
+        if not is_int(repeats) or repeats < 0:
+            raise ValueError(f"repeat_interleave needs a non-negative int of repeats, got {repeats!r}")
+        x = self.flatten() if dim is None else self
+        d = 0 if dim is None else norm_dim(dim, x.ndim)
+        shape = x.shape[: d + 1] + (repeats,) + x.shape[d + 1 :]
+        return x.unsqueeze(d + 1).expand(shape).flatten(d, d + 1)
+
+    @staticmethod
+    def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Any, ...]:
+        """Coordinate grids from 1-D tensors ("ij": matrix indexing, "xy": Cartesian)."""
+        ts = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
+        if indexing not in ("ij", "xy"):
+            raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+        if indexing == "xy" and len(ts) >= 2:
+            ts[0], ts[1] = ts[1], ts[0]
+        shape = tuple(t.numel() for t in ts)
+        out = [t.reshape((1,) * i + (-1,) + (1,) * (len(ts) - i - 1)).expand(shape) for i, t in enumerate(ts)]
+        if indexing == "xy" and len(ts) >= 2:
+            out = [o.transpose(0, 1) for o in out]
+            out[0], out[1] = out[1], out[0]
+        return tuple(out)
+
+    @classmethod
+    def linspace(cls, start: float, stop: float, steps: int, dtype: Any = None) -> Self:
+        """`steps` evenly spaced values from start to stop inclusive (the second half counted back from stop)."""
+        if steps < 0:
+            raise ValueError(f"linspace: steps must be >= 0, got {steps}")
+        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+        if steps <= 1:
+            return cls.full((steps,), start, dtype=dt)
+        i = cls.arange(steps).cast(dtypes.float64)
+        step = (stop - start) / (steps - 1)
+        out = (i < steps // 2).where(i * step + start, stop - (steps - 1 - i) * step)
+        return out.cast(dt)
+
+    def sequential(self, fns: Sequence[Callable[[Any], Any]]) -> Any:
+        """Apply the callables in order: x.sequential([l1, Tensor.relu, l2])."""
+        x = self
+        for f in fns:
+            x = f(x)
+        return x
+
+    def linear(self, weight: Any, bias: Any = None) -> Self:
+        """x @ weight + bias with weight (in, out) (tinygrad's form; a 1-D weight scales elementwise)."""
+        y = self * weight if weight.ndim == 1 else self @ weight
+        return y + bias if bias is not None else y
+
+    def layernorm(self, axis: Axis = -1, eps: float = 1e-5) -> Self:
+        """(x - mean) / sqrt(var + eps) over `axis`, without scale or shift."""
+        y = self - self.mean(axis, keepdim=True)
+        return y * (y.square().mean(axis, keepdim=True) + eps).rsqrt()
+
+    def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> tuple[Self, Self]:
+        """(var, mean) over `axis`, as torch.var_mean."""
+        return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    def std_mean(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> tuple[Self, Self]:
+        """(std, mean) over `axis`, as torch.std_mean."""
+        return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
+
+    # ---------------------------------------------------------------- einsum
+
+    @staticmethod
+    def einsum(formula: str, *operands: Any) -> Any:
+        """Einstein summation ("ij,jk->ik"): every operand is permuted and broadcast to all the letters, the
+        product is summed over the letters missing from the output. No "..." and no repeated letter in one operand."""
+        ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+        formula = formula.replace(" ", "")
+        lhs, arrow, rhs = formula.partition("->")
+        ins = lhs.split(",")
+        if "." in formula:
+            raise ValueError(f"einsum: '...' is not supported ({formula!r})")
+        if len(ins) != len(ops):
+            raise ValueError(f"einsum: {formula!r} names {len(ins)} operands but {len(ops)} were given")
+        for term, t in zip(ins, ops, strict=True):
+            if len(term) != t.ndim:
+                raise ValueError(f"einsum: term {term!r} has {len(term)} letters but its operand has shape {t.shape}")
+            if len(set(term)) != len(term):
+                raise ValueError(f"einsum: repeated letter in {term!r} (diagonals) is not supported")
+        letters = sorted(set(lhs) - {","})
+        if not arrow:
+            rhs = "".join(c for c in letters if lhs.count(c) == 1)
+        if not set(rhs) <= set(letters) or len(set(rhs)) != len(rhs):
+            raise ValueError(f"einsum: output {rhs!r} must use distinct letters from the inputs")
+        sizes: dict[str, int] = {}
+        for term, t in zip(ins, ops, strict=True):
+            for c, s in zip(term, t.shape, strict=True):
+                if sizes.setdefault(c, s) != s and s != 1 and sizes[c] != 1:
+                    raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
+                sizes[c] = max(sizes[c], s)
+        order = list(rhs) + [c for c in letters if c not in rhs]
+        full = tuple(sizes[c] for c in order)
+        prod_t = None
+        for term, t in zip(ins, ops, strict=True):
+            perm = sorted(range(len(term)), key=lambda i: order.index(term[i]))
+            tp = t.permute(*perm) if t.ndim else t
+            shape = tuple(sizes[c] if c in term and t.shape[term.index(c)] != 1 else 1 for c in order)
+            tp = tp.reshape(shape).expand(full)
+            prod_t = tp if prod_t is None else prod_t * tp
+        n_sum = len(order) - len(rhs)
+        return prod_t.sum(tuple(range(len(rhs), len(order)))) if n_sum else prod_t
+
+    # ---------------------------------------------------------------- losses on probabilities
+
+    def nll_loss(self, target: Any, weight: Any = None, ignore_index: int = -100, reduction: str = "mean") -> Self:
+        """PyTorch's nll_loss on log-probabilities with the class dim 1 (or 0 for a 1-D input)."""
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        target = target if isinstance(target, ExtrasMixin) else type(self)(target)
+        if not target.dtype.is_int:
+            raise TypeError(f"nll_loss: targets must be class indices (an int tensor), got {target.dtype!r}")
+        cdim = 1 if self.ndim > 1 else 0
+        n_cls = self.shape[cdim]
+        cls = self.arange(n_cls).reshape((n_cls,) + (1,) * (self.ndim - cdim - 1))
+        hit = cls == target.unsqueeze(cdim)
+        w = hit.where(1.0 if weight is None else weight.reshape((n_cls,) + (1,) * (self.ndim - cdim - 1)), 0.0)
+        keep = target != ignore_index
+        wt = keep.where(w.sum(cdim), 0.0)
+        loss = keep.where(-(hit.where(self, 0) * w).sum(cdim), 0.0)
+        if reduction == "none":
+            return loss
+        return loss.sum() if reduction == "sum" else loss.sum() / wt.sum()
+
+    def binary_crossentropy(self, Y: Any, reduction: str = "mean") -> Self:
+        """-(y log p + (1 - y) log(1 - p)) on probabilities, each log clamped at -100 as PyTorch."""
+        p = self._to_float()
+        loss = -(Y * p.log().maximum(-100.0) + (1 - Y) * (1 - p).log().maximum(-100.0))
+        return _reduce_loss(loss, reduction)
+
+    def binary_crossentropy_logits(self, Y: Any, reduction: str = "mean", pos_weight: Any = None) -> Self:
+        """BCE on logits without overflow: (1 - y) x + (1 + (w - 1) y) softplus(-x)."""
+        x = self._to_float()
+        sp = (-x).softplus()
+        loss = (1 - Y) * x + (sp if pos_weight is None else (1 + (pos_weight - 1) * Y) * sp)
+        return _reduce_loss(loss, reduction)
+
+    binary_cross_entropy_with_logits = binary_crossentropy_logits
+
+    # ---------------------------------------------------------------- padding modes and item assignment
+
+    def _pad_mode(self, pairs: list[tuple[int, int]], mode: str) -> Self:
+        """reflect / replicate / circular padding, one dim at a time from pieces of the tensor itself."""
+        x = self
+        for d, (lo, hi) in enumerate(pairs):
+            n = x.shape[d]
+            if lo < 0 or hi < 0:
+                raise ValueError(f"pad mode {mode!r} does not take negative padding, got {pairs}")
+            if (lo or hi) and mode == "reflect" and max(lo, hi) >= n:
+                raise ValueError(f"reflect padding {max(lo, hi)} must be smaller than dim {d} of size {n}")
+            if (lo or hi) and mode == "circular" and max(lo, hi) > n:
+                raise ValueError(f"circular padding {max(lo, hi)} must be at most dim {d} of size {n}")
+
+            def cut(a: int, b: int, x=x, d=d) -> Self:
+                return x.shrink(tuple((a, b) if i == d else None for i in range(x.ndim)))
+
+            parts = []
+            if lo:
+                parts.append(
+                    cut(1, lo + 1).flip(d)
+                    if mode == "reflect"
+                    else cut(n - lo, n)
+                    if mode == "circular"
+                    else cut(0, 1).expand(*(lo if i == d else s for i, s in enumerate(x.shape)))
+                )
+            parts.append(x)
+            if hi:
+                parts.append(
+                    cut(n - hi - 1, n - 1).flip(d)
+                    if mode == "reflect"
+                    else cut(0, hi)
+                    if mode == "circular"
+                    else cut(n - 1, n).expand(*(hi if i == d else s for i, s in enumerate(x.shape)))
+                )
+            x = x.cat(*parts[1:], dim=d) if parts[0] is x else parts[0].cat(*parts[1:], dim=d)
+        return x
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """x[index] = value for basic indices (ints, slices with any step, ..., None): lazy, through assign."""
+        items = list(index) if isinstance(index, tuple) else [index]
+        for it in items:
+            if not (it is None or it is Ellipsis or is_int(it) or isinstance(it, slice)):
+                raise TypeError(f"item assignment supports ints, slices and ..., got {type(it).__name__} {it!r}")
+        items = [it for it in items if it is not None]
+        if sum(it is Ellipsis for it in items) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if len([it for it in items if it is not Ellipsis]) > self.ndim:
+            raise IndexError(f"too many indices for tensor of dimension {self.ndim}: {index!r}")
+        if any(it is Ellipsis for it in items):
+            at = next(i for i, it in enumerate(items) if it is Ellipsis)
+            items[at : at + 1] = [slice(None)] * (self.ndim - len(items) + 1)
+        items += [slice(None)] * (self.ndim - len(items))
+        view = self[tuple(items)]
+        v = value if isinstance(value, ExtrasMixin) else type(self)(value, dtype=self.dtype)
+        v = v.cast(self.dtype)._broadcast_to(view.shape, keep_const=False)
+        mask = self.full_like(True, dtypes.bool)[tuple(items)]._broadcast_to(view.shape, keep_const=False)
+        # undo the indexing on v and the mask: an int index becomes a size-1 dim, a slice is un-strided and padded
+        for d, it in enumerate(items):
+            n = self.shape[d]
+            if is_int(it):
+                if not -n <= it < n:
+                    raise IndexError(f"index {it} is out of bounds for dimension {d} with size {n}")
+                v, mask = v.unsqueeze(d), mask.unsqueeze(d)
+                lo = int(it) % n
+                span, step, flip = (lo, lo + 1), 1, False
+            else:
+                start, stop, step = it.indices(n)
+                cnt = len(range(start, stop, step))
+                if cnt == 0:
+                    return
+                first, last = (start, start + (cnt - 1) * step) if step > 0 else (start + (cnt - 1) * step, start)
+                span, flip, step = (first, last + 1), step < 0, abs(step)
+            if flip:
+                v, mask = v.flip(d), mask.flip(d)
+            if step > 1:
+                v, mask = (t._unstride(d, step) for t in (v, mask))
+            pads = tuple((span[0], n - span[1]) if i == d else (0, 0) for i in range(v.ndim))
+            v, mask = v.pad(pads), mask.pad(pads)
+        self.assign(mask.where(v, self))
+
+    def _unstride(self, d: int, step: int) -> Self:
+        """Spread dim d out by `step`: element i lands at i * step, zeros between (the inverse of a strided view)."""
+        c = self.shape[d]
+        x = self.unsqueeze(d + 1).pad(tuple((0, step - 1) if i == d + 1 else (0, 0) for i in range(self.ndim + 1)))
+        x = x.reshape(*self.shape[:d], c * step, *self.shape[d + 1 :])
+        return x.shrink(tuple((0, (c - 1) * step + 1) if i == d else None for i in range(self.ndim)))

@@ -1,0 +1,310 @@
+"""More elementwise math for Tensor, built from the IR's ALU ops: inverse trig and hyperbolic functions, erf, the
+activation functions PyTorch and tinygrad users reach for, rounding, NaN/inf tests, shifts and bitwise names.
+
+    atan(x):  |x| > 1 -> sign(x) pi/2 - atan(1/x);  then two halvings atan(t) = 2 atan(t / (1 + sqrt(1 + t^2)))
+              bring t below 0.2, where eight terms of the Taylor series are exact to float64's last bits
+    erf(x):   Abramowitz-Stegun 7.1.26 (|error| <= 1.5e-7), odd in x
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Self
+
+from uopc.dtype import dtypes
+from uopc.tensor.shape import Axis, is_int
+
+_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_SELU_ALPHA = 1.6732632423543772
+_SELU_SCALE = 1.0507009873554805
+
+
+class MathMixin:
+    """Extra elementwise functions of Tensor (see the module docstring for how the transcendental ones work)."""
+
+    # ---------------------------------------------------------------- tests for special values
+
+    def isnan(self) -> Self:
+        """True where x is NaN (never for ints)."""
+        return self != self if self.dtype.is_float else self.full_like(False, dtypes.bool)
+
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True) -> Self:
+        """True where x is +inf (if detect_positive) or -inf (if detect_negative)."""
+        if not self.dtype.is_float:
+            return self.full_like(False, dtypes.bool)
+        out = self.full_like(False, dtypes.bool)
+        if detect_positive:
+            out = out | (self == math.inf)
+        if detect_negative:
+            out = out | (self == -math.inf)
+        return out
+
+    def isfinite(self) -> Self:
+        """True where x is neither NaN nor infinite."""
+        return self.abs() < math.inf if self.dtype.is_float else self.full_like(True, dtypes.bool)
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is a float type."""
+        return self.dtype.is_float
+
+    def element_size(self) -> int:
+        """Bytes per element."""
+        return self.dtype.itemsize
+
+    def nbytes(self) -> int:
+        """Bytes of all elements."""
+        return self.numel() * self.dtype.itemsize
+
+    def short(self) -> Self:
+        """Cast to int16."""
+        return self.cast(dtypes.int16)
+
+    # ---------------------------------------------------------------- logic, rounding, comparisons by name
+
+    def any(self, axis: Axis = None, keepdim: bool = False) -> Self:
+        """True where any element over `axis` is nonzero (a MAX of bools)."""
+        return self.cast(dtypes.bool).max(axis, keepdim)
+
+    def all(self, axis: Axis = None, keepdim: bool = False) -> Self:
+        """True where every element over `axis` is nonzero."""
+        return self.logical_not().any(axis, keepdim).logical_not()
+
+    def eq(self, x: Any) -> Self:
+        """Elementwise ==."""
+        return self == x
+
+    def ne(self, x: Any) -> Self:
+        """Elementwise !=."""
+        return self != x
+
+    def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Self:
+        """|a - b| <= atol + rtol |b| elementwise (infinities equal only to themselves)."""
+        a, b = self._operands(other)
+        close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+        return close | (a.isnan() & b.isnan()) if equal_nan else close
+
+    def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+        """Whether isclose holds everywhere (realizes)."""
+        return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
+
+    def round(self) -> Self:
+        """Round half to even, as PyTorch and NumPy (identity for ints)."""
+        if not self.dtype.is_float:
+            return self
+        f = self.floor()
+        diff = self - f
+        even = (f * 0.5).floor() * 2 == f
+        return (diff > 0.5).where(f + 1, (diff < 0.5).where(f, even.where(f, f + 1)))
+
+    def lerp(self, end: Any, weight: Any) -> Self:
+        """self + (end - self) * weight."""
+        return self + (end - self) * weight
+
+    def fmod(self, x: Any) -> Self:
+        """C's remainder: the sign of the dividend (PyTorch's fmod; % follows the divisor)."""
+        a, b = self._operands(x)
+        if a.dtype.is_float:
+            return a - (a / b).trunc() * b
+        r = a % b
+        return ((r != 0) & ((r < 0) != (a < 0))).where(r - b, r)
+
+    def copysign(self, other: Any) -> Self:
+        """|x| with the sign of `other` (-0.0 counts as negative only through 1/x, so it is taken as positive)."""
+        a, b = self._operands(other)
+        a = a._to_float()
+        return (b._to_float() < 0).where(-a.abs(), a.abs())
+
+    def logaddexp(self, other: Any) -> Self:
+        """log(e^a + e^b) = max + log(1 + e^-|a - b|), without overflow."""
+        a, b = self._operands(other)
+        a, b = a._to_float(), b._to_float()
+        m = a.maximum(b)
+        d = (a - b).abs()
+        return m + (-d).exp().log1p()
+
+    # ---------------------------------------------------------------- bitwise names and shifts
+
+    def bitwise_and(self, x: Any) -> Self:
+        """Elementwise & of ints or bools."""
+        return self & x
+
+    def bitwise_or(self, x: Any) -> Self:
+        """Elementwise | of ints or bools."""
+        return self | x
+
+    def bitwise_xor(self, x: Any) -> Self:
+        """Elementwise ^ of ints or bools."""
+        return self ^ x
+
+    def bitwise_not(self) -> Self:
+        """Elementwise ~ of ints or bools."""
+        return ~self
+
+    def lshift(self, n: int) -> Self:
+        """x << n for an int tensor and a non-negative Python int: a multiply by 2^n (wraps as C)."""
+        if not self.dtype.is_int or not is_int(n) or n < 0:
+            raise TypeError(f"<< needs an int tensor and a non-negative int shift, got {self.dtype!r} << {n!r}")
+        return self * (1 << int(n)) if n < self.dtype.itemsize * 8 else self * 0
+
+    def rshift(self, n: int) -> Self:
+        """x >> n for an int tensor and a non-negative Python int: floor division by 2^n (arithmetic shift)."""
+        if not self.dtype.is_int or not is_int(n) or n < 0:
+            raise TypeError(f">> needs an int tensor and a non-negative int shift, got {self.dtype!r} >> {n!r}")
+        bits = self.dtype.itemsize * 8
+        if n >= bits - (0 if self.dtype.is_unsigned else 1):  # every bit shifted out: the sign remains
+            return self * 0 if self.dtype.is_unsigned else (self < 0).where(-1, 0).cast(self.dtype)
+        return self // (1 << int(n))
+
+    def __lshift__(self, n: int) -> Self:
+        return self.lshift(n)
+
+    def __rshift__(self, n: int) -> Self:
+        return self.rshift(n)
+
+    # ---------------------------------------------------------------- logs and exponentials
+
+    def log10(self) -> Self:
+        """Base-10 logarithm."""
+        return self.log2() * math.log10(2)
+
+    def log1p(self) -> Self:
+        """log(1 + x), accurate near 0: log(u) * x / (u - 1) with u = 1 + x (Goldberg's trick)."""
+        x = self._to_float()
+        u = 1 + x
+        return (u == 1).where(x, u.log() * (x / (u - 1)))
+
+    def expm1(self) -> Self:
+        """e^x - 1, accurate near 0: (u - 1) * x / log(u) with u = e^x (Kahan's trick)."""
+        x = self._to_float()
+        u = x.exp()
+        um1 = u - 1
+        return (u == 1).where(x, (um1 == -1).where(-1.0, (u == math.inf).where(math.inf, um1 * (x / u.log()))))
+
+    # ---------------------------------------------------------------- trigonometric and hyperbolic
+
+    def _atan_small(self) -> Self:
+        """atan for |t| <= 1: two argument halvings, then the Taylor series."""
+        t = self
+        for _ in range(2):
+            t = t / (1 + (1 + t * t).sqrt())
+        t2, term, s = t * t, t, t
+        for k in range(1, 9):
+            term = term * t2
+            s = s + term * ((-1) ** k / (2 * k + 1))
+        return s * 4
+
+    def atan(self) -> Self:
+        """Arctangent (radians)."""
+        x = self._to_float()
+        big = x.abs() > 1
+        t = big.where(x.reciprocal(), x)
+        a = t._atan_small()
+        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a)
+
+    def asin(self) -> Self:
+        """Arcsine: atan(x / sqrt(1 - x^2)) (NaN outside [-1, 1])."""
+        x = self._to_float()
+        return (x / (1 - x * x).sqrt()).atan()
+
+    def acos(self) -> Self:
+        """Arccosine: pi/2 - asin(x)."""
+        return math.pi / 2 - self.asin()
+
+    def sinh(self) -> Self:
+        """(e^x - e^-x) / 2, through expm1 so small x keeps its digits."""
+        x = self._to_float()
+        return (x.expm1() - (-x).expm1()) * 0.5
+
+    def cosh(self) -> Self:
+        """(e^x + e^-x) / 2."""
+        x = self._to_float()
+        return (x.exp() + (-x).exp()) * 0.5
+
+    def asinh(self) -> Self:
+        """sign(x) log(|x| + sqrt(x^2 + 1))."""
+        x = self._to_float()
+        a = x.abs()
+        r = (a + (a * a + 1).sqrt()).log()
+        return (x < 0).where(-r, r)
+
+    def acosh(self) -> Self:
+        """log(x + sqrt(x^2 - 1)) (NaN below 1)."""
+        x = self._to_float()
+        return (x + (x * x - 1).sqrt()).log()
+
+    def atanh(self) -> Self:
+        """log((1 + x) / (1 - x)) / 2."""
+        x = self._to_float()
+        return ((1 + x) / (1 - x)).log() * 0.5
+
+    def erf(self) -> Self:
+        """The error function (Abramowitz-Stegun 7.1.26, |error| <= 1.5e-7)."""
+        x = self._to_float()
+        a = x.abs()
+        t = (1 + 0.3275911 * a).reciprocal()
+        poly = t * (_ERF[0] + t * (_ERF[1] + t * (_ERF[2] + t * (_ERF[3] + t * _ERF[4]))))
+        y = 1 - poly * (-a * a).exp()
+        return (x < 0).where(-y, y)
+
+    # ---------------------------------------------------------------- activations
+
+    def gelu(self, approximate: str = "none") -> Self:
+        """GELU: x Phi(x) with the exact erf (approximate="none", PyTorch's default) or the tanh form ("tanh")."""
+        x = self._to_float()
+        if approximate == "tanh":
+            return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        if approximate != "none":
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
+
+    def quick_gelu(self) -> Self:
+        """x * sigmoid(1.702 x)."""
+        return self * (self * 1.702).sigmoid()
+
+    def elu(self, alpha: float = 1.0) -> Self:
+        """x where x > 0, else alpha (e^x - 1)."""
+        return (self > 0).where(self, self.expm1() * alpha)
+
+    def selu(self) -> Self:
+        """scale * elu(x, alpha) with SELU's fixed constants."""
+        return self.elu(_SELU_ALPHA) * _SELU_SCALE
+
+    def celu(self, alpha: float = 1.0) -> Self:
+        """x where x > 0, else alpha (e^(x/alpha) - 1)."""
+        return (self > 0).where(self, (self / alpha).expm1() * alpha)
+
+    def mish(self) -> Self:
+        """x * tanh(softplus(x))."""
+        return self * self.softplus().tanh()
+
+    def swish(self) -> Self:
+        """x * sigmoid(x) (silu)."""
+        return self.silu()
+
+    def relu6(self) -> Self:
+        """min(max(x, 0), 6)."""
+        return self.hardtanh(0.0, 6.0)
+
+    def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Self:
+        """x clipped to [min_val, max_val] (gradient 1 strictly inside, as PyTorch)."""
+        return (self < min_val).where(min_val, (self > max_val).where(max_val, self))
+
+    def hardsigmoid(self) -> Self:
+        """relu6(x + 3) / 6 (PyTorch's)."""
+        return (self + 3).relu6() * (1 / 6)
+
+    def hardswish(self) -> Self:
+        """x * relu6(x + 3) / 6."""
+        return self * (self + 3).relu6() * (1 / 6)
+
+    def softsign(self) -> Self:
+        """x / (1 + |x|)."""
+        return self / (1 + self.abs())
+
+    def logsigmoid(self) -> Self:
+        """log(sigmoid(x)) = -softplus(-x)."""
+        return -(-self).softplus()
+
+    def softmin(self, axis: int = -1) -> Self:
+        """softmax(-x)."""
+        return (-self).softmax(axis)
