@@ -107,12 +107,12 @@ class ExtrasMixin:
         ts = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
         if indexing not in ("ij", "xy"):
             raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
-        if indexing == "xy" and len(ts) >= 2:
+        xy = indexing == "xy" and len(ts) >= 2
+        if xy:  # Cartesian: the ij grids of (b, a, ...), with the first two outputs swapped back
             ts[0], ts[1] = ts[1], ts[0]
         shape = tuple(t.numel() for t in ts)
         out = [t.reshape((1,) * i + (-1,) + (1,) * (len(ts) - i - 1)).expand(shape) for i, t in enumerate(ts)]
-        if indexing == "xy" and len(ts) >= 2:
-            out = [o.transpose(0, 1) for o in out]
+        if xy:
             out[0], out[1] = out[1], out[0]
         return tuple(out)
 
@@ -226,7 +226,7 @@ class ExtrasMixin:
     def binary_crossentropy_logits(self, Y: Any, reduction: str = "mean", pos_weight: Any = None) -> Self:
         """BCE on logits without overflow: (1 - y) x + (1 + (w - 1) y) softplus(-x)."""
         x = self._to_float()
-        sp = (-x).softplus()
+        sp = -x.logsigmoid()  # softplus(-x), stable on both sides
         loss = (1 - Y) * x + (sp if pos_weight is None else (1 + (pos_weight - 1) * Y) * sp)
         return _reduce_loss(loss, reduction)
 

@@ -115,12 +115,11 @@ class MathMixin:
         return (b._to_float() < 0).where(-a.abs(), a.abs())
 
     def logaddexp(self, other: Any) -> Self:
-        """log(e^a + e^b) = max + log(1 + e^-|a - b|), without overflow."""
+        """log(e^a + e^b) = max + log(1 + e^-|a - b|), without overflow (a tie splits the gradient evenly)."""
         a, b = self._operands(other)
         a, b = a._to_float(), b._to_float()
-        m = a.maximum(b)
-        d = (a - b).abs()
-        return m + (-d).exp().log1p()
+        first = a > b
+        return first.where(a, b) + first.where(b - a, a - b).exp().log1p()
 
     # ---------------------------------------------------------------- bitwise names and shifts
 
@@ -171,14 +170,18 @@ class MathMixin:
         """log(1 + x), accurate near 0: log(u) * x / (u - 1) with u = 1 + x (Goldberg's trick)."""
         x = self._to_float()
         u = 1 + x
-        return (u == 1).where(x, u.log() * (x / (u - 1)))
+        plain = (u == 1) | (u == math.inf)
+        # the untaken branch gets a safe denominator, so its gradient is never 0/0
+        return plain.where(x, u.log() * (x / plain.where(1.0, u - 1)))
 
     def expm1(self) -> Self:
         """e^x - 1, accurate near 0: (u - 1) * x / log(u) with u = e^x (Kahan's trick)."""
         x = self._to_float()
         u = x.exp()
         um1 = u - 1
-        return (u == 1).where(x, (um1 == -1).where(-1.0, (u == math.inf).where(math.inf, um1 * (x / u.log()))))
+        plain = (u == 1) | (um1 == -1) | (u == math.inf)
+        exact = (u == 1).where(x, um1)
+        return plain.where(exact, um1 * (x / plain.where(math.e, u).log()))
 
     # ---------------------------------------------------------------- trigonometric and hyperbolic
 
@@ -197,7 +200,7 @@ class MathMixin:
         """Arctangent (radians)."""
         x = self._to_float()
         big = x.abs() > 1
-        t = big.where(x.reciprocal(), x)
+        t = big.where(big.where(x, 1.0).reciprocal(), x)  # 1/x only where taken: no inf in the other gradient
         a = t._atan_small()
         return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a)
 
@@ -263,7 +266,8 @@ class MathMixin:
 
     def elu(self, alpha: float = 1.0) -> Self:
         """x where x > 0, else alpha (e^x - 1)."""
-        return (self > 0).where(self, self.expm1() * alpha)
+        neg = (self > 0).where(0, self)  # the exponential sees only x <= 0: no inf in the untaken gradient
+        return (self > 0).where(self, neg.expm1() * alpha)
 
     def selu(self) -> Self:
         """scale * elu(x, alpha) with SELU's fixed constants."""
@@ -271,7 +275,8 @@ class MathMixin:
 
     def celu(self, alpha: float = 1.0) -> Self:
         """x where x > 0, else alpha (e^(x/alpha) - 1)."""
-        return (self > 0).where(self, (self / alpha).expm1() * alpha)
+        neg = (self > 0).where(0, self)
+        return (self > 0).where(self, (neg / alpha).expm1() * alpha)
 
     def mish(self) -> Self:
         """x * tanh(softplus(x))."""
@@ -287,7 +292,8 @@ class MathMixin:
 
     def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Self:
         """x clipped to [min_val, max_val] (gradient 1 strictly inside, as PyTorch)."""
-        return (self < min_val).where(min_val, (self > max_val).where(max_val, self))
+        inside = (self > min_val) & (self < max_val)
+        return inside.where(self, (self <= min_val).where(min_val, (self >= max_val).where(max_val, self)))
 
     def hardsigmoid(self) -> Self:
         """relu6(x + 3) / 6 (PyTorch's)."""
@@ -302,8 +308,11 @@ class MathMixin:
         return self / (1 + self.abs())
 
     def logsigmoid(self) -> Self:
-        """log(sigmoid(x)) = -softplus(-x)."""
-        return -(-self).softplus()
+        """log(sigmoid(x)): x - log(1 + e^x) for x < 0, -log(1 + e^-x) otherwise."""
+        x = self._to_float()
+        neg = x < 0
+        xn, xp = neg.where(x, 0), neg.where(0, x)  # each branch sees only its own side: both stay finite
+        return neg.where(xn - xn.exp().log1p(), -(-xp).exp().log1p())
 
     def softmin(self, axis: int = -1) -> Self:
         """softmax(-x)."""

@@ -168,8 +168,10 @@ class ScanMixin:
         if big != n:
             key = key.pad(((0, 0),) * (key.ndim - 1) + ((0, big - n),), value=key.dtype.max)
         pos = self.arange(big)
-        idx = pos._broadcast_to(key.shape, keep_const=False).contiguous()
         key = key.contiguous()
+        # only the permutation travels through the network: each stage reads both keys through it (a gather of a
+        # gather), so a stage is one kernel with one output
+        idx = pos._broadcast_to(key.shape, keep_const=False).contiguous()
         stage = {}
         k = 2
         while k <= big:
@@ -178,11 +180,14 @@ class ScanMixin:
                 for v in (j, k):
                     if v not in stage:
                         stage[v] = type(self)(np.array([v], np.int32))
-                key, idx = key._bitonic_stage(idx, pos, stage[j], stage[k])
+                idx = key._bitonic_stage(idx, pos, stage[j], stage[k])
                 j //= 2
             k *= 2
+        last = key.ndim - 1
         idx = idx.shrink(tuple((0, s) for s in idx.shape[:-1]) + ((0, n),))
-        vals = key.shrink(tuple((0, s) for s in key.shape[:-1]) + ((0, n),))
+        vals = type(self)(
+            key.shrink(tuple((0, s) for s in key.shape[:-1]) + ((0, n),)).uop.gather(idx.uop, last, "sort")
+        )
         if descending:
             vals = vals._order_flip()
         vals = vals.cast(self.dtype)
@@ -190,17 +195,17 @@ class ScanMixin:
             vals, idx = vals.transpose(d, -1), idx.transpose(d, -1)
         return vals, idx
 
-    def _bitonic_stage(self, idx: Self, pos: Self, j: Self, k: Self) -> tuple[Self, Self]:
-        """One compare-exchange stage: element i meets i ^ j; the pair ascends where i & k == 0."""
+    def _bitonic_stage(self, idx: Self, pos: Self, j: Self, k: Self) -> Self:
+        """One compare-exchange stage on the permutation `idx` of keys `self`: position i meets i ^ j, and the
+        pair ascends where i & k == 0."""
         partner = pos ^ j
-        pfull = partner._broadcast_to(self.shape, keep_const=False)
         last = self.ndim - 1
-        pk = type(self)(self.uop.gather(pfull.uop, last, "sort"))
-        pi = type(self)(idx.uop.gather(pfull.uop, last, "sort"))
-        less = (self < pk) | ((self == pk) & (idx < pi))
+        pidx = type(self)(idx.uop.gather(partner._broadcast_to(self.shape, keep_const=False).uop, last, "sort"))
+        mine = type(self)(self.uop.gather(idx.uop, last, "sort"))
+        theirs = type(self)(self.uop.gather(pidx.uop, last, "sort"))
+        less = (mine < theirs) | ((mine == theirs) & (idx < pidx))
         want_small = (pos < partner) == ((pos & k) == 0)
-        take_self = want_small == less
-        return take_self.where(self, pk).contiguous(), take_self.where(idx, pi).contiguous()
+        return (want_small == less).where(idx, pidx).contiguous()
 
     def argsort(self, dim: int = -1, descending: bool = False) -> Self:
         """The indices (int32) that sort `dim` (stable)."""

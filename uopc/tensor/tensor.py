@@ -133,7 +133,7 @@ class Tensor(
         repr, so printing a tensor never runs work: it shows its shape and dtype and says (lazy)."""
         grad = "" if self.requires_grad is None else f", requires_grad={self.requires_grad}"
         if is_contiguous_buffer(self.uop) and 0 < self.numel() <= REPR_MAX_VALUES:
-            vals = np.array2string(self.numpy(), separator=", ", threshold=REPR_MAX_VALUES)
+            vals = np.array2string(self.numpy(), separator=", ", threshold=REPR_MAX_VALUES, prefix="Tensor(")
             return f"Tensor({vals}, dtype={self.dtype!r}{grad})"
         state = "" if is_contiguous_buffer(self.uop) or self.numel() == 0 else " (lazy)"
         return f"<Tensor shape={self.shape} dtype={self.dtype!r}{grad}{state}>"
