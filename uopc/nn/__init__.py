@@ -6,11 +6,13 @@
     >>> opt.zero_grad(); loss.backward(opt.params); opt.step(loss)   # one plan: grads, updates and the loss
     >>> safe_save(get_state_dict([l1, l2]), "mlp.safetensors")
 
-layers.py (Linear, LayerNorm, Embedding), optim.py (SGD, Adam, AdamW), state.py (state dicts, safetensors).
+layers.py (Linear, LayerNorm, Embedding), optim.py (SGD, Adam, AdamW, LAMB, clip_grad_norm_), schedulers.py
+(StepLR, CosineAnnealingLR, LinearWarmupLR), state.py (state dicts, safetensors).
 """
 
 from uopc.nn.layers import Embedding, LayerNorm, Linear
-from uopc.nn.optim import SGD, Adam, AdamW, Optimizer
+from uopc.nn.optim import LAMB, SGD, Adam, AdamW, Optimizer, clip_grad_norm_
+from uopc.nn.schedulers import CosineAnnealingLR, LinearWarmupLR, LRScheduler, StepLR
 from uopc.nn.state import MAX_HEADER as MAX_HEADER  # the safetensors limits stay reachable as uopc.nn.X
 from uopc.nn.state import SAFETENSORS_DTYPES as SAFETENSORS_DTYPES
 from uopc.nn.state import get_state_dict, load_state_dict, parameters, safe_load, safe_save
@@ -23,6 +25,12 @@ __all__ = [
     "SGD",
     "Adam",
     "AdamW",
+    "LAMB",
+    "clip_grad_norm_",
+    "LRScheduler",
+    "StepLR",
+    "CosineAnnealingLR",
+    "LinearWarmupLR",
     "parameters",
     "get_state_dict",
     "load_state_dict",

@@ -31,6 +31,10 @@ class _StepScalars:
         return self.made[key]
 
 
+_STATE_LISTS = ("buf", "m", "v")  # per-parameter optimizer state, by attribute name
+_STATE_SCALARS = ("t", "lr")
+
+
 class Optimizer:
     """Holds the parameters and their state; `step(*extra)` realizes all updates and `extra` as one plan."""
 
@@ -55,6 +59,39 @@ class Optimizer:
     def step(self, *extra: Tensor) -> None:
         """Apply one update to every parameter that has a gradient; compute `extra` (e.g. the loss) alongside."""
         Tensor.realize_all(*self._updates(), *extra)
+
+    def state_dict(self) -> dict[str, object]:
+        """The optimizer's state as {name: Tensor or number}: "m.3" is the first moment of parameter 3, "t" the step."""
+        out: dict[str, object] = {}
+        for name in _STATE_LISTS:
+            for i, t in enumerate(getattr(self, name, None) or []):
+                out[f"{name}.{i}"] = t
+        for name in _STATE_SCALARS:
+            if hasattr(self, name):
+                v = getattr(self, name)
+                out[name] = v if isinstance(v, Tensor) else float(v) if name == "lr" else int(v)
+        return out
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restore what state_dict saved (Tensors, arrays or numbers), checking names and shapes."""
+        own = self.state_dict()
+        if own.keys() != state.keys():
+            raise KeyError(
+                f"optimizer state: missing {sorted(own.keys() - state.keys())}, "
+                f"unexpected {sorted(state.keys() - own.keys())}"
+            )
+        news = []
+        for k, cur in own.items():
+            v = state[k]
+            if isinstance(cur, Tensor):
+                v = v if isinstance(v, Tensor) else Tensor(np.asarray(v))
+                if v.shape != cur.shape:
+                    raise ValueError(f"optimizer state {k}: shape {v.shape} in the state, {cur.shape} here")
+                news.append(cur.assign(v.cast(cur.dtype).contiguous()))
+            else:
+                setattr(self, k, type(cur)(v.item() if isinstance(v, Tensor) else v))
+        if news:
+            Tensor.realize_all(*news)
 
 
 class SGD(Optimizer):
@@ -144,3 +181,55 @@ class Adam(AdamW):
         weight_decay: float = 0.0,
     ):
         super().__init__(params, lr, b1, b2, eps, weight_decay)
+
+
+class LAMB(AdamW):
+    """LAMB (You et al.): Adam's step plus decoupled weight decay, scaled per tensor by the trust ratio
+    ||p|| / ||step|| (1 where either norm is 0). `adam=True` drops the trust ratio (plain AdamW-style step)."""
+
+    def __init__(
+        self,
+        params: Iterable[Tensor],
+        lr: float = 1e-3,
+        b1: float = 0.9,
+        b2: float = 0.999,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        adam: bool = False,
+    ):
+        super().__init__(params, lr, b1, b2, eps, weight_decay)
+        self.adam = adam
+
+    def _updates(self) -> list[Tensor]:
+        self.t += 1
+        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
+        sc = _StepScalars(lr=self.lr, c1=1 / c1, c2=1 / c2)
+        out = []
+        for p, m, v in zip(self.params, self.m, self.v, strict=True):
+            if p.grad is None:
+                continue
+            g = p.grad
+            m.assign(m * self.b1 + g * (1 - self.b1))
+            v.assign(v * self.b2 + g.square() * (1 - self.b2))
+            up = (m * sc.get("c1", p)) / ((v * sc.get("c2", p)).sqrt() + self.eps) + p.detach() * self.wd
+            if not self.adam:
+                r1, r2 = p.detach().square().sum().sqrt(), up.square().sum().sqrt()
+                up = up * ((r1 > 0) & (r2 > 0)).where(r1 / r2, 1.0)
+            out += [p.assign(p.detach() - up * sc.get("lr", p)), m, v]
+        return out
+
+
+def clip_grad_norm_(params: Iterable[Tensor], max_norm: float, norm_type: float = 2.0) -> Tensor:
+    """Scale every gradient by min(1, max_norm / (total_norm + 1e-6)) in place (lazily), as PyTorch; returns the
+    total norm over all gradients (a lazy scalar)."""
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return Tensor(0.0)
+    if norm_type == float("inf"):
+        total = Tensor.stack([p.grad.abs().max().float() for p in grads]).max()
+    else:
+        total = Tensor.stack([(p.grad.float().abs() ** norm_type).sum() for p in grads]).sum() ** (1 / norm_type)
+    coef = (max_norm / (total + 1e-6)).minimum(1.0)
+    for p in grads:
+        p.grad = p.grad * coef.cast(p.grad.dtype)
+    return total

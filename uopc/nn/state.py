@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import types
+from collections.abc import Callable
 from typing import IO, Any
 
 import numpy as np
@@ -55,8 +56,21 @@ def parameters(obj: Any) -> list[Tensor]:
     return list({id(t): t for t in get_state_dict(obj).values()}.values())
 
 
-def load_state_dict(obj: Any, state: dict[str, Any], strict: bool = True) -> None:
-    """Copy `state` (Tensors or arrays) into obj's tensors, by name; shapes must match; one realize for all."""
+def load_state_dict(
+    obj: Any, state: dict[str, Any], strict: bool = True, rename: Callable[[str], str | None] | None = None
+) -> None:
+    """Copy `state` (Tensors or arrays, e.g. a PyTorch state_dict as NumPy) into obj's tensors, by name; shapes
+    must match; one realize for all. `rename` maps each state key to obj's name for it (None drops the key);
+    strict=False skips names missing on either side."""
+    if rename is not None:
+        renamed = {}
+        for k, v in state.items():
+            nk = rename(k)
+            if nk is not None:
+                if nk in renamed:
+                    raise KeyError(f"load_state_dict: rename maps two keys to {nk!r}")
+                renamed[nk] = v
+        state = renamed
     own = get_state_dict(obj)
     if strict:
         missing, extra = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
@@ -91,20 +105,36 @@ SAFETENSORS_DTYPES = {
     "U16": np.uint16,
     "U8": np.uint8,
     "BOOL": np.bool_,
+    "BF16": np.uint16,  # read as bit patterns, widened to float32 by safe_load
 }
-_NP_TO_ST = {np.dtype(v): k for k, v in SAFETENSORS_DTYPES.items()}
+_NP_TO_ST = {np.dtype(v): k for k, v in SAFETENSORS_DTYPES.items() if k != "BF16"}
 MAX_HEADER = 100 << 20  # the reference implementation refuses headers over 100 MB too
 
 
-def safe_save(state: dict[str, Any], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
-    """Write tensors (or arrays) to `path` in the safetensors format, atomically (temp file, then rename)."""
+def safe_save(
+    state: dict[str, Any],
+    path: str | os.PathLike,
+    metadata: dict[str, str] | None = None,
+    bf16: set[str] | frozenset[str] = frozenset(),
+) -> None:
+    """Write tensors (or arrays) to `path` in the safetensors format, atomically (temp file, then rename).
+
+    Entries named in `bf16` are stored as BF16 (float values rounded to nearest even)."""
     arrays = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items()}
+    if unknown := set(bf16) - arrays.keys():
+        raise KeyError(f"safe_save: bf16 names {sorted(unknown)} are not in the state")
+    kinds = {}
+    for name in bf16:
+        if arrays[name].dtype.kind != "f":
+            raise ValueError(f"safe_save: {name} has dtype {arrays[name].dtype}; only floats can be stored as BF16")
+        arrays[name], kinds[name] = to_bf16_bits(arrays[name]), "BF16"
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     off = 0
     for name, a in arrays.items():
         if a.dtype not in _NP_TO_ST:
             raise ValueError(f"safe_save: {name} has dtype {a.dtype}, which safetensors cannot store")
-        header[name] = {"dtype": _NP_TO_ST[a.dtype], "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        st = kinds.get(name, _NP_TO_ST[a.dtype])
+        header[name] = {"dtype": st, "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
         off += a.nbytes
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)  # pad with spaces so the data starts 8-byte aligned, as the reference writer does
@@ -118,13 +148,14 @@ def safe_save(state: dict[str, Any], path: str | os.PathLike, metadata: dict[str
     atomic_write(os.fspath(path), write)
 
 
-def _parse_header(raw: bytes | bytearray, path: str) -> tuple[dict[str, Any], int]:
-    """The validated JSON header and where the data starts; ValueError naming the problem otherwise."""
-    if len(raw) < 8:
-        raise ValueError(f"{path}: not a safetensors file: {len(raw)} bytes is too short for the 8-byte header length")
+def _parse_header(raw: bytes | bytearray, path: str, size: int) -> tuple[dict[str, Any], int]:
+    """The validated JSON header (from `raw`, the file's first bytes) and where the data starts in a file of
+    `size` bytes; ValueError naming the problem otherwise."""
+    if size < 8:
+        raise ValueError(f"{path}: not a safetensors file: {size} bytes is too short for the 8-byte header length")
     n = int.from_bytes(raw[:8], "little")
-    if n > len(raw) - 8 or n > MAX_HEADER:
-        raise ValueError(f"{path}: header length {n} is larger than the {len(raw) - 8} bytes after it")
+    if n > size - 8 or n > MAX_HEADER:
+        raise ValueError(f"{path}: header length {n} is larger than the {size - 8} bytes after it")
     try:
         header = json.loads(bytes(raw[8 : 8 + n]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -161,12 +192,17 @@ def _check_entry(name: str, e: Any, data_size: int, path: str) -> tuple[np.dtype
 
 
 def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Read a safetensors file into Tensors, rejecting a malformed file with a ValueError that names the problem."""
+    """Read a safetensors file into Tensors, rejecting a malformed file with a ValueError that names the problem.
+
+    The file is memory-mapped: each tensor is copied once, from the page cache into its own aligned buffer (no read
+    into a bytearray first). BF16 entries become float32 tensors (exact: bf16 is float32's top 16 bits)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        raw = bytearray(f.read())  # a writable copy: the arrays below are views into it
-    header, start = _parse_header(raw, path)
-    data = memoryview(raw)[start:]
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path}: not a safetensors file: 0 bytes is too short for the 8-byte header length")
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    head_len = int.from_bytes(raw[:8].tobytes(), "little") if len(raw) >= 8 else 0
+    header, start = _parse_header(raw[: 8 + min(head_len, MAX_HEADER, max(0, len(raw) - 8))].tobytes(), path, len(raw))
+    data = raw[start:]
     entries = []
     for name, e in header.items():
         if name != "__metadata__":
@@ -177,6 +213,17 @@ def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
             raise ValueError(f"{path}: entries {n0!r} and {n1!r} overlap")
     out = {}
     for name, dt, shape, b, end in entries:
-        a = np.frombuffer(data[b:end], dtype=dt.newbyteorder("<")).astype(dt, copy=False).reshape(shape)
-        out[name] = Tensor(a)
+        if header[name]["dtype"] == "BF16":  # widen: the 16 bits become the top half of a float32
+            bits = data[b:end].view("<u2").astype(np.uint32) << 16
+            out[name] = Tensor(bits.view(np.float32).reshape(shape))
+            continue
+        a = data[b:end].view(dt.newbyteorder("<")).reshape(shape)
+        out[name] = Tensor(a)  # Tensor copies into its own aligned buffer: the only copy
     return out
+
+
+def to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays a quiet NaN."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    return np.where(np.isnan(a), (u >> 16) | 0x40, rounded).astype(np.uint16)
