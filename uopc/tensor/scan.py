@@ -152,8 +152,8 @@ class ScanMixin:
     # ---------------------------------------------------------------- sorting
 
     def sort(self, dim: int = -1, descending: bool = False) -> tuple[Self, Self]:
-        """(values, indices) sorted along `dim`; equal values keep their order (stable). No gradient flows through
-        the values (a GATHER has no gradient rule yet); NaNs are not ordered specially."""
+        """(values, indices) sorted along `dim`; equal values keep their order (stable); the values carry gradients
+        (a gather of the input). NaNs are not ordered specially."""
         if self.ndim == 0:
             return self, self.full_like(0, dtypes.int32)
         d = norm_dim(dim, self.ndim)
@@ -168,7 +168,7 @@ class ScanMixin:
         if big != n:
             key = key.pad(((0, 0),) * (key.ndim - 1) + ((0, big - n),), value=key.dtype.max)
         pos = self.arange(big)
-        key = key.contiguous()
+        key = key.detach().contiguous()  # the network only permutes indices: no gradient through its comparisons
         # only the permutation travels through the network: each stage reads both keys through it (a gather of a
         # gather), so a stage is one kernel with one output
         idx = pos._broadcast_to(key.shape, keep_const=False).contiguous()
@@ -183,14 +183,8 @@ class ScanMixin:
                 idx = key._bitonic_stage(idx, pos, stage[j], stage[k])
                 j //= 2
             k *= 2
-        last = key.ndim - 1
         idx = idx.shrink(tuple((0, s) for s in idx.shape[:-1]) + ((0, n),))
-        vals = type(self)(
-            key.shrink(tuple((0, s) for s in key.shape[:-1]) + ((0, n),)).uop.gather(idx.uop, last, "sort")
-        )
-        if descending:
-            vals = vals._order_flip()
-        vals = vals.cast(self.dtype)
+        vals = x.gather(-1, idx)  # a GATHER of the input: gradients flow back to the sorted elements
         if d != self.ndim - 1:
             vals, idx = vals.transpose(d, -1), idx.transpose(d, -1)
         return vals, idx
