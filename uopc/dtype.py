@@ -76,6 +76,10 @@ class dtypes:
     float16 = DType("float16", 2, "f", "_Float16")
     float32 = DType("float32", 4, "f", "float")
     float64 = DType("float64", 8, "f", "double")
+    # storage only: 2-byte buffers of float32's top 16 bits; values in registers are C floats (float32 math),
+    # widened on load and rounded to nearest even on store and on a cast to bfloat16
+    bfloat16 = DType("bfloat16", 2, "f", "float")
+    bf16 = bfloat16
     # short aliases, as the chapters write them
     i8, i16, i32, i64 = int8, int16, int32, int64
     u8, u16, u32, u64 = uint8, uint16, uint32, uint64
@@ -110,8 +114,9 @@ class dtypes:
 
 _NP_NAMES = {n: n for n in ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}
 _NP_NAMES.update(float16="float16", float32="float32", float64="float64")
-_BY_NAME = {n: getattr(dtypes, n) for n in _NP_NAMES}
-_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64"}
+_BY_NAME = {n: getattr(dtypes, n) for n in _NP_NAMES}  # the NumPy-backed dtypes (not bfloat16)
+_NP_NAMES["bfloat16"] = "uint16"  # NumPy has no bfloat16: its buffers hold the bit patterns
+_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64", "bfloat16": "bf16"}
 
 
 def to_dtype(x) -> DType:
@@ -146,6 +151,9 @@ def promote(a: DType, b: DType) -> DType:
         return a
     if a.is_float != b.is_float:
         return a if a.is_float else b
+    if dtypes.bfloat16 in (a, b):  # as PyTorch: bf16 with f16 gives f32, with a wider float the wider one
+        other = b if a is dtypes.bfloat16 else a
+        return dtypes.float32 if other is dtypes.float16 else other
     return dtypes.from_np(np.promote_types(a.np, b.np))
 
 
@@ -162,4 +170,24 @@ def truncate(dt: DType, x):
         bits = 8 * dt.itemsize
         v = int(x) & ((1 << bits) - 1)
         return v - (1 << bits) if dt.kind == "i" and v >= 1 << (bits - 1) else v
+    if dt is dtypes.bfloat16:
+        return float(bf16_bits_to_float(float_to_bf16_bits(np.array([x], np.float32)))[0])
     return float(np.array(x, dtype=dt.np))
+
+
+def float_scalar_type(dt: DType) -> type:
+    """The NumPy scalar type C computes a float dtype in (bfloat16 values are C floats)."""
+    return np.float32 if dt is dtypes.bfloat16 else dt.np.type
+
+
+def float_to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float values as bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays a quiet NaN."""
+    f = np.ascontiguousarray(a, np.float32)
+    u = f.view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
+    return np.where(np.isnan(f), (u >> 16).astype(np.uint32) | 0x40, rounded).astype(np.uint16)
+
+
+def bf16_bits_to_float(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as float32 values (exact)."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)

@@ -64,6 +64,16 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
   return 0;
 }
 """
+# bfloat16 storage: the top 16 bits of a float32; a store rounds to nearest even, NaN stays a quiet NaN
+_BF16 = """static inline float uopc_bf16_ld(unsigned short b) {
+  unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
+}
+static inline unsigned short uopc_bf16_st(float f) {
+  unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if (f != f) return (unsigned short)((u >> 16) | 0x40);
+  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+"""
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
@@ -175,6 +185,14 @@ class CRenderer:
             return f"data{base.arg.slot}[uopc_chk({self.expr(i)}, {base.arg.shape[0]}, {base.arg.slot})]"
         return f"data{base.arg.slot}[{self.expr(i)}]"
 
+    @staticmethod
+    def _bf16_buffer(idx: UOp) -> bool:
+        """Whether an INDEX addresses a bfloat16 BUFFER (stored as bits; accumulators hold plain floats)."""
+        base = idx.src[0]
+        while base.op is Ops.AFTER:
+            base = base.src[0]
+        return base.op is Ops.BUFFER and base.dtype is dtypes.bfloat16
+
     def emit(self, u: UOp, ind: str) -> None:
         op = u.op
         if op is Ops.LOAD:
@@ -182,10 +200,17 @@ class CRenderer:
             ref = self.address(idx)
             if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
                 ref = f"({self.expr(idx.src[2])}?{ref}:{render_const(0, u.dtype)})"
+            if self._bf16_buffer(idx):  # widen the stored bits to a float
+                self.helpers["~bf16"] = _BF16
+                ref = f"uopc_bf16_ld({ref})"
             name = self.var(u, "val")
             self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
         elif op is Ops.STORE:
-            self.lines.append(f"{ind}{self.address(u.src[0])} = {self.expr(u.src[1])};")
+            val = self.expr(u.src[1])
+            if self._bf16_buffer(u.src[0]):  # round the float to bfloat16 bits
+                self.helpers["~bf16"] = _BF16
+                val = f"uopc_bf16_st({val})"
+            self.lines.append(f"{ind}{self.address(u.src[0])} = {val};")
         elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
             val = self.expr(u)
             name = self.var(u, "gidx")
@@ -234,6 +259,13 @@ def _max(r: CRenderer, u: UOp) -> str:
     return f"(({a}>{b})?{a}:{b})"
 
 
+def _cast(r: CRenderer, u: UOp) -> str:
+    if u.dtype is dtypes.bfloat16:  # a cast to bfloat16 rounds the float value to bfloat16's precision
+        r.helpers["~bf16"] = _BF16
+        return f"uopc_bf16_ld(uopc_bf16_st((float)({r.expr(u.src[0])})))"
+    return f"(({u.dtype.cname})({r.expr(u.src[0])}))"
+
+
 def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
     if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
@@ -259,12 +291,17 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     Ops.WHERE: lambda r, u: f"({r.expr(u.src[0])}?{r.expr(u.src[1])}:{r.expr(u.src[2])})",
     Ops.RECIP: lambda r, u: f"({render_const(1.0, u.dtype)}/{r.expr(u.src[0])})",
     **{op: _math for op in _MATH},
-    Ops.CAST: lambda r, u: f"(({u.dtype.cname})({r.expr(u.src[0])}))",
+    Ops.CAST: _cast,
     Ops.CHECK: _check,
     Ops.IDIV: lambda r, u: r.divmod(u),
     Ops.MOD: lambda r, u: r.divmod(u),
 }
 CRenderer.code_for_op = code_for_op
+
+
+def _param_type(dt: DType) -> str:
+    """The C type of a buffer's elements: bfloat16 buffers hold 16-bit patterns."""
+    return "unsigned short" if dt is dtypes.bfloat16 else dt.cname
 
 
 def render_c(ast: UOp, name: str) -> str:
@@ -274,6 +311,6 @@ def render_c(ast: UOp, name: str) -> str:
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
-    params = ", ".join(f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs)
+    params = ", ".join(f"{_param_type(b.dtype)}* restrict data{b.arg.slot}" for b in bufs)
     head = PRELUDE + "".join(r.helpers[k] for k in sorted(r.helpers))
     return head + f"\nvoid {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n"

@@ -16,7 +16,7 @@ from functools import reduce
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes, truncate
+from uopc.dtype import DType, dtypes, float_scalar_type, truncate
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, COMMUTATIVE, Ops, UOp
 
@@ -58,7 +58,7 @@ _NP_FLOAT = {
 def _fold(u: UOp) -> UOp | None:
     """An ALU op whose sources are all constants becomes a constant, computed as C would in u's dtype."""
     # a float CONST keeps its Python double; C sees it rounded to its dtype, so fold with the rounded value
-    vals = [float(s.dtype.np.type(s.arg)) if s.dtype.is_float else s.arg for s in u.src]
+    vals = [float(float_scalar_type(s.dtype)(s.arg)) if s.dtype.is_float else s.arg for s in u.src]
     dt: DType = u.dtype
     with np.errstate(all="ignore"):
         if u.op is Ops.CAST:
@@ -74,13 +74,13 @@ def _fold(u: UOp) -> UOp | None:
         if u.op in _NP_FLOAT:
             if not dt.is_float:
                 return None
-            return UOp.const(float(_NP_FLOAT[u.op](dt.np.type(vals[0]))), dt)
+            return UOp.const(float(_NP_FLOAT[u.op](float_scalar_type(dt)(vals[0]))), dt)
         if u.op in _PY_ALU:
             if dt.is_float or (u.op is Ops.WHERE and u.src[1].dtype.is_float):
-                vals = [dt.np.type(v) if isinstance(v, float) else v for v in vals]
+                vals = [float_scalar_type(dt)(v) if isinstance(v, float) else v for v in vals]
             ret = _PY_ALU[u.op](*vals)
             if dt.is_float:
-                return UOp.const(float(dt.np.type(ret)), dt)
+                return UOp.const(float(float_scalar_type(dt)(ret)), dt)
             return UOp.const(truncate(dt, ret) if not dt.is_bool else bool(ret), dt)
     return None
 

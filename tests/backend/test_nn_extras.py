@@ -208,9 +208,11 @@ def test_safetensors_dtypes_against_the_spec(tmp_path):
     np.testing.assert_array_equal(got["b"].numpy(), f16)
     np.testing.assert_array_equal(got["c"].numpy(), i64)
     np.testing.assert_array_equal(got["d"].numpy(), bf)
-    assert got["d"].dtype is dtypes.float32  # BF16 is widened on load (no bf16 compute dtype)
+    assert got["d"].dtype is dtypes.bfloat16
 
     safe_save({"a": f32, "b": f16, "c": i64, "d": bf}, tmp_path / "ours.safetensors", bf16={"d"})
+    safe_save(got, tmp_path / "again.safetensors")  # a bfloat16 tensor is written as BF16 as it is
+    assert (tmp_path / "again.safetensors").read_bytes()[8:].replace(b" ", b"") == raw[8:].replace(b" ", b"")
     ours = (tmp_path / "ours.safetensors").read_bytes()
     n = struct.unpack("<Q", ours[:8])[0]
     header = json.loads(ours[8 : 8 + n])
@@ -219,6 +221,24 @@ def test_safetensors_dtypes_against_the_spec(tmp_path):
     for k, blob in (("a", f32.tobytes()), ("b", f16.tobytes()), ("c", i64.tobytes()), ("d", bf_bits.tobytes())):
         b, e = header[k]["data_offsets"]
         assert data[b:e] == blob, k
+
+
+def test_bfloat16_storage_dtype():
+    x = rng.normal(size=(6, 7)).astype(np.float32)
+    t, ref = Tensor(x, dtype=dtypes.bfloat16), torch.tensor(x).bfloat16()
+    assert t.dtype is dtypes.bfloat16 and t.element_size() == 2
+    np.testing.assert_array_equal(t.numpy(), ref.float().numpy())  # rounded to nearest even on the way in
+    np.testing.assert_array_equal(Tensor(x).bfloat16().numpy(), ref.float().numpy())  # a cast rounds the same
+    # computed in float32, rounded once on store (PyTorch rounds after every op: compare with its float32 path)
+    y = (t * 3 + 1).exp()
+    assert y.dtype is dtypes.bfloat16
+    np.testing.assert_array_equal(y.numpy(), (ref.float() * 3 + 1).exp().bfloat16().float().numpy())
+    np.testing.assert_array_equal(t.sum(1).numpy(), ref.float().sum(1).bfloat16().float().numpy())
+    assert (t + Tensor(x)).dtype is dtypes.float32 and (t + Tensor(x).half()).dtype is dtypes.float32
+    assert (t + 1).dtype is dtypes.bfloat16 and (t.float() * 2).dtype is dtypes.float32
+    w = Tensor(x, dtype=dtypes.bfloat16, requires_grad=True)
+    (g,) = (w.float() * 2).sum().gradient(w)
+    assert g.dtype is dtypes.bfloat16 and np.all(g.numpy() == 2)
 
 
 def test_bf16_rounding_on_save(tmp_path):

@@ -16,6 +16,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from uopc.buffer import new_buffer
+from uopc.dtype import dtypes, float_to_bf16_bits
 from uopc.helpers import atomic_write, prod
 from uopc.tensor import Tensor
 
@@ -119,15 +121,15 @@ def safe_save(
 ) -> None:
     """Write tensors (or arrays) to `path` in the safetensors format, atomically (temp file, then rename).
 
-    Entries named in `bf16` are stored as BF16 (float values rounded to nearest even)."""
-    arrays = {k: (v.numpy() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items()}
+    bfloat16 tensors are stored as BF16; so are float entries named in `bf16` (rounded to nearest even)."""
+    arrays = {k: (v._bits() if isinstance(v, Tensor) else np.asarray(v)) for k, v in state.items()}
+    kinds = {k: "BF16" for k, v in state.items() if isinstance(v, Tensor) and v.dtype is dtypes.bfloat16}
     if unknown := set(bf16) - arrays.keys():
         raise KeyError(f"safe_save: bf16 names {sorted(unknown)} are not in the state")
-    kinds = {}
-    for name in bf16:
+    for name in set(bf16) - kinds.keys():
         if arrays[name].dtype.kind != "f":
             raise ValueError(f"safe_save: {name} has dtype {arrays[name].dtype}; only floats can be stored as BF16")
-        arrays[name], kinds[name] = to_bf16_bits(arrays[name]), "BF16"
+        arrays[name], kinds[name] = float_to_bf16_bits(arrays[name]), "BF16"
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     off = 0
     for name, a in arrays.items():
@@ -195,7 +197,7 @@ def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
     """Read a safetensors file into Tensors, rejecting a malformed file with a ValueError that names the problem.
 
     The file is memory-mapped: each tensor is copied once, from the page cache into its own aligned buffer (no read
-    into a bytearray first). BF16 entries become float32 tensors (exact: bf16 is float32's top 16 bits)."""
+    into a bytearray first). BF16 entries become bfloat16 tensors."""
     path = os.fspath(path)
     if os.path.getsize(path) == 0:
         raise ValueError(f"{path}: not a safetensors file: 0 bytes is too short for the 8-byte header length")
@@ -213,17 +215,13 @@ def safe_load(path: str | os.PathLike) -> dict[str, Tensor]:
             raise ValueError(f"{path}: entries {n0!r} and {n1!r} overlap")
     out = {}
     for name, dt, shape, b, end in entries:
-        if header[name]["dtype"] == "BF16":  # widen: the 16 bits become the top half of a float32
-            bits = data[b:end].view("<u2").astype(np.uint32) << 16
-            out[name] = Tensor(bits.view(np.float32).reshape(shape))
+        if header[name]["dtype"] == "BF16":  # the bit patterns are the storage of a bfloat16 tensor
+            bits = data[b:end].view("<u2")
+            if bits.size:
+                out[name] = Tensor(new_buffer(dtypes.bfloat16, bits.size, bits).reshape(shape))
+            else:
+                out[name] = Tensor.zeros(*shape, dtype=dtypes.bfloat16)
             continue
         a = data[b:end].view(dt.newbyteorder("<")).reshape(shape)
         out[name] = Tensor(a)  # Tensor copies into its own aligned buffer: the only copy
     return out
-
-
-def to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float32 values as bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays a quiet NaN."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return np.where(np.isnan(a), (u >> 16) | 0x40, rounded).astype(np.uint16)

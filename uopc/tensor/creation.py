@@ -15,7 +15,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes, to_dtype
+from uopc.dtype import DType, dtypes, float_to_bf16_bits, to_dtype
 from uopc.tensor.shape import Scalar, is_scalar, shape_arg
 from uopc.uop import UOp
 
@@ -50,6 +50,8 @@ def host_array(data: Any, dtype: DType | None) -> tuple[np.ndarray, DType]:
             "a (nested) list or tuple of numbers, or a Python scalar"
         )
     dt = src if dtype is None else to_dtype(dtype)
+    if dt is dtypes.bfloat16:  # stored as bit patterns, rounded to nearest even
+        return float_to_bf16_bits(arr.astype(np.float32)), dt
     return arr.astype(dt.np), dt  # astype copies: the tensor never aliases the caller's array
 
 

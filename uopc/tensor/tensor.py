@@ -26,7 +26,7 @@ import numpy as np
 
 from uopc.autodiff import compute_gradient, zeros_like
 from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
-from uopc.dtype import DType, dtypes, least_upper_float, to_dtype
+from uopc.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
@@ -186,6 +186,12 @@ class Tensor(
 
     def numpy(self) -> np.ndarray:
         """A fresh NumPy copy of the data (realizes)."""
+        if self.dtype is dtypes.bfloat16:  # NumPy has no bfloat16: the values come back as float32 (exact)
+            return bf16_bits_to_float(self._bits()).reshape(self.shape)
+        return self._bits()
+
+    def _bits(self) -> np.ndarray:
+        """A copy of the stored elements (for bfloat16, the 16-bit patterns)."""
         if self.numel() == 0:
             return np.zeros(self.shape, self.dtype.np)
         self.realize()
@@ -275,6 +281,10 @@ class Tensor(
     def float(self) -> Tensor:
         """Cast to float32."""
         return self.cast(dtypes.float32)
+
+    def bfloat16(self) -> Tensor:
+        """Cast to bfloat16 (stored as 16 bits, computed in float32, rounded on store)."""
+        return self.cast(dtypes.bfloat16)
 
     def half(self) -> Tensor:
         """Cast to float16."""
