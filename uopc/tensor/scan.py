@@ -21,6 +21,10 @@ from uopc.dtype import dtypes
 from uopc.tensor.shape import norm_dim
 from uopc.uop import Ops
 
+# a sort with more compare-exchange stages than this realizes its network in chunks of this many stages: every chunk
+# has the same structure (the stage's j and k are data), so one plan serves them all, where one plan of the whole
+# network (136 stages for 2^16) would take seconds to schedule the first time. Such a sort realizes its input.
+_SORT_CHUNK = 16
 _BLOCK = 64  # scan block: a (64, 64) masked reduce per block is cheap, and 64^3 = 2^18 needs only three levels
 
 
@@ -172,15 +176,20 @@ class ScanMixin:
         # only the permutation travels through the network: each stage reads both keys through it (a gather of a
         # gather), so a stage is one kernel with one output
         idx = pos._broadcast_to(key.shape, keep_const=False).contiguous()
-        stage = {}
-        k = 2
+        n_stages = sum(range(1, big.bit_length()))
+        chunked = n_stages > _SORT_CHUNK
+        if chunked:  # see _SORT_CHUNK: the network runs as equal chunks that share one cached plan
+            type(self).realize_all(key, idx)
+        done, k = 0, 2
         while k <= big:
             j = k // 2
             while j >= 1:
-                for v in (j, k):
-                    if v not in stage:
-                        stage[v] = type(self)(np.array([v], np.int32))
-                idx = key._bitonic_stage(idx, pos, stage[j], stage[k])
+                # fresh one-element tensors per stage: every chunk then has the same structure (no shared buffers)
+                jt, kt = (type(self)(np.array([v], np.int32)) for v in (j, k))
+                idx = key._bitonic_stage(idx, pos, jt, kt)
+                done += 1
+                if chunked and done % _SORT_CHUNK == 0:
+                    idx.realize()
                 j //= 2
             k *= 2
         idx = idx.shrink(tuple((0, s) for s in idx.shape[:-1]) + ((0, n),))
