@@ -239,6 +239,12 @@ def test_bfloat16_storage_dtype():
     w = Tensor(x, dtype=dtypes.bfloat16, requires_grad=True)
     (g,) = (w.float() * 2).sum().gradient(w)
     assert g.dtype is dtypes.bfloat16 and np.all(g.numpy() == 2)
+    assert Tensor.arange(4, dtype=dtypes.bfloat16).tolist() == [0.0, 1.0, 2.0, 3.0]
+    p = Tensor(np.ones(3, np.float32), dtype=dtypes.bfloat16, requires_grad=True)
+    opt = SGD([p], lr=0.25)
+    (p.float() * 2).sum().backward([p])
+    opt.step()  # the step's lr buffer is bfloat16 too (converted, not reinterpreted)
+    assert p.tolist() == [0.5, 0.5, 0.5]
 
 
 def test_bf16_rounding_on_save(tmp_path):

@@ -27,7 +27,7 @@ class _StepScalars:
     def get(self, name: str, like: Tensor) -> Tensor:
         key = (name, like.dtype)
         if key not in self.made:
-            self.made[key] = Tensor(np.array([self.values[name]], like.dtype.np))
+            self.made[key] = Tensor(np.array([self.values[name]]), dtype=like.dtype)  # bfloat16 converts
         return self.made[key]
 
 

@@ -108,7 +108,7 @@ class CreationMixin:
         all_int = all(isinstance(v, (int, np.integer)) for v in (start, stop, step))
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_int if all_int else dtypes.default_float
         n = max(0, math.ceil((stop - start) / step))
-        return cls((start + np.arange(n) * step).astype(dt.np))
+        return cls(start + np.arange(n) * step, dtype=dt)
 
     @classmethod
     def eye(cls, n: int, m: int | None = None, dtype: Any = None) -> Self:
