@@ -313,3 +313,21 @@ def test_errors_are_clear():
         Tensor.einsum("ii->i", Tensor(np.eye(2, dtype=np.float32)))
     with pytest.raises(ValueError, match="einsum"):
         Tensor.einsum("ij,jk->ik", Tensor(np.eye(2, dtype=np.float32)))
+
+
+def test_masked_select_and_nonzero():
+    x = rng.normal(size=(5, 6)).astype(np.float32)
+    m = x > 0.3
+    t, tx = Tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    out, ref = t.masked_select(Tensor(m)), tx.masked_select(torch.tensor(m))
+    (g,) = (out * 3).sum().gradient(t)
+    (ref * 3).sum().backward()
+    np.testing.assert_array_equal(out.numpy(), ref.detach().numpy())
+    np.testing.assert_array_equal(g.numpy(), tx.grad.numpy())
+    row = m[1]  # broadcast over the rows, as PyTorch
+    np.testing.assert_array_equal(Tensor(x).masked_select(Tensor(row)).numpy(), x[:, row].reshape(-1))
+    i = rng.integers(-1, 2, (4, 3, 2)).astype(np.int32)
+    np.testing.assert_array_equal(Tensor(i).nonzero().numpy(), torch.tensor(i).nonzero().numpy())
+    assert Tensor(np.zeros(3, np.float32)).nonzero().shape == (0, 1)
+    with pytest.raises(TypeError):
+        Tensor(x).masked_select(Tensor(x))

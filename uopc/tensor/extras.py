@@ -154,6 +154,36 @@ class ExtrasMixin:
         """(std, mean) over `axis`, as torch.std_mean."""
         return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
+    # ---------------------------------------------------------------- data-dependent sizes (these realize)
+
+    def _compact(self, mask: Any, values: Any) -> Any:
+        """values[mask] in flat order: count the Trues (realizes), then scatter-add each kept value to its rank
+        (cumsum of the mask); dropped values go to one extra slot that is cut off."""
+        m = mask.reshape(-1)
+        n = int(m.sum().item())
+        rank = m.cumsum(0) - 1
+        dest = m.where(rank, n).cast(dtypes.int32)
+        vals = values.reshape(-1, *values.shape[mask.ndim :])
+        dest = dest.reshape(-1, *(1,) * (vals.ndim - 1))._broadcast_to(vals.shape, keep_const=False)
+        out = type(self).zeros(n + 1, *vals.shape[1:], dtype=vals.dtype)
+        return out.scatter_add(0, dest, vals).shrink(((0, n),) + tuple((0, s) for s in vals.shape[1:]))
+
+    def masked_select(self, mask: Any) -> Self:
+        """The elements where `mask` (broadcast to self's shape) is True, as a 1-D tensor. Its length depends on the
+        data, so this realizes the mask's count first."""
+        mask = mask if isinstance(mask, ExtrasMixin) else type(self)(mask)
+        if not mask.dtype.is_bool:
+            raise TypeError(f"masked_select needs a bool mask, got {mask.dtype!r}")
+        mask = mask._broadcast_to(self.shape, keep_const=False)
+        return self._compact(mask, self)
+
+    def nonzero(self) -> Self:
+        """The indices (n, ndim) of the nonzero elements in row-major order (int32); realizes the count first."""
+        mask = self != 0 if not self.dtype.is_bool else self
+        grids = [self.arange(s).reshape((1,) * i + (s,) + (1,) * (self.ndim - i - 1)) for i, s in enumerate(self.shape)]
+        coords = type(self).stack([g._broadcast_to(self.shape, keep_const=False) for g in grids], dim=-1)
+        return self._compact(mask, coords)
+
     # ---------------------------------------------------------------- einsum
 
     @staticmethod
