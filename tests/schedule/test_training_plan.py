@@ -17,7 +17,8 @@ from uopc.tensor import Tensor
 
 def test_chapter_7_12_schedule(context, monkeypatch):
     context(OPT=0)
-    X, W = Tensor.randn(32, 64), Tensor.randn(64, 10, requires_grad=True)
+    X = Tensor.randn(32, 64).realize()  # random numbers are lazy: computed here, so the plan below is the step
+    W = Tensor.randn(64, 10, requires_grad=True).realize()
     loss = (X @ W).relu().square().mean()
     loss.backward([W])
     plan, _ = make_plan([loss.uop, W.grad.uop])
