@@ -9,6 +9,7 @@ Settings (all optional):
   UOPC_NUM_THREADS  OpenMP threads (default: OMP_NUM_THREADS, else all cores)
   UOPC_CHECK_OOB    1: generated code checks every load/store index against its buffer
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
+  UOPC_POOL_MB      MiB of freed storage the allocation pool keeps for reuse (default 2048)
 """
 
 from __future__ import annotations
@@ -37,11 +38,19 @@ CC: str = getenv("CC", "gcc")
 CFLAGS_ENV: str | None = os.environ.get("CFLAGS") or None
 CHECK_OOB: int = getenv("UOPC_CHECK_OOB", 0)
 PLAN_CACHE_SIZE: int = getenv("UOPC_PLAN_CACHE", 1024)
+POOL_MB: int = getenv("UOPC_POOL_MB", 2048)
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
 
 
 # the settings Context may change at run time, by the name users know them by (the environment variable)
-_CONTEXT_VARS = {"DEBUG": "DEBUG", "OPT": "OPT", "CHECK_OOB": "CHECK_OOB", "PLAN_CACHE": "PLAN_CACHE_SIZE", "CC": "CC"}
+_CONTEXT_VARS = {
+    "DEBUG": "DEBUG",
+    "OPT": "OPT",
+    "CHECK_OOB": "CHECK_OOB",
+    "PLAN_CACHE": "PLAN_CACHE_SIZE",
+    "CC": "CC",
+    "POOL_MB": "POOL_MB",
+}
 
 
 @contextlib.contextmanager

@@ -9,15 +9,16 @@ buffers hold.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from uopc import helpers
-from uopc.buffer import aligned_empty, buffer_data, output_buffer
+from uopc.buffer import buffer_data, output_buffer, pool
 from uopc.opt import HandOpt, SearchOpt
 from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_c
@@ -35,7 +36,6 @@ class CompiledPlan:
     plan: Plan
     srcs: list[str]
     programs: list[Program]
-    temp_arrays: list[np.ndarray] | None = field(default=None)  # allocated on the first run, then reused
 
     @property
     def kernels(self) -> tuple[Kernel, ...]:
@@ -67,24 +67,42 @@ def compile_plan(plan: Plan) -> CompiledPlan:
     return CompiledPlan(plan, srcs, programs)
 
 
+_plans_lock = threading.Lock()
+_building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one builder holds
+
+
+def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> CompiledPlan:
+    """The cached plan for `key`, else build it; threads racing for one key build it once (the others wait)."""
+    with _plans_lock:
+        cp = _plans.get(key)
+        if cp is not None:
+            _plans.move_to_end(key)
+            return cp
+        lock = _building.setdefault(key, threading.Lock())
+    with lock:
+        cp = _plans.get(key)
+        if cp is None:
+            cp = compile_plan(make_plan(roots, fuse_reduce, opt)[0])
+            with _plans_lock:
+                _plans[key] = cp
+                _building.pop(key, None)
+                while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
+                    _plans.popitem(last=False)
+    return cp
+
+
 def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> list[UOp]:
     """Compute each root. Returns, per root, a BUFFER UOp holding the result."""
     uniq = list(dict.fromkeys(roots))
     t0 = time.perf_counter()
     skey, inputs = structure_key(uniq)
     key = plan_key(skey, fuse_reduce, opt)
-    cp = _plans.get(key)
-    if cp is None:
-        cp = compile_plan(make_plan(uniq, fuse_reduce, opt)[0])
-        _plans[key] = cp
-        while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
-            _plans.popitem(last=False)
-    else:
-        _plans.move_to_end(key)
+    cp = _get_plan(key, uniq, fuse_reduce, opt)
     t1 = time.perf_counter()
     plan = cp.plan
-    if cp.temp_arrays is None:
-        cp.temp_arrays = [aligned_empty(n, d) for d, n in plan.temps]
+    # temps are taken from the pool for this call only: two threads running one plan never share them
+    blocks = [pool.alloc(n * d.itemsize) for d, n in plan.temps]
+    temps = [b[: n * d.itemsize].view(d.np) for b, (d, n) in zip(blocks, plan.temps, strict=True)]
     # fresh outputs are fully written by their kernel: uninitialized, not zeros (no 4 MB memset per 1024^2 result)
     outs: list[UOp] = []
     for o in plan.outs:
@@ -94,15 +112,21 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
             outs.append(outs[o[1]])
         else:
             outs.append(output_buffer(o[0], o[1]))
-    arrays = {"in": [buffer_data(b) for b in inputs], "tmp": cp.temp_arrays, "out": [buffer_data(o) for o in outs]}
+    arrays = {"in": [buffer_data(b) for b in inputs], "tmp": temps, "out": [buffer_data(o) for o in outs]}
     # error records of data-dependent index checks: per call, so concurrent realizes never see each other's
     arrays["err"] = [np.zeros(ERROR_RECORD, np.int64) for _ in range(plan.n_err)]
-    for k, prg in zip(plan.kernels, cp.programs, strict=True):
-        args = [arrays[kind][i] for kind, i in k.refs]
-        ts = time.perf_counter()
-        prg(*args)
-        if helpers.DEBUG >= 2:
-            _print_kernel(k, prg, args, time.perf_counter() - ts)
+    args: list[np.ndarray] = []
+    try:
+        for k, prg in zip(plan.kernels, cp.programs, strict=True):
+            args = [arrays[kind][i] for kind, i in k.refs]
+            ts = time.perf_counter()
+            prg(*args)
+            if helpers.DEBUG >= 2:
+                _print_kernel(k, prg, args, time.perf_counter() - ts)
+    finally:
+        del temps, args
+        for b in blocks:
+            pool.free(b)
     if plan.n_err:
         _raise_index_errors(plan, arrays["err"])
     if helpers.DEBUG >= 1:
