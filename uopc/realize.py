@@ -100,9 +100,9 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     cp = _get_plan(key, uniq, fuse_reduce, opt)
     t1 = time.perf_counter()
     plan = cp.plan
-    # temps are taken from the pool for this call only: two threads running one plan never share them
-    blocks = [pool.alloc(n * d.itemsize) for d, n in plan.temps]
-    temps = [b[: n * d.itemsize].view(d.np) for b, (d, n) in zip(blocks, plan.temps, strict=True)]
+    # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
+    arena = pool.alloc(plan.arena_bytes) if plan.temps else None
+    temps = [arena[o : o + n * d.itemsize].view(d.np) for o, (d, n) in zip(plan.temp_offsets, plan.temps, strict=True)]
     # fresh outputs are fully written by their kernel: uninitialized, not zeros (no 4 MB memset per 1024^2 result)
     outs: list[UOp] = []
     for o in plan.outs:
@@ -124,14 +124,17 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
             if helpers.DEBUG >= 2:
                 _print_kernel(k, prg, args, time.perf_counter() - ts)
     finally:
-        del temps, args
-        for b in blocks:
-            pool.free(b)
+        del arrays["tmp"], temps, args
+        if arena is not None:
+            pool.free(arena)
     if plan.n_err:
         _raise_index_errors(plan, arrays["err"])
     if helpers.DEBUG >= 1:
         t2 = time.perf_counter()
-        print(f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms")
+        print(
+            f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms, "
+            f"temps {plan.temp_bytes} -> {plan.arena_bytes} bytes"
+        )
     by_root = dict(zip(uniq, outs, strict=True))
     return [by_root[r] for r in roots]
 

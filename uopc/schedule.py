@@ -23,7 +23,7 @@ from uopc.rangeify import checks_of, lower, lower_scatter
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base
 
-__all__ = ["Kernel", "Plan", "Ref", "make_plan", "stage_broadcast_compute", "strip_detach"]
+__all__ = ["Kernel", "Plan", "Ref", "make_plan", "plan_memory", "stage_broadcast_compute", "strip_detach"]
 
 
 class Ref(NamedTuple):
@@ -56,6 +56,57 @@ class Plan:
     temps: tuple[tuple[DType, int], ...]  # (dtype, elements) per temp
     outs: tuple[Any, ...]  # per root: a Ref("in"|"out") alias, or (dtype, elements) for a fresh buffer
     n_err: int = 0  # error records (one per kernel with index checks), zeroed before each run, read after
+    temp_offsets: tuple[int, ...] = ()  # byte offset of each temp in the one arena the temps share
+    arena_bytes: int = 0  # size of that arena (the memory planner's result)
+
+    @property
+    def temp_bytes(self) -> int:
+        """What the temps would take without sharing (each in its own array)."""
+        return sum(_padded(n * d.itemsize) for d, n in self.temps)
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64  # every temp starts on a cache line
+
+
+def plan_memory(kernels: list[Kernel], temps: list[tuple[DType, int]]) -> tuple[tuple[int, ...], int]:
+    """Place the temps in one arena: temps whose live ranges (first to last kernel using them) do not overlap
+    share storage. Returns each temp's byte offset and the arena size.
+
+    Ranges are inclusive: a kernel that reads one temp for the last time never writes another temp over it.
+    """
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for ki, k in enumerate(kernels):
+        for ref in k.refs:
+            if ref.kind == "tmp":
+                first.setdefault(ref.i, ki)
+                last[ref.i] = ki
+    slots: list[list[int]] = []  # [bytes, last kernel using it]
+    slot_of: list[int] = []
+    for t in sorted(range(len(temps)), key=lambda t: (first.get(t, -1), t)):
+        need = _padded(temps[t][1] * temps[t][0].itemsize)
+        start = first.get(t, -1)
+        free = [i for i, sl in enumerate(slots) if sl[1] < start]
+        fits = [i for i in free if slots[i][0] >= need]
+        if fits:  # the smallest free slot that fits, else grow the largest free one
+            i = min(fits, key=lambda i: slots[i][0])
+        elif free:
+            i = max(free, key=lambda i: slots[i][0])
+            slots[i][0] = need
+        else:
+            i = len(slots)
+            slots.append([need, 0])
+        slots[i][1] = last.get(t, start)
+        slot_of.append((t, i))
+    base_of, pos = [], 0
+    for sz, _ in slots:
+        base_of.append(pos)
+        pos += sz
+    offsets = [0] * len(temps)
+    for t, i in slot_of:
+        offsets[t] = base_of[i]
+    return tuple(offsets), pos
 
 
 def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
@@ -154,7 +205,9 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
             k = _kernel(piece, ref[u], ph_ref, in_idx, piece_opt, n_err)
             n_err += any(r.kind == "err" for r in k.refs)
             kernels.append(k)
-    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err), inputs
+    # 6. plan memory: temps with disjoint live ranges share storage
+    offsets, arena = plan_memory(kernels, temps)
+    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err, offsets, arena), inputs
 
 
 def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], opt: Any, n_err: int) -> Kernel:
