@@ -58,4 +58,4 @@ def test_mnist_training_plan_shares_temps():
 def test_debug_prints_temp_bytes(context, capsys):
     context(DEBUG=1)
     Tensor(np.ones((8, 8), np.float32)).softmax(-1).realize()
-    assert "temps 64 -> 64 bytes" in capsys.readouterr().out
+    assert "temps 128 -> 128 bytes" in capsys.readouterr().out
