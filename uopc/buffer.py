@@ -23,7 +23,17 @@ from uopc import helpers
 from uopc.dtype import DType
 from uopc.uop import Ops, ParamArg, UOp, base
 
-__all__ = ["ALIGN", "Pool", "aligned_empty", "buffer_data", "buffer_from", "new_buffer", "output_buffer", "pool"]
+__all__ = [
+    "ALIGN",
+    "Pool",
+    "aligned_empty",
+    "buffer_data",
+    "buffer_ptr",
+    "buffer_from",
+    "new_buffer",
+    "output_buffer",
+    "pool",
+]
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every vector width the kernels use
 
@@ -96,9 +106,10 @@ class _Ref(weakref.ref):
     __slots__ = ("key",)
 
 
-# id(BUFFER UOp) -> (its flat array, the weak reference whose callback drops the entry, the pool block or None).
+# id(BUFFER UOp) -> (its flat array, the weak reference whose callback drops the entry, the pool block or None,
+# the address of the data: a plan call reads it without going through NumPy).
 # Keyed by id, not by the UOp: the entry must not keep the UOp alive, and the callback runs before the id is reused.
-_storage: dict[int, tuple[np.ndarray, _Ref, np.ndarray | None]] = {}
+_storage: dict[int, tuple[np.ndarray, _Ref, np.ndarray | None, int]] = {}
 # next(count) is atomic under the GIL: two threads never get the same slot
 _slots = itertools.count(1)
 # references held on a pool block when nobody but the storage entry uses it: the block's base array seen from
@@ -111,7 +122,7 @@ def _dead(ref: _Ref) -> None:
     entry = _storage.pop(ref.key, None)
     if entry is None or entry[2] is None:
         return
-    arr, _, block = entry
+    arr, _, block, _ = entry
     del entry, arr
     raw = block.base
     # someone still holds a view of the data (e.g. np.asarray of it): the memory is theirs, never reuse it
@@ -123,7 +134,7 @@ def _attach(u: UOp, arr: np.ndarray, block: np.ndarray | None) -> np.ndarray:
     key = id(u)
     r = _Ref(u, _dead)
     r.key = key
-    _storage[key] = (arr, r, block)
+    _storage[key] = (arr, r, block, arr.ctypes.data)
     return arr
 
 
@@ -186,6 +197,15 @@ def buffer_data(u: UOp) -> np.ndarray:
         arr = output_storage(u)
         arr.fill(0)
         return arr
+
+
+def buffer_ptr(u: UOp) -> int:
+    """The address of a BUFFER's data (attaching zeroed storage on first use, as buffer_data does)."""
+    entry = _storage.get(id(u))
+    if entry is not None:
+        return entry[3]
+    buffer_data(u)
+    return _storage[id(u)][3]
 
 
 def has_data(u: UOp) -> bool:

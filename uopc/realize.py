@@ -1,14 +1,16 @@
 """Realize: turn roots into computed BUFFERs through the plan cache (the structural JIT), compile, run, print.
 
-    >>> out, = realize([(a + b).uop])    # schedule (or fetch the cached plan), compile each kernel, run them
+    >>> out, = realize([(a + b).uop])    # schedule (or fetch the cached plan), compile it, run it: one ctypes call
 
 `_plans` maps a plan key (the graph's structure key with buffers abstracted away, plus every setting that changes
-the generated code) to a compiled plan: the same graph shape reuses the same compiled kernels, whatever the
-buffers hold.
+the generated code) to a compiled plan: the same graph shape reuses the same compiled object, whatever the buffers
+hold. A plan is one C translation unit (every kernel plus an entry point that runs them in order over one array of
+buffer pointers), compiled by one gcc run and cached on disk like a kernel.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import OrderedDict
@@ -18,31 +20,55 @@ from typing import Any
 import numpy as np
 
 from uopc import helpers
-from uopc.buffer import buffer_data, output_buffer, pool
+from uopc.buffer import buffer_ptr, output_buffer, pool
 from uopc.opt import HandOpt, SearchOpt
 from uopc.rangeify import ERROR_RECORD
-from uopc.render_c import render_c
-from uopc.runtime import Program
-from uopc.schedule import Kernel, Plan, make_plan
+from uopc.render_c import render_plan
+from uopc.runtime import Program, ensure_threads
+from uopc.schedule import Kernel, Plan, Ref, make_plan
 from uopc.uop import UOp, structure_key
 
-__all__ = ["CompiledPlan", "default_opt", "plan_key", "realize"]
+__all__ = ["CompiledPlan", "compile_plan", "default_opt", "plan_key", "realize", "run_plan"]
+
+_ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
 
 
 @dataclass
 class CompiledPlan:
-    """A Plan with its kernels rendered and compiled, and the temp arrays its runs share."""
+    """A Plan compiled into one object: `fn(bufs, ns, err)` runs every kernel in order.
+
+    `bufs` holds the inputs, then one slot per root, then the temps (at their offsets in one per-call arena), then
+    the error records of data-dependent index checks (per call, so concurrent realizes never see each other's).
+    """
 
     plan: Plan
-    srcs: list[str]
-    programs: list[Program]
+    src: str
+    fn: Any  # the ctypes entry point (None for a plan without kernels)
+    n_in: int
+    names: tuple[str, ...]  # each kernel's function name in the plan's C
 
     @property
     def kernels(self) -> tuple[Kernel, ...]:
         return self.plan.kernels
 
+    @property
+    def nbufs(self) -> int:
+        return self.n_in + len(self.plan.outs) + len(self.plan.temps) + self.plan.n_err
+
+    def where(self, ref: Ref) -> int:
+        """The index in `bufs` of a kernel parameter."""
+        if ref.kind == "in":
+            return ref.i
+        if ref.kind == "out":
+            return self.n_in + ref.i
+        if ref.kind == "err":
+            return self.n_in + len(self.plan.outs) + len(self.plan.temps) + ref.i
+        return self.n_in + len(self.plan.outs) + ref.i
+
 
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+_plans_lock = threading.Lock()
+_building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one builder holds
 
 
 def default_opt() -> Any:
@@ -57,18 +83,19 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any) -> tuple:
     return (skey, fuse_reduce, opt, helpers.CHECK_OOB)
 
 
-def compile_plan(plan: Plan) -> CompiledPlan:
-    """Render each kernel to C and compile it (each kernel is cached on disk by its source and flags)."""
-    srcs = [render_c(k.ast, k.name) for k in plan.kernels]
-    programs = [Program(src, k.name) for src, k in zip(srcs, plan.kernels, strict=True)]
+def compile_plan(plan: Plan, n_in: int) -> CompiledPlan:
+    """Render every kernel into one C translation unit with a `plan` entry point and compile it (one gcc run,
+    cached on disk by source and flags)."""
+    names = tuple(f"k{i}_{k.name}" for i, k in enumerate(plan.kernels))
+    cp = CompiledPlan(plan, "", None, n_in, names)
+    if not plan.kernels:
+        return cp
+    cp.src = render_plan([(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names)])
     if helpers.DEBUG >= 4:
-        for src in srcs:
-            print(src)
-    return CompiledPlan(plan, srcs, programs)
-
-
-_plans_lock = threading.Lock()
-_building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one builder holds
+        print(cp.src)
+    ptr = ctypes.POINTER(ctypes.c_longlong)
+    cp.fn = Program(cp.src, "plan").entry([ctypes.POINTER(ctypes.c_void_p), ptr, ptr])
+    return cp
 
 
 def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> CompiledPlan:
@@ -82,7 +109,8 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> Comp
     with lock:
         cp = _plans.get(key)
         if cp is None:
-            cp = compile_plan(make_plan(roots, fuse_reduce, opt)[0])
+            plan, inputs = make_plan(roots, fuse_reduce, opt)
+            cp = compile_plan(plan, len(inputs))
             with _plans_lock:
                 _plans[key] = cp
                 _building.pop(key, None)
@@ -96,50 +124,77 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     uniq = list(dict.fromkeys(roots))
     t0 = time.perf_counter()
     skey, inputs = structure_key(uniq)
-    key = plan_key(skey, fuse_reduce, opt)
-    cp = _get_plan(key, uniq, fuse_reduce, opt)
+    cp = _get_plan(plan_key(skey, fuse_reduce, opt), uniq, fuse_reduce, opt)
     t1 = time.perf_counter()
-    plan = cp.plan
-    # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
-    arena = pool.alloc(plan.arena_bytes) if plan.temps else None
-    temps = [arena[o : o + n * d.itemsize].view(d.np) for o, (d, n) in zip(plan.temp_offsets, plan.temps, strict=True)]
-    # fresh outputs are fully written by their kernel: uninitialized, not zeros (no 4 MB memset per 1024^2 result)
-    outs: list[UOp] = []
-    for o in plan.outs:
-        if o[0] == "in":
-            outs.append(inputs[o[1]])
-        elif o[0] == "out":
-            outs.append(outs[o[1]])
-        else:
-            outs.append(output_buffer(o[0], o[1]))
-    arrays = {"in": [buffer_data(b) for b in inputs], "tmp": temps, "out": [buffer_data(o) for o in outs]}
-    # error records of data-dependent index checks: per call, so concurrent realizes never see each other's
-    arrays["err"] = [np.zeros(ERROR_RECORD, np.int64) for _ in range(plan.n_err)]
-    args: list[np.ndarray] = []
-    try:
-        for k, prg in zip(plan.kernels, cp.programs, strict=True):
-            args = [arrays[kind][i] for kind, i in k.refs]
-            ts = time.perf_counter()
-            prg(*args)
-            if helpers.DEBUG >= 2:
-                _print_kernel(k, prg, args, time.perf_counter() - ts)
-    finally:
-        del arrays["tmp"], temps, args
-        if arena is not None:
-            pool.free(arena)
-    if plan.n_err:
-        _raise_index_errors(plan, arrays["err"])
+    outs = run_plan(cp, inputs)
     if helpers.DEBUG >= 1:
         t2 = time.perf_counter()
+        plan = cp.plan
         print(
             f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms, "
             f"temps {plan.temp_bytes} -> {plan.arena_bytes} bytes"
         )
+    if len(uniq) == len(roots):
+        return outs
     by_root = dict(zip(uniq, outs, strict=True))
     return [by_root[r] for r in roots]
 
 
-def _raise_index_errors(plan: Plan, records: list[np.ndarray]) -> None:
+def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None = None) -> list[UOp]:
+    """Run a compiled plan on `inputs` (BUFFERs bound by position). Returns a BUFFER per root: fresh ones from the
+    pool, or the given `outs[r]` where not None (the plan writes into that storage)."""
+    plan = cp.plan
+    n_in = cp.n_in
+    ptrs = (ctypes.c_void_p * cp.nbufs)()
+    for i, b in enumerate(inputs):
+        ptrs[i] = buffer_ptr(b)
+    res: list[UOp] = []
+    for r, o in enumerate(plan.outs):
+        if o[0] == "in":
+            res.append(inputs[o[1]])
+        elif o[0] == "out":
+            res.append(res[o[1]])
+        else:
+            # fresh outputs are fully written by their kernel: uninitialized, not zeros
+            u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o[0], o[1])
+            res.append(u)
+            ptrs[n_in + r] = buffer_ptr(u)
+    if cp.fn is None:
+        return res
+    # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
+    arena = pool.alloc(plan.arena_bytes) if plan.temps else None
+    if arena is not None:
+        base, t = arena.ctypes.data, n_in + len(plan.outs)
+        for j, off in enumerate(plan.temp_offsets):
+            ptrs[t + j] = base + off
+    records = np.zeros((plan.n_err, ERROR_RECORD), np.int64) if plan.n_err else None
+    if records is not None:
+        base, t = records.ctypes.data, n_in + len(plan.outs) + len(plan.temps)
+        for j in range(plan.n_err):
+            ptrs[t + j] = base + j * ERROR_RECORD * 8
+    ns = (ctypes.c_longlong * len(plan.kernels))() if helpers.DEBUG >= 2 else None
+    err = (ctypes.c_longlong * _ERR_WORDS)() if helpers.CHECK_OOB else None
+    try:
+        ensure_threads()
+        cp.fn(ptrs, ns, err)
+        if ns is not None:
+            _print_kernels(cp, ptrs, ns)
+    finally:
+        if arena is not None:
+            pool.free(arena)
+    if records is not None:
+        _raise_index_errors(plan, records)
+    if err is not None and err[0]:
+        k = plan.kernels[err[4]]
+        slot, idx, size = err[1], err[2], err[3]
+        raise IndexError(
+            f"uopc: out-of-bounds access in kernel {k.name}: data{slot}[{idx}], "
+            f"but data{slot} has {size} elements (valid indices 0..{size - 1})"
+        )
+    return res
+
+
+def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
     """After a run: raise IndexError for the first kernel whose data-dependent index check failed."""
     for k in plan.kernels:
         rec = next((records[i] for kind, i in k.refs if kind == "err"), None)
@@ -151,12 +206,19 @@ def _raise_index_errors(plan: Plan, records: list[np.ndarray]) -> None:
             )
 
 
-def _print_kernel(k: Kernel, prg: Program, args: list[np.ndarray], dt: float) -> None:
-    extra = ""
-    if helpers.DEBUG >= 3:  # run again: warm caches, no first-touch page faults
-        ts = time.perf_counter()
-        prg(*args)
-        extra = f"  (again: {(time.perf_counter() - ts) * 1e3:.3f} ms)"
-        if k.opts is not None:
-            extra += f"  {k.opts}"
-    print(f"  {k.name:30s} {dt * 1e3:8.3f} ms  {k.flops / max(dt, 1e-9) / 1e9:7.2f} GFLOP/s{extra}")
+def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any) -> None:
+    """DEBUG>=2: one line per kernel from the plan's own timers; DEBUG>=3 runs the plan again (warm caches, no
+    first-touch page faults) unless it writes into one of its inputs."""
+    again = None
+    in_place = any(o[0] == "in" for o in cp.plan.outs) or any(r.kind == "in" for k in cp.kernels for r in k.refs[-1:])
+    if helpers.DEBUG >= 3 and not in_place:
+        again = (ctypes.c_longlong * len(cp.kernels))()
+        cp.fn(ptrs, again, (ctypes.c_longlong * _ERR_WORDS)())
+    for i, k in enumerate(cp.kernels):
+        dt = ns[i] * 1e-9
+        extra = ""
+        if again is not None:
+            extra = f"  (again: {again[i] * 1e-6:.3f} ms)"
+            if k.opts is not None:
+                extra += f"  {k.opts}"
+        print(f"  {cp.names[i]:30s} {dt * 1e3:8.3f} ms  {k.flops / max(dt, 1e-9) / 1e9:7.2f} GFLOP/s{extra}")

@@ -267,13 +267,63 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
 CRenderer.code_for_op = code_for_op
 
 
-def render_c(ast: UOp, name: str) -> str:
-    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
+def _render_function(ast: UOp, name: str, extra_param: str = "") -> tuple[dict[str, str], str, list[UOp]]:
+    """One kernel's helper definitions (keyed for deduplication), its C function, and its BUFFERs by slot."""
     lin = linearize(ast)
     r = CRenderer(lin, name)
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
-    params = ", ".join(f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs)
-    head = PRELUDE + "".join(r.helpers[k] for k in sorted(r.helpers))
-    return head + f"\nvoid {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n"
+    params = ", ".join(
+        [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
+    )
+    return r.helpers, f"void {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n", bufs
+
+
+def render_c(ast: UOp, name: str) -> str:
+    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
+    hs, fn, _ = _render_function(ast, name)
+    return PRELUDE + "".join(hs[k] for k in sorted(hs)) + "\n" + fn
+
+
+# in a plan the bounds check records into the calling plan's own error array (per call, so threads never mix
+# their reports): each kernel gets it as a parameter named uopc_oob, and the macro passes it on
+_PLAN_OOB_CHECK = """static inline long long uopc_chk_(long long* oob, long long i, long long n, long long slot) {
+  if (i >= 0 && i < n) return i;
+  if (!oob[0]) { oob[1] = slot; oob[2] = i; oob[3] = n; oob[0] = 1; }
+  return 0;
+}
+#define uopc_chk(i, n, slot) uopc_chk_(uopc_oob, i, n, slot)
+"""
+_PLAN_TIMER = """static inline long long uopc_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+"""
+
+
+def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan") -> str:
+    """All kernels of a plan in one translation unit, plus `void entry(void** bufs, long long* ns, long long* err)`
+    that runs them in order. Each kernel is (ast, name unique in the plan, index into bufs of each parameter).
+
+    `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
+    (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
+    """
+    check = bool(helpers.CHECK_OOB)
+    hs: dict[str, str] = {}
+    fns, calls = [], []
+    for i, (ast, name, where) in enumerate(kernels):
+        khs, fn, bufs = _render_function(ast, name, "long long* restrict uopc_oob" if check else "")
+        hs.update(khs)
+        fns.append("static " + fn)
+        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
+        calls.append(f"  {name}({', '.join(args)});")
+        calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
+        if check:
+            calls.append(f"  if (err[0]) {{ err[4] = {i}; return; }}")
+    if check:
+        hs["~oob"] = _PLAN_OOB_CHECK
+    head = PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER
+    body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
+    return head + "\n" + "\n".join(fns) + "\n" + body + "\n".join(calls) + "\n}\n"

@@ -38,6 +38,7 @@ __all__ = [
     "CompileError",
     "CompilerNotFoundError",
     "Program",
+    "ensure_threads",
     "get_num_threads",
     "set_num_threads",
     "stats",
@@ -369,6 +370,7 @@ class Program:
     def __init__(self, src: str, name: str):
         self.src, self.name = src, name
         lib, self.lib_path = _load(src)
+        self._lib = lib
         try:
             # lib[name] is a fresh function pointer, so this Program's argtypes never affect another's
             self._fn: Any = lib[name]
@@ -385,6 +387,13 @@ class Program:
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {self.lib_path!r})"
+
+    def entry(self, argtypes: list[Any]) -> Any:
+        """A fresh ctypes function for this program's symbol with `argtypes`, for callers that pass raw pointers
+        (a plan passes one array of buffer pointers); call `ensure_threads()` before calling it."""
+        fn = self._lib[self.name]
+        fn.argtypes, fn.restype = argtypes, None
+        return fn
 
     def __call__(self, *args: np.ndarray) -> None:
         """Run the kernel on `args` (C-contiguous ndarrays)."""
@@ -474,6 +483,12 @@ def _apply_threads() -> None:
     if n > 1:
         _ran_parallel = True  # libgomp only starts its pool for regions with more than one thread
     _tls.applied = n
+
+
+def ensure_threads() -> None:
+    """Give the calling OS thread the target OpenMP thread count, if it does not have it yet."""
+    if _tls.applied != _target:
+        _apply_threads()
 
 
 def set_num_threads(n: int) -> None:

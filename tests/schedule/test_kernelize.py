@@ -190,7 +190,7 @@ def test_debug4_prints_the_c(context, opt0, capsys, monkeypatch):
     context(DEBUG=4)
     (Tensor(r(3, 5)) * 7 - 1).realize()  # a structure no other test uses: a cache miss, so the C is printed
     out = capsys.readouterr().out
-    assert "void e_3_5(float* restrict data0, float* restrict data1)" in out
+    assert "static void k0_e_3_5(float* restrict data0, float* restrict data1)" in out
     assert "realize: 1 kernels" in out and "GFLOP/s" in out
 
 
@@ -199,8 +199,8 @@ def test_plan_cache_stays_bounded_over_3000_shapes(context, monkeypatch):
     # Compiling 3,000 kernels would take minutes, so programs are stubbed: this checks the cache, not gcc.
     context(PLAN_CACHE=64)
 
-    def fake_compile(plan):
-        return realize.CompiledPlan(plan, [], [lambda *args: None for _ in plan.kernels])
+    def fake_compile(plan, n_in):
+        return realize.CompiledPlan(plan, "", None, n_in, ())
 
     monkeypatch.setattr(realize, "compile_plan", fake_compile)
     for n in range(1, 3001):
@@ -221,4 +221,4 @@ def test_plan_key_includes_bounds_checks(context, opt0):
     y = Tensor(r(5, 7))
     (y * 3 + 2).realize()
     cp = next(reversed(realize._plans.values()))
-    assert all("uopc_chk(" in src for src in cp.srcs)
+    assert "uopc_chk(" in cp.src
