@@ -16,6 +16,7 @@ import itertools
 import sys
 import threading
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,6 +46,13 @@ def _size_class(nbytes: int) -> int:
     return -(-n // step) * step
 
 
+class Block(NamedTuple):
+    """A pool allocation: the aligned bytes and their address (read once: numpy's .ctypes costs a microsecond)."""
+
+    data: np.ndarray
+    addr: int
+
+
 class Pool:
     """Freed storage kept by size class and handed out again; `misses` counts allocations taken from the system.
 
@@ -53,14 +61,14 @@ class Pool:
     """
 
     def __init__(self) -> None:
-        self._free: dict[int, list[np.ndarray]] = {}
+        self._free: dict[int, list[Block]] = {}
         self._lock = threading.Lock()
         self.held = 0  # bytes waiting in the free lists
         self.misses = 0
         self.hits = 0
 
-    def alloc(self, nbytes: int) -> np.ndarray:
-        """A 64-byte aligned, uninitialized uint8 block of at least `nbytes` bytes (its size class)."""
+    def alloc(self, nbytes: int) -> Block:
+        """A 64-byte aligned, uninitialized uint8 block of at least `nbytes` bytes (its size class), and its address."""
         cls = _size_class(nbytes)
         with self._lock:
             lst = self._free.get(cls)
@@ -74,12 +82,13 @@ class Pool:
         except MemoryError:
             self.empty()
             raw = np.empty(cls + ALIGN, np.uint8)
-        off = (-raw.ctypes.data) % ALIGN
-        return raw[off : off + cls]
+        addr = raw.ctypes.data
+        off = (-addr) % ALIGN
+        return Block(raw[off : off + cls], addr + off)
 
-    def free(self, block: np.ndarray) -> None:
+    def free(self, block: Block) -> None:
         """Give back a block from `alloc` (nothing else may still use it)."""
-        cls = block.size
+        cls = block.data.size
         with self._lock:
             if self.held + cls > helpers.POOL_MB << 20:
                 return  # over the cap: the garbage collector gives it back to the system
@@ -96,8 +105,8 @@ class Pool:
 pool = Pool()
 
 
-def _typed(block: np.ndarray, n: int, dtype: DType) -> np.ndarray:
-    return block[: n * dtype.itemsize].view(dtype.np)
+def _typed(block: Block, n: int, dtype: DType) -> np.ndarray:
+    return block.data[: n * dtype.itemsize].view(dtype.np)
 
 
 class _Ref(weakref.ref):
@@ -106,14 +115,14 @@ class _Ref(weakref.ref):
     __slots__ = ("key",)
 
 
-# id(BUFFER UOp) -> (its flat array, the weak reference whose callback drops the entry, the pool block or None,
-# the address of the data: a plan call reads it without going through NumPy).
+# id(BUFFER UOp) -> (its flat array or None until first asked for, the weak reference whose callback drops the
+# entry, the pool block or None, the address of the data: a plan call reads it without going through NumPy).
 # Keyed by id, not by the UOp: the entry must not keep the UOp alive, and the callback runs before the id is reused.
-_storage: dict[int, tuple[np.ndarray, _Ref, np.ndarray | None, int]] = {}
+_storage: dict[int, tuple[np.ndarray | None, _Ref, Block | None, int]] = {}
 # next(count) is atomic under the GIL: two threads never get the same slot
 _slots = itertools.count(1)
-# references held on a pool block when nobody but the storage entry uses it: the block's base array seen from
-# the local name, getrefcount's argument and the block view itself
+# references to a pool block's base array when nobody else uses it: the block's view, the local name and
+# getrefcount's argument
 _IDLE_REFS = 3
 _attach_lock = threading.Lock()
 
@@ -122,20 +131,19 @@ def _dead(ref: _Ref) -> None:
     entry = _storage.pop(ref.key, None)
     if entry is None or entry[2] is None:
         return
-    arr, _, block, _ = entry
-    del entry, arr
-    raw = block.base
+    block = entry[2]
+    del entry
+    raw = block.data.base
     # someone still holds a view of the data (e.g. np.asarray of it): the memory is theirs, never reuse it
     if raw is not None and sys.getrefcount(raw) <= _IDLE_REFS:
         pool.free(block)
 
 
-def _attach(u: UOp, arr: np.ndarray, block: np.ndarray | None) -> np.ndarray:
+def _attach(u: UOp, arr: np.ndarray | None, block: Block | None, addr: int) -> None:
     key = id(u)
     r = _Ref(u, _dead)
     r.key = key
-    _storage[key] = (arr, r, block, arr.ctypes.data)
-    return arr
+    _storage[key] = (arr, r, block, addr)
 
 
 def aligned_empty(n: int, dtype: DType) -> np.ndarray:
@@ -157,16 +165,19 @@ def new_buffer(dtype: DType, size: int, data: np.ndarray | None = None) -> UOp:
     u = UOp(Ops.BUFFER, (), ParamArg(next(_slots), dtype, (max(size, 1),)))
     if data is not None:
         flat = np.asarray(data).reshape(-1)
-        arr = output_storage(u)
-        arr[: flat.size] = flat
+        output_storage(u)
+        _typed_view(u)[: flat.size] = flat
     return u
 
 
-def output_storage(u: UOp) -> np.ndarray:
-    """Attach uninitialized storage from the pool to a BUFFER that has none yet; returns the array."""
-    n, dtype = u.arg.shape[0], u.dtype
-    block = pool.alloc(n * dtype.itemsize)
-    return _attach(u, _typed(block, n, dtype), block)
+def output_storage(u: UOp) -> int:
+    """Attach uninitialized storage from the pool to a BUFFER that has none yet; returns its address.
+
+    The typed NumPy view is made on the first buffer_data: a plan only needs the address.
+    """
+    block = pool.alloc(u.arg.shape[0] * u.dtype.itemsize)
+    _attach(u, None, block, block.addr)
+    return block.addr
 
 
 def output_buffer(dtype: DType, size: int) -> UOp:
@@ -181,22 +192,28 @@ def buffer_from(arr: np.ndarray, dtype: DType) -> UOp:
     if arr.ndim != 1 or arr.dtype != dtype.np or arr.ctypes.data % ALIGN:
         raise ValueError(f"buffer_from: need a flat {ALIGN}-byte aligned {dtype.np} array, got {arr.dtype}{arr.shape}")
     u = UOp(Ops.BUFFER, (), ParamArg(next(_slots), dtype, (arr.size,)))
-    _attach(u, arr, None)
+    _attach(u, arr, None, arr.ctypes.data)
     return u
 
 
 def buffer_data(u: UOp) -> np.ndarray:
     """The flat array of a BUFFER UOp (zero-filled on first use)."""
     entry = _storage.get(id(u))
-    if entry is not None:
-        return entry[0]
-    with _attach_lock:  # two threads touching a fresh buffer at once must attach one array
-        entry = _storage.get(id(u))
-        if entry is not None:
-            return entry[0]
-        arr = output_storage(u)
-        arr.fill(0)
-        return arr
+    if entry is None:
+        with _attach_lock:  # two threads touching a fresh buffer at once must attach one array
+            if id(u) not in _storage:
+                output_storage(u)
+                _typed_view(u).fill(0)
+        entry = _storage[id(u)]
+    return entry[0] if entry[0] is not None else _typed_view(u)
+
+
+def _typed_view(u: UOp) -> np.ndarray:
+    arr, r, block, addr = _storage[id(u)]
+    if arr is None:
+        arr = _typed(block, u.arg.shape[0], u.dtype)
+        _storage[id(u)] = (arr, r, block, addr)
+    return arr
 
 
 def buffer_ptr(u: UOp) -> int:

@@ -164,7 +164,7 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
     # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
     arena = pool.alloc(plan.arena_bytes) if plan.temps else None
     if arena is not None:
-        base, t = arena.ctypes.data, n_in + len(plan.outs)
+        base, t = arena.addr, n_in + len(plan.outs)
         for j, off in enumerate(plan.temp_offsets):
             ptrs[t + j] = base + off
     records = np.zeros((plan.n_err, ERROR_RECORD), np.int64) if plan.n_err else None
