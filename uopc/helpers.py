@@ -20,6 +20,7 @@ import operator
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
@@ -109,15 +110,29 @@ def cache_dir() -> str:
     return os.path.join(base, "uopc")
 
 
+_recursion_lock = threading.Lock()
+_recursion_users = [0, 0]  # threads inside deep_recursion, the limit to restore when the last one leaves
+
+
 @contextlib.contextmanager
 def deep_recursion(limit: int = 20000):
-    """Let the recursive lowering and rendering walk long chains (a 400-op elementwise chain is ~1200 frames)."""
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, limit))
+    """Let the recursive lowering and rendering walk long chains (a 400-op elementwise chain is ~1200 frames).
+
+    The limit is process-wide: with several threads compiling, only the last one out restores it (restoring on
+    each exit would lower it under a thread still deep in a walk).
+    """
+    with _recursion_lock:
+        if _recursion_users[0] == 0:
+            _recursion_users[1] = sys.getrecursionlimit()
+        _recursion_users[0] += 1
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), limit))
     try:
         yield
     finally:
-        sys.setrecursionlimit(old)
+        with _recursion_lock:
+            _recursion_users[0] -= 1
+            if _recursion_users[0] == 0:
+                sys.setrecursionlimit(_recursion_users[1])
 
 
 def prod(xs: Iterable[int]) -> int:

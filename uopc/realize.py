@@ -26,9 +26,19 @@ from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_plan
 from uopc.runtime import Program, ensure_threads
 from uopc.schedule import Kernel, Plan, Ref, make_plan
-from uopc.uop import UOp, structure_key
+from uopc.uop import Ops, UOp, structure_key
 
-__all__ = ["CompiledPlan", "compile_plan", "default_opt", "plan_key", "realize", "run_plan"]
+__all__ = [
+    "Captured",
+    "CompiledPlan",
+    "capture",
+    "compile_plan",
+    "default_opt",
+    "inplace_ok",
+    "plan_key",
+    "realize",
+    "run_plan",
+]
 
 _ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
 
@@ -64,6 +74,42 @@ class CompiledPlan:
         if ref.kind == "err":
             return self.n_in + len(self.plan.outs) + len(self.plan.temps) + ref.i
         return self.n_in + len(self.plan.outs) + ref.i
+
+
+@dataclass
+class Captured:
+    """One realize seen while capturing (uopc.jit.TinyJit): the plan, the BUFFERs it read, the BUFFERs it wrote
+    (per root), and what the caller says about each root (the Tensor layer: which tensor it was assigned to)."""
+
+    cp: CompiledPlan
+    inputs: list[UOp]
+    outs: list[UOp]
+    owners: list[Any] | None = None
+
+
+class _CaptureState(threading.local):
+    calls: list[Captured] | None = None  # per thread: a capture in one thread never sees another's realizes
+
+
+_capture = _CaptureState()
+
+
+class capture:
+    """`with capture() as calls:` records every realize of this thread into `calls` (a list of Captured)."""
+
+    def __enter__(self) -> list[Captured]:
+        if _capture.calls is not None:
+            raise RuntimeError("uopc: a capture is already running in this thread (nested TinyJit calls?)")
+        _capture.calls = []
+        return _capture.calls
+
+    def __exit__(self, *exc: Any) -> None:
+        _capture.calls = None
+
+
+def capturing() -> list[Captured] | None:
+    """The current thread's capture list, or None."""
+    return _capture.calls
 
 
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
@@ -127,6 +173,8 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     cp = _get_plan(plan_key(skey, fuse_reduce, opt), uniq, fuse_reduce, opt)
     t1 = time.perf_counter()
     outs = run_plan(cp, inputs)
+    if _capture.calls is not None:
+        _capture.calls.append(Captured(cp, list(inputs), list(outs)))
     if helpers.DEBUG >= 1:
         t2 = time.perf_counter()
         plan = cp.plan
@@ -192,6 +240,42 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
             f"but data{slot} has {size} elements (valid indices 0..{size - 1})"
         )
     return res
+
+
+def inplace_ok(cp: CompiledPlan, r: int, i: int | None) -> bool:
+    """Whether root `r` may be written into the storage of input `i` (None: an input the plan does not read):
+    every read of the input's old value comes before the first kernel that writes the root, or is in that kernel
+    at exactly the element it stores (an elementwise update p - lr * g)."""
+    plan = cp.plan
+    if isinstance(plan.outs[r], Ref):
+        return False  # an alias of an input or of another root: nothing is written for it
+    if i is None:
+        return True
+    out, src = Ref("out", r), Ref("in", i)
+    w0 = next(w for w, k in enumerate(plan.kernels) if out in k.refs)
+    for w, k in enumerate(plan.kernels):
+        if src in k.refs and (w > w0 or (w == w0 and not _same_element(k, src, out))):
+            return False
+    return True
+
+
+def _same_element(k: Kernel, src: Ref, out: Ref) -> bool:
+    """In kernel `k`, every load of `src` reads the element the store it feeds writes to `out`, ungated."""
+    slots = sorted({b.arg.slot for b in k.ast.toposort() if b.op is Ops.BUFFER})
+    slot_of = dict(zip(k.refs, slots, strict=True))
+    s_in, s_out = slot_of[src], slot_of[out]
+    fed: set[UOp] = set()
+    for st in (u for u in k.ast.toposort() if u.op is Ops.STORE):
+        idx = st.src[0]
+        if idx.src[0].op is not Ops.BUFFER or idx.src[0].arg.slot != s_out:
+            continue
+        for ld in st.src[1].toposort():
+            if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.BUFFER and ld.src[0].src[0].arg.slot == s_in:
+                if len(ld.src[0].src) != 2 or ld.src[0].src[1] is not idx.src[1] or len(idx.src) != 2:
+                    return False
+                fed.add(ld)
+    loads = [u for u in k.ast.toposort() if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.BUFFER]
+    return all(ld in fed for ld in loads if ld.src[0].src[0].arg.slot == s_in)
 
 
 def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
