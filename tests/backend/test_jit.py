@@ -9,7 +9,7 @@ import pytest
 
 from uopc import TinyJit, runtime
 from uopc.buffer import base_buffer, buffer_ptr, pool
-from uopc.nn import SGD, AdamW, Linear, parameters
+from uopc.nn import SGD, AdamW, LayerNorm, Linear, parameters
 from uopc.tensor import Tensor
 
 
@@ -157,3 +157,50 @@ def test_assign_keeps_old_value_for_held_lazy_graph():
     q.assign(q + 7).realize()  # unjitted
     np.testing.assert_array_equal(held.numpy(), np.zeros(6))
     np.testing.assert_array_equal(q.numpy(), np.full(6, 7))
+
+
+class _Block:
+    """A small pre-LayerNorm transformer block (causal attention + GELU MLP), as in examples/gpt.py."""
+
+    def __init__(self, dim: int = 16, heads: int = 2):
+        self.heads = heads
+        self.ln1, self.ln2 = LayerNorm(dim), LayerNorm(dim)
+        self.qkv, self.proj = Linear(dim, 3 * dim), Linear(dim, dim)
+        self.fc, self.out = Linear(dim, 4 * dim), Linear(4 * dim, dim)
+
+    def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
+        B, T, C = x.shape
+        hd = C // self.heads
+        h = self.ln1(x)
+        q, k, v = (t.reshape(B, T, self.heads, hd).permute(0, 2, 1, 3) for t in self.qkv(h).split(C, dim=2))
+        att = ((q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + mask).softmax(-1) @ v
+        x = x + self.proj(att.permute(0, 2, 1, 3).reshape(B, T, C))
+        return x + self.out(self.fc(self.ln2(x)).gelu())
+
+
+def test_jit_gpt_block_adamw_bit_exact():
+    """8 jitted AdamW steps of a transformer block equal 8 unjitted ones bit for bit."""
+    runtime.set_num_threads(2)
+    g = np.random.default_rng(3)
+    data = [(g.standard_normal((2, 8, 16)).astype(np.float32), g.standard_normal((2, 8, 16)).astype(np.float32))]
+    data = data * 8
+    mask = np.triu(np.full((8, 8), -np.inf, np.float32), 1)
+    results = []
+    for use_jit in (False, True):
+        Tensor.manual_seed(0)
+        block = _Block()
+        opt = AdamW(parameters(block), lr=1e-2)
+
+        def step(x: Tensor, y: Tensor, block=block, opt=opt) -> Tensor:
+            loss = (block(x, Tensor(mask)) - y).square().mean()
+            opt.zero_grad()
+            loss.backward(opt.params)
+            opt.step(loss)
+            return loss
+
+        f = TinyJit(step) if use_jit else step
+        losses = [f(Tensor(x), Tensor(y)).item() for x, y in data]
+        results.append((losses, [p.numpy() for p in parameters(block)]))
+    assert results[0][0] == results[1][0]
+    for a, b in zip(results[0][1], results[1][1], strict=True):
+        assert np.array_equal(a, b)

@@ -8,6 +8,7 @@ import numpy as np
 
 from uopc import realize
 from uopc.buffer import pool
+from uopc.nn import AdamW, Linear, parameters
 from uopc.tensor import Tensor
 
 
@@ -108,3 +109,31 @@ def test_pool_reuses_storage_after_warmup():
     for _ in range(10):
         Tensor(x).softmax(-1).numpy()
     assert pool.misses == misses
+
+
+def test_threads_train_two_models():
+    """Two threads each train their own MLP with AdamW (one plan per step); each equals the same training run
+    alone in this thread."""
+    g = np.random.default_rng(5)
+    data = [(g.standard_normal((16, 20)).astype(np.float32), g.integers(0, 5, 16).astype(np.int32)) for _ in range(6)]
+
+    def model(seed: int):  # built in the main thread: the random generator is global
+        Tensor.manual_seed(seed)
+        return Linear(20, 12), Linear(12, 5)
+
+    def train(l1, l2) -> list[np.ndarray]:
+        opt = AdamW(parameters([l1, l2]), lr=1e-2)
+        for x, y in data:
+            loss = l2(l1(Tensor(x)).relu()).cross_entropy(Tensor(y))
+            opt.zero_grad()
+            loss.backward(opt.params)
+            opt.step(loss)
+        return [p.numpy() for p in parameters([l1, l2])]
+
+    ref = {s: train(*model(s)) for s in (1, 2)}
+    models = {s: model(s) for s in (1, 2)}
+    got: dict = {}
+    assert not _run_threads(lambda tid: got.__setitem__(tid + 1, train(*models[tid + 1])), 2)
+    for s in (1, 2):
+        for a, b in zip(ref[s], got[s], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
