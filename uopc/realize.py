@@ -11,6 +11,7 @@ buffer pointers), compiled by one gcc run and cached on disk like a kernel.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 _ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
+_MAX_PARTS = 8  # translation units of one plan at most (each is one compiler process)
+_PART_CHARS = 100_000  # characters of kernel C per unit at least: below that one gcc run beats spawn + link
 
 
 @dataclass
@@ -158,11 +161,19 @@ def compile_plan(plan: Plan, n_in: int) -> CompiledPlan:
     cp = CompiledPlan(plan, "", None, n_in, names)
     if not plan.kernels:
         return cp
-    cp.src = render_plan([(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names)])
+    # a big plan (a training step: hundreds of kernels) is split into translation units that compile in parallel
+    srcs = render_plan(
+        [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)],
+        max_parts=min(os.cpu_count() or 1, _MAX_PARTS),
+        part_chars=_PART_CHARS,
+    )
+    cp.src = "\n".join(srcs)
     if helpers.DEBUG >= 4:
         print(cp.src)
     ptr = ctypes.POINTER(ctypes.c_longlong)
-    cp.fn = Program(cp.src, "plan").entry([ctypes.POINTER(ctypes.c_void_p), ptr, ptr])
+    cp.fn = Program(srcs[0] if len(srcs) == 1 else tuple(srcs), "plan").entry(
+        [ctypes.POINTER(ctypes.c_void_p), ptr, ptr]
+    )
     return cp
 
 

@@ -303,27 +303,51 @@ _PLAN_TIMER = """static inline long long uopc_now(void) {
 """
 
 
-def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan") -> str:
-    """All kernels of a plan in one translation unit, plus `void entry(void** bufs, long long* ns, long long* err)`
-    that runs them in order. Each kernel is (ast, name unique in the plan, index into bufs of each parameter).
+def render_plan(
+    kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", max_parts: int = 1, part_chars: int = 100_000
+) -> list[str]:
+    """All kernels of a plan, plus `void entry(void** bufs, long long* ns, long long* err)` that runs them in
+    order, as C translation units of at least `part_chars` characters of kernels, at most `max_parts` of them
+    (compiled in parallel and linked; the last holds the entry point).
+    Each kernel is (ast, name unique in the plan, index into bufs of each parameter).
 
     `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
     (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
     """
     check = bool(helpers.CHECK_OOB)
-    hs: dict[str, str] = {}
-    fns, calls = [], []
+    rendered, calls = [], []
     for i, (ast, name, where) in enumerate(kernels):
         khs, fn, bufs = _render_function(ast, name, "long long* restrict uopc_oob" if check else "")
-        hs.update(khs)
-        fns.append("static " + fn)
+        rendered.append((khs, fn))
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
         calls.append(f"  {name}({', '.join(args)});")
         calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
         if check:
             calls.append(f"  if (err[0]) {{ err[4] = {i}; return; }}")
-    if check:
-        hs["~oob"] = _PLAN_OOB_CHECK
-    head = PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER
-    body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
-    return head + "\n" + "\n".join(fns) + "\n" + body + "\n".join(calls) + "\n}\n"
+    # contiguous groups of about equal source size; a kernel outside the entry's unit is declared there
+    total, groups, size = sum(len(fn) for _, fn in rendered), [[]], 0
+    parts = max(1, min(max_parts, total // part_chars))
+    for k in rendered:
+        if size >= total * len(groups) / max(1, parts) and len(groups) < parts:
+            groups.append([])
+        groups[-1].append(k)
+        size += len(k[1])
+    srcs = []
+    for gi, group in enumerate(groups):
+        last = gi == len(groups) - 1
+        hs: dict[str, str] = {}
+        for khs, _ in group:
+            hs.update(khs)
+        if check:
+            hs["~oob"] = _PLAN_OOB_CHECK
+        fns = [("static " if last else "") + fn for _, fn in group]
+        head = PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER
+        if not last:
+            srcs.append(head + "\n" + "\n".join(fns))
+            continue
+        decls = [fn.split(" {", 1)[0] + ";" for g in groups[:-1] for _, fn in g]
+        body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
+        srcs.append(
+            head + "\n" + "".join(d + "\n" for d in decls) + "\n".join(fns) + "\n" + body + "\n".join(calls) + "\n}\n"
+        )
+    return srcs

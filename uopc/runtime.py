@@ -160,7 +160,7 @@ def _command(cc_path: str, flags: list[str], out: str, src_file: str = "-") -> l
     return [cc_path, *flags, *_FIXED_FLAGS, "-o", out, *lang, src_file, *_LIBS]
 
 
-def _cache_key(src: str, cc_path: str, flags: list[str]) -> str:
+def _cache_key(src: str | tuple[str, ...], cc_path: str, flags: list[str]) -> str:
     """sha256 over the format version, compiler path and version, every flag (fixed ones included) and the source."""
     h = hashlib.sha256()
     parts = [f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *_command(cc_path, flags, "")]
@@ -169,7 +169,12 @@ def _cache_key(src: str, cc_path: str, flags: list[str]) -> str:
     for p in parts:
         # length-prefix every part so ("ab", "c") and ("a", "bc") cannot collide
         h.update(f"{len(p)}:".encode() + p.encode() + b"\0")
-    h.update(src.encode())
+    if isinstance(src, tuple):  # translation units of one object: each length-prefixed, after a marker
+        h.update(b"uopc-parts\0")
+        for p in src:
+            h.update(f"{len(p)}:".encode() + p.encode())
+    else:
+        h.update(src.encode())
     return h.hexdigest()
 
 
@@ -255,34 +260,74 @@ def _save_failed_source(cache: str, key: str, src: str) -> str | None:
         return None  # reporting the compile error matters more than saving the copy
 
 
-def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> str:
-    """Run the compiler into a temp file, then move the .so and its json into place; return the .so path."""
-    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmpdir:
-        tmp = os.path.join(tmpdir, "k.so")
-        cmd = _command(cc_path, flags, tmp)
+def _compile_error(
+    rc: int, cmd: list[str], stderr: str, src: str, cc_path: str, flags: list[str], cache: str, key: str
+):
+    c_path = _save_failed_source(cache, key, src)
+    where = (
+        f"source saved to {c_path}; reproduce with:\n  "
+        + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
+        if c_path
+        else "(could not save the failing source)"
+    )
+    return CompileError(
+        f"uopc: C compiler failed (exit {rc})\ncommand: {shlex.join(cmd)}\n{stderr.rstrip()}\n{where}",
+        cmd,
+        stderr,
+        src,
+        c_path,
+    )
+
+
+def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str, tmpdir: str) -> str:
+    """Compile each translation unit to an object file, all at once (one compiler process per core), then link."""
+    procs, objs = [], []
+    for i, src in enumerate(srcs):
+        c_file, obj = os.path.join(tmpdir, f"part{i}.c"), os.path.join(tmpdir, f"part{i}.o")
+        with open(c_file, "w") as f:
+            f.write(src)
+        cmd = [cc_path, *flags, "-fPIC", "-c", "-o", obj, c_file]
         try:
-            proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
+            procs.append((cmd, src, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
         except OSError as e:
             raise _not_found(cc_path, f"could not be executed ({e})") from e
+        objs.append(obj)
+    failed = None
+    for cmd, src, proc in procs:
+        stderr = proc.communicate()[1].decode(errors="replace")
         stats["compiles"] += 1
-        stderr = proc.stderr.decode(errors="replace")
-        if proc.returncode != 0:
-            c_path = _save_failed_source(cache, key, src)
-            where = (
-                f"source saved to {c_path}; reproduce with:\n  "
-                + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
-                if c_path
-                else "(could not save the failing source)"
-            )
-            raise CompileError(
-                f"uopc: C compiler failed (exit {proc.returncode})\ncommand: {shlex.join(cmd)}\n"
-                f"{stderr.rstrip()}\n{where}",
-                cmd,
-                stderr,
-                src,
-                c_path,
-            )
+        if proc.returncode != 0 and failed is None:
+            failed = _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
+    if failed is not None:
+        raise failed
+    tmp = os.path.join(tmpdir, "k.so")
+    cmd = [cc_path, *flags, *_FIXED_FLAGS, "-o", tmp, *objs, *_LIBS]
+    proc = subprocess.run(cmd, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise _compile_error(proc.returncode, cmd, proc.stderr.decode(errors="replace"), "", cc_path, flags, cache, key)
+    return tmp
+
+
+def _compile(src: str | tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str) -> str:
+    """Run the compiler into a temp file, then move the .so and its json into place; return the .so path.
+
+    A tuple of sources is several translation units of one object (a big plan), compiled in parallel and linked.
+    """
+    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmpdir:
+        if isinstance(src, tuple):
+            tmp = _build_parts(src, cc_path, flags, cache, key, tmpdir)
+        else:
+            tmp = os.path.join(tmpdir, "k.so")
+            cmd = _command(cc_path, flags, tmp)
+            try:
+                proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
+            except OSError as e:
+                raise _not_found(cc_path, f"could not be executed ({e})") from e
+            stats["compiles"] += 1
+            if proc.returncode != 0:
+                stderr = proc.stderr.decode(errors="replace")
+                raise _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
         with open(tmp, "rb") as f:
             data = f.read()
     atomic_write(so_path, data, mode=0o700)
@@ -292,7 +337,7 @@ def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> 
     return so_path
 
 
-def _compile_cached(src: str, cc_path: str, flags: list[str], key: str) -> str:
+def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], key: str) -> str:
     """Path of a verified .so for `src` in the cache directory, compiling or rebuilding it if needed."""
     cache = _check_cache_dir(helpers.cache_dir())
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
@@ -304,7 +349,7 @@ def _compile_cached(src: str, cc_path: str, flags: list[str], key: str) -> str:
     return _compile(src, cc_path, flags, cache, key)
 
 
-def _resolve(src: str) -> tuple[str, list[str], str]:
+def _resolve(src: str | tuple[str, ...]) -> tuple[str, list[str], str]:
     """Compiler path, flags and cache key for `src`; CC and CFLAGS are read now so they can change at run time."""
     cc_path, flags = _resolve_compiler(), list(CFLAGS)
     return cc_path, flags, _cache_key(src, cc_path, flags)
@@ -339,7 +384,7 @@ def _clear_memory_cache() -> None:
     _good_dirs.clear()
 
 
-def _load(src: str) -> tuple[ctypes.CDLL, str]:
+def _load(src: str | tuple[str, ...]) -> tuple[ctypes.CDLL, str]:
     """The loaded library for `src`: from memory, else from the disk cache, else freshly compiled."""
     cc_path, flags, key = _resolve(src)
     mkey = (helpers.cache_dir(), key)
@@ -367,7 +412,7 @@ def _load(src: str) -> tuple[ctypes.CDLL, str]:
 class Program:
     """A compiled C function; call it with C-contiguous NumPy arrays, each passed as a pointer to its data."""
 
-    def __init__(self, src: str, name: str):
+    def __init__(self, src: str | tuple[str, ...], name: str):
         self.src, self.name = src, name
         lib, self.lib_path = _load(src)
         self._lib = lib
