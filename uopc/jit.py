@@ -50,7 +50,9 @@ class _Call:
 
 def _signature(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[Tensor], dict[str, Any]]:
     """The named arguments in order, the Tensors among them, and each argument's signature."""
-    named = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"argument {k!r}", v) for k, v in kwargs.items()]
+    # keyword arguments by name, whatever order the call site wrote them in
+    named = [(f"argument {i}", a) for i, a in enumerate(args)]
+    named += [(f"argument {k!r}", kwargs[k]) for k in sorted(kwargs)]
     tensors = [a for _, a in named if isinstance(a, Tensor)]
     sig = {n: (("Tensor", a.shape, a.dtype.name) if isinstance(a, Tensor) else ("value", a)) for n, a in named}
     return named, tensors, sig

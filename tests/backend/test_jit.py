@@ -204,3 +204,19 @@ def test_jit_gpt_block_adamw_bit_exact():
     assert results[0][0] == results[1][0]
     for a, b in zip(results[0][1], results[1][1], strict=True):
         assert np.array_equal(a, b)
+
+
+def test_jit_keyword_tensors_bind_by_name():
+    @TinyJit
+    def f(a: Tensor, *, scale: Tensor, shift: Tensor) -> Tensor:
+        return a * scale + shift
+
+    for i in range(4):
+        a, sc, sh = (np.full(3, v, np.float32) for v in (i, 2.0, i * 10.0))
+        # the keywords in a different order on every other call: they bind by name
+        out = (
+            f(Tensor(a), shift=Tensor(sh), scale=Tensor(sc))
+            if i % 2
+            else f(Tensor(a), scale=Tensor(sc), shift=Tensor(sh))
+        )
+        np.testing.assert_array_equal(out.numpy(), a * sc + sh)
