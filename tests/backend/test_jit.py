@@ -63,12 +63,13 @@ def test_jit_replay_writes_state_in_place_and_takes_no_new_memory():
     data = _data(3)
     for x, y in data * 2:
         jstep(Tensor(x), Tensor(y))
-    w = model[0].weight
-    ptr = buffer_ptr(base_buffer(w.uop))
+    state = [*parameters(model), *opt.m, *opt.v, opt._t]
+    ptrs = [buffer_ptr(base_buffer(t.uop)) for t in state]
     misses = pool.misses
     for x, y in data * 2:
         jstep(Tensor(x), Tensor(y)).numpy()
-    assert buffer_ptr(base_buffer(w.uop)) == ptr  # the weight is updated where it lies
+    # every parameter, moment and the step count is updated where it lies
+    assert [buffer_ptr(base_buffer(t.uop)) for t in state] == ptrs
     assert pool.misses == misses  # after warm-up a step takes no new memory from the system
     assert opt.t == 12
 

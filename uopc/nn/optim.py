@@ -63,7 +63,9 @@ class Optimizer:
 
     def step(self, *extra: Tensor) -> None:
         """Apply one update to every parameter that has a gradient; compute `extra` (e.g. the loss) alongside."""
-        Tensor.realize_all(*self._updates(), *extra)
+        # extra first: the loss kernel then runs before the updates, so no parameter is read after it is
+        # written and every update can go in place under TinyJit
+        Tensor.realize_all(*extra, *self._updates())
 
 
 class SGD(Optimizer):
