@@ -9,6 +9,7 @@ Settings (all optional):
   UOPC_NUM_THREADS  OpenMP threads (default: OMP_NUM_THREADS, else all cores)
   UOPC_CHECK_OOB    1: generated code checks every load/store index against its buffer
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
+  UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first (default 512, 0: no cap)
 """
 
 from __future__ import annotations
@@ -37,11 +38,19 @@ CC: str = getenv("CC", "gcc")
 CFLAGS_ENV: str | None = os.environ.get("CFLAGS") or None
 CHECK_OOB: int = getenv("UOPC_CHECK_OOB", 0)
 PLAN_CACHE_SIZE: int = getenv("UOPC_PLAN_CACHE", 1024)
+CACHE_MAX_MB: int = getenv("UOPC_CACHE_MAX_MB", 512)
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
 
 
 # the settings Context may change at run time, by the name users know them by (the environment variable)
-_CONTEXT_VARS = {"DEBUG": "DEBUG", "OPT": "OPT", "CHECK_OOB": "CHECK_OOB", "PLAN_CACHE": "PLAN_CACHE_SIZE", "CC": "CC"}
+_CONTEXT_VARS = {
+    "DEBUG": "DEBUG",
+    "OPT": "OPT",
+    "CHECK_OOB": "CHECK_OOB",
+    "PLAN_CACHE": "PLAN_CACHE_SIZE",
+    "CC": "CC",
+    "CACHE_MAX_MB": "CACHE_MAX_MB",
+}
 
 
 @contextlib.contextmanager

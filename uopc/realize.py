@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +24,9 @@ from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_c
 from uopc.runtime import Program
 from uopc.schedule import Kernel, Plan, make_plan
-from uopc.uop import UOp, structure_key
+from uopc.uop import Ops, UOp, structure_key
 
-__all__ = ["CompiledPlan", "default_opt", "plan_key", "realize"]
+__all__ = ["CompiledPlan", "default_opt", "explain_miss", "plan_key", "realize", "set_kernel_hook"]
 
 
 @dataclass
@@ -43,6 +44,15 @@ class CompiledPlan:
 
 
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+# called after every kernel run as hook(kernel, seconds) when set (uopc profile sets it)
+_kernel_hook: Callable[[Kernel, float], None] | None = None
+
+
+def set_kernel_hook(hook: Callable[[Kernel, float], None] | None) -> Callable[[Kernel, float], None] | None:
+    """Time every kernel and call `hook(kernel, seconds)` after it runs (None: stop). Returns the previous hook."""
+    global _kernel_hook
+    old, _kernel_hook = _kernel_hook, hook
+    return old
 
 
 def default_opt() -> Any:
@@ -75,6 +85,8 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     key = plan_key(skey, fuse_reduce, opt)
     cp = _plans.get(key)
     if cp is None:
+        if helpers.DEBUG >= 1 and (why := explain_miss(key)):
+            print(why)
         cp = compile_plan(make_plan(uniq, fuse_reduce, opt)[0])
         _plans[key] = cp
         while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
@@ -97,12 +109,17 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     arrays = {"in": [buffer_data(b) for b in inputs], "tmp": cp.temp_arrays, "out": [buffer_data(o) for o in outs]}
     # error records of data-dependent index checks: per call, so concurrent realizes never see each other's
     arrays["err"] = [np.zeros(ERROR_RECORD, np.int64) for _ in range(plan.n_err)]
+    hook, timed = _kernel_hook, helpers.DEBUG >= 2 or _kernel_hook is not None
     for k, prg in zip(plan.kernels, cp.programs, strict=True):
         args = [arrays[kind][i] for kind, i in k.refs]
         ts = time.perf_counter()
         prg(*args)
-        if helpers.DEBUG >= 2:
-            _print_kernel(k, prg, args, time.perf_counter() - ts)
+        if timed:
+            dt = time.perf_counter() - ts
+            if hook is not None:
+                hook(k, dt)
+            if helpers.DEBUG >= 2:
+                _print_kernel(k, prg, args, dt)
     if plan.n_err:
         _raise_index_errors(plan, arrays["err"])
     if helpers.DEBUG >= 1:
@@ -132,4 +149,56 @@ def _print_kernel(k: Kernel, prg: Program, args: list[np.ndarray], dt: float) ->
         extra = f"  (again: {(time.perf_counter() - ts) * 1e3:.3f} ms)"
         if k.opts is not None:
             extra += f"  {k.opts}"
-    print(f"  {k.name:30s} {dt * 1e3:8.3f} ms  {k.flops / max(dt, 1e-9) / 1e9:7.2f} GFLOP/s{extra}")
+    dt = max(dt, 1e-9)
+    print(
+        f"  {k.name:24s} {dt * 1e3:8.3f} ms  {k.flops / dt / 1e9:7.2f} GFLOP/s  {k.nbytes / dt / 1e9:7.2f} GB/s  "
+        f"{k.op}{extra}"
+    )
+
+
+def _arg(arg: Any) -> str:
+    """A structure-key arg as the user wrote it (floats are keyed by their hex form)."""
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is float:
+        return f"{float.fromhex(arg[1]):.6g}"
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is bool:
+        return repr(arg[1])
+    return repr(arg)
+
+
+def _describe(node: tuple) -> str:
+    op, dtype, arg, _ = node
+    if op is Ops.BUFFER:
+        return f"BUFFER {arg[1]}[{', '.join(map(str, arg[2]))}]"
+    return f"{op.name} {_arg(arg)}" if op is Ops.CONST else f"{op.name} {dtype.name} {_arg(arg)}"
+
+
+def explain_miss(key: tuple, limit: int = 256) -> str | None:
+    """Why a plan-cache miss missed, in words: the closest cached structure of the same size and where it differs.
+
+    Only the `limit` most recently used plans are compared (a miss is rare in a steady loop, so this is cheap).
+    """
+    skey = key[0]
+    best, best_same = None, -1
+    for other in list(reversed(_plans))[:limit]:
+        if other[1:] != key[1:] or len(other[0]) != len(skey):
+            continue
+        same = sum(a == b for a, b in zip(skey, other[0], strict=True))
+        if same > best_same:
+            best, best_same = other[0], same
+    if best is None:
+        return None
+    i = next(j for j, (a, b) in enumerate(zip(skey, best, strict=True)) if a != b)
+    new, old = skey[i], best[i]
+    ndiff = len(skey) - best_same
+    where = f"at node {i} of {len(skey)} ({ndiff} node{'s' if ndiff != 1 else ''} differ)"
+    if new[0] is Ops.CONST and old[0] is Ops.CONST and new[1] == old[1]:
+        kind = "float" if isinstance(new[2], tuple) and new[2][:1] == (float,) else "number"
+        what = f"CONST {_arg(new[2])} (was {_arg(old[2])}) {where}: a Python {kind} that changes every step: "
+        what += "pass it as a Tensor"
+    elif new[0] is Ops.BUFFER and old[0] is Ops.BUFFER:
+        what = f"{_describe(new)} (was {_describe(old)}) {where}: an input of another shape or dtype"
+    elif new[0] is old[0] and new[1] == old[1] and new[3] == old[3]:
+        what = f"{_describe(new)} (was {_arg(old[2])}) {where}: the same op with another argument (shape, axis)"
+    else:
+        what = f"{_describe(new)} (was {_describe(old)}) {where}: a different computation"
+    return f"realize: plan cache miss; the closest cached plan differs first at {what}"

@@ -7,13 +7,15 @@
     prg(a)  # a == [1, 1, 1, 1]
 
 Compiled objects live in `helpers.cache_dir()` as `<key>.so` + `<key>.json` (size and sha256 of the .so); an entry
-that fails that check is rebuilt silently. OpenMP threads are set with `set_num_threads`.
+that fails that check is rebuilt silently. A hit touches the entry's mtime; past UOPC_CACHE_MAX_MB the least recently
+used entries are deleted (under a lock file, see `evict`). OpenMP threads are set with `set_num_threads`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import hashlib
 import json
 import os
@@ -38,6 +40,7 @@ __all__ = [
     "CompileError",
     "CompilerNotFoundError",
     "Program",
+    "evict",
     "get_num_threads",
     "set_num_threads",
     "stats",
@@ -297,10 +300,51 @@ def _compile_cached(src: str, cc_path: str, flags: list[str], key: str) -> str:
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
     if _entry_ok(so_path, json_path):
         stats["disk_hits"] += 1
+        try:
+            os.utime(so_path)  # the mtime is the entry's last use: eviction goes oldest first
+        except OSError:
+            pass
         return so_path
     if os.path.exists(so_path) or os.path.exists(json_path):
         stats["rebuilds"] += 1  # missing, truncated or altered entry: recompile over it
-    return _compile(src, cc_path, flags, cache, key)
+    so_path = _compile(src, cc_path, flags, cache, key)
+    evict(cache, keep=so_path)
+    return so_path
+
+
+def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> int:
+    """Delete least recently used kernel entries until the cache's .so + .json files fit `max_bytes`
+    (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many entries were deleted.
+
+    Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
+    load is safe: a loaded .so stays mapped after unlink, and a load that finds it gone rebuilds it.
+    """
+    cap = helpers.CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
+    if cap <= 0:
+        return 0
+    with open(os.path.join(cache, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        entries, total = [], 0
+        for entry in os.scandir(cache):
+            if not entry.name.endswith(".so") or not entry.is_file(follow_symlinks=False):
+                continue
+            json_path = entry.path[:-3] + ".json"
+            try:
+                size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
+                entries.append((entry.stat().st_mtime, entry.path, size))
+            except OSError:
+                continue  # deleted meanwhile by a process that does not take the lock (clear)
+            total += size
+        n = 0
+        for _, so_path, size in sorted(entries):
+            if total <= cap:
+                break
+            if so_path == keep:
+                continue
+            _unlink_quiet(so_path[:-3] + ".json")  # json first: a .so without its json is never trusted
+            _unlink_quiet(so_path)
+            total, n = total - size, n + 1
+        return n
 
 
 def _resolve(src: str) -> tuple[str, list[str], str]:
