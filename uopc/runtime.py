@@ -40,6 +40,7 @@ __all__ = [
     "CompileError",
     "CompilerNotFoundError",
     "Program",
+    "entry_ok",
     "evict",
     "get_num_threads",
     "set_num_threads",
@@ -243,6 +244,11 @@ def _entry_ok(so_path: str, json_path: str) -> bool:
             return hashlib.sha256(f.read()).hexdigest() == digest
     except (OSError, ValueError, KeyError, TypeError):
         return False
+
+
+def entry_ok(so_path: str, json_path: str) -> bool:
+    """Whether a cache entry's .so matches its json (size, then sha256), without loading it."""
+    return _entry_ok(so_path, json_path)
 
 
 def _save_failed_source(cache: str, key: str, src: str) -> str | None:

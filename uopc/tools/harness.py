@@ -1,0 +1,220 @@
+"""The one benchmark harness: interleaved rounds, medians, ratios, and probes of what this machine can do.
+
+    runners = {"uopc": timed(lambda: f().realize()), "numpy": timed(lambda: g())}
+    times = interleave(runners, rounds=5)      # round r runs every side once, so drifting load hits all of them
+    med = medians(times); ratio(med, "uopc", "numpy")
+
+`machine()` reports the CPU (model, cores, vector ISA from /proc/cpuinfo) and two measured peaks: FMA GFLOP/s from a
+generated C kernel of independent fused multiply-add chains, and streaming GB/s from a C triad loop, both compiled
+with uopc.runtime.Program and run on uopc's threads. The measurements are cached in the uopc cache directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from uopc import helpers
+from uopc.helpers import atomic_write
+from uopc.runtime import Program, compiler_identity, get_num_threads
+
+__all__ = [
+    "calibrate",
+    "interleave",
+    "machine",
+    "medians",
+    "ratio",
+    "timed",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+
+
+def calibrate(fn: Callable[[], object], min_time: float) -> int:
+    """How many calls of `fn` take at least `min_time` seconds (at least 1), found by doubling."""
+    n = 1
+    while True:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if time.perf_counter() - t >= min_time or n >= 1 << 20:
+            return n
+        n *= 2
+
+
+def timed(fn: Callable[[], object], min_time: float = 0.05) -> Callable[[], float]:
+    """A round runner: calls `fn` enough times to last about `min_time` s and returns seconds per call.
+
+    The call count is fixed on the first round (after one warm-up call), so every round does the same work.
+    """
+    state: dict[str, int] = {}
+
+    def run() -> float:
+        if "n" not in state:
+            fn()  # warm-up: compile, first-touch pages
+            state["n"] = calibrate(fn, min_time)
+        n = state["n"]
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t) / n
+
+    return run
+
+
+def interleave(
+    runners: dict[str, Callable[[], float]],
+    rounds: int,
+    on_round: Callable[[int, dict[str, list[float]]], None] | None = None,
+) -> dict[str, list[float]]:
+    """Run each runner once per round, alternating, and collect what each returns (seconds per call) per round."""
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for r in range(rounds):
+        for name, run in runners.items():
+            times[name].append(run())
+        if on_round is not None:
+            on_round(r, times)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in times.items() if v}
+
+
+def ratio(med: dict[str, float], a: str, b: str) -> float | None:
+    """med[a] / med[b] (below 1: a is faster), or None when either is missing."""
+    return med[a] / med[b] if a in med and b in med and med[b] > 0 else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the machine
+
+
+def cpu_info() -> dict:
+    """CPU model, logical cores (this process may use), and the widest vector ISA the flags list."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k in ("model name", "Model") and model in ("", platform.processor(), platform.machine()):
+                    model = v.strip()
+                elif k in ("flags", "Features"):
+                    flags = set(v.split())
+                    break
+    except OSError:
+        pass
+    isa = [f for f in ("avx512f", "avx2", "fma", "avx", "sse4_2", "neon", "asimd", "sve") if f in flags]
+    width = 64 if "avx512f" in flags else 32 if "avx2" in flags or "avx" in flags else 16
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"model": model, "cores": cores, "isa": isa, "vector_bytes": width, "threads": get_num_threads()}
+
+
+_FMA_SRC = """
+#include <omp.h>
+typedef float vf __attribute__((vector_size({width})));
+void fma_peak(float* out, long long* iters) {{
+  #pragma omp parallel
+  {{
+    vf a[{chains}];
+    vf m = (vf){{0}} + 0.999999f, c = (vf){{0}} + 1e-7f;
+    for (int j = 0; j < {chains}; j++) a[j] = (vf){{0}} + (float)(j + 1);
+    for (long long i = 0; i < iters[0]; i++) {{
+      #pragma GCC unroll {chains}
+      for (int j = 0; j < {chains}; j++) a[j] = a[j] * m + c;
+    }}
+    float s = 0.0f;
+    for (int j = 0; j < {chains}; j++) for (int l = 0; l < {lanes}; l++) s += a[j][l];
+    out[omp_get_thread_num()] = s;
+    if (omp_get_thread_num() == 0) out[255] = (float)omp_get_num_threads();
+  }}
+}}
+"""
+
+_TRIAD_SRC = """
+void triad(float* restrict a, const float* restrict b, const float* restrict c, long long* n) {
+  const long long N = n[0];
+  #pragma omp parallel for schedule(static)
+  for (long long i = 0; i < N; i++) a[i] = b[i] + 3.0f * c[i];
+}
+"""
+
+
+def _best(fn: Callable[[], object], reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)  # a peak: the least disturbed run
+
+
+def probe_fma(vector_bytes: int, iters: int = 2_000_000, reps: int = 5) -> float:
+    """Measured GFLOP/s of independent vector FMA chains on every uopc thread (2 FLOPs per lane per FMA)."""
+    chains, lanes = 12, vector_bytes // 4  # 12 chains hide the FMA latency (4-5 cycles x 2 ports)
+    prg = Program(_FMA_SRC.format(width=vector_bytes, chains=chains, lanes=lanes), "fma_peak")
+    out, n = np.zeros(256, np.float32), np.array([iters], np.int64)
+    prg(out, n)
+    t = _best(lambda: prg(out, n), reps)
+    threads = int(out[255]) or 1
+    return threads * iters * chains * lanes * 2 / t / 1e9
+
+
+def probe_bandwidth(mbytes: int = 64, reps: int = 5) -> float:
+    """Measured streaming GB/s of a triad a = b + 3c over arrays larger than the caches (3 arrays counted)."""
+    n = mbytes * (1 << 20) // 4
+    a, b, c = np.zeros(n, np.float32), np.ones(n, np.float32), np.ones(n, np.float32)
+    prg = Program(_TRIAD_SRC, "triad")
+    nn = np.array([n], np.int64)
+    prg(a, b, c, nn)
+    t = _best(lambda: prg(a, b, c, nn), reps)
+    return 3 * n * 4 / t / 1e9
+
+
+def _probe_path() -> str:
+    return os.path.join(helpers.cache_dir(), "probes.json")
+
+
+def _probe_key(cpu: dict) -> str:
+    ident = compiler_identity() + f"\nthreads={cpu['threads']}\nvector={cpu['vector_bytes']}"
+    return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def machine(refresh: bool = False) -> dict:
+    """CPU facts plus the measured FMA peak and streaming bandwidth (cached per compiler, flags, CPU and threads)."""
+    cpu = cpu_info()
+    key, path = _probe_key(cpu), _probe_path()
+    cached: dict = {}
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        pass
+    entry = cached.get(key) if isinstance(cached, dict) else None
+    if refresh or not isinstance(entry, dict) or "peak_gflops" not in entry:
+        entry = {"peak_gflops": probe_fma(cpu["vector_bytes"]), "bandwidth_gbs": probe_bandwidth()}
+        cached = cached if isinstance(cached, dict) else {}
+        cached[key] = entry
+        atomic_write(path, json.dumps(cached, indent=1).encode())
+        entry = {**entry, "measured_now": True}
+    return {**cpu, **entry}
+
+
+def format_machine(m: dict) -> str:
+    """The machine in two lines, as `uopc bench` and `uopc profile` print it."""
+    src = "measured now" if m.get("measured_now") else "cached probe"
+    return (
+        f"machine: {m['model']}, {m['cores']} cores, uopc threads {m['threads']}, ISA {' '.join(m['isa']) or '?'} "
+        f"({m['vector_bytes'] * 8}-bit vectors)\n"
+        f"peaks:   FMA {m['peak_gflops']:.1f} GFLOP/s, stream triad {m['bandwidth_gbs']:.1f} GB/s ({src})"
+    )

@@ -1,0 +1,71 @@
+"""The roofline picture of `uopc profile --png`: this machine's roof and one labelled point per kernel, log-log.
+
+Needs matplotlib (the `plot` extra: pip install 'uopc[plot]'); importing this module without it raises an
+ImportError that says how to install it.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from uopc.helpers import atomic_write
+
+try:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+except ImportError as e:
+    raise ImportError(
+        "uopc: drawing a roofline needs matplotlib: pip install 'uopc[plot]' (or pip install matplotlib)"
+    ) from e
+
+__all__ = ["draw"]
+
+
+def draw(stats: list, m: dict, path: str, title: str = "") -> None:
+    """Write a PNG: roof min(peak, I x bandwidth) and each kernel at (intensity, achieved GFLOP/s)."""
+    peak, bw = m["peak_gflops"], m["bandwidth_gbs"]
+    drawn = [s for s in stats if s.flops > 0 and s.nbytes > 0]
+    xs = np.array([s.intensity for s in drawn]) if drawn else np.array([1.0])
+    ys = np.array([s.gflops for s in drawn]) if drawn else np.array([1.0])
+    lo = min(xs.min(), peak / bw) / 4
+    hi = max(xs.max(), peak / bw) * 4
+    grid = np.geomspace(lo, hi, 200)
+    fig, ax = plt.subplots(figsize=(10, 6.5), dpi=110)
+    ax.loglog(grid, np.minimum(peak, grid * bw), color="black", lw=2, label="roofline")
+    ax.axvline(peak / bw, color="grey", ls=":", lw=1)
+    ax.text(lo * 1.1, peak * 1.08, f"FMA peak {peak:.0f} GFLOP/s", fontsize=9)
+    ax.text(lo * 1.1, lo * bw * 1.4, f"{bw:.1f} GB/s", fontsize=9, rotation=30)
+    total = sum(s.total_s for s in stats) or 1.0
+    sizes = 30 + 400 * np.array([s.total_s / total for s in drawn])
+    sc = ax.scatter(
+        xs,
+        ys,
+        s=sizes,
+        c=[s.pct_of_roof(peak, bw) for s in drawn],
+        cmap="viridis",
+        vmin=0,
+        vmax=100,
+        edgecolors="black",
+        zorder=3,
+    )
+    for s, x, y in zip(drawn, xs, ys, strict=True):
+        ax.annotate(f"{s.name} ({s.op})", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    fig.colorbar(sc, ax=ax, label="% of the roofline bound")
+    skipped = len(stats) - len(drawn)
+    note = f"; {skipped} kernel(s) with no FLOPs (copies) not drawn" if skipped else ""
+    ax.set_title(
+        title or f"uopc kernels on {m['model']} ({m['threads']} threads); point area ~ share of time{note}", fontsize=9
+    )
+    ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_ylim(min(ys.min(), lo * bw) / 2, peak * 2)
+    ax.grid(True, which="both", ls=":", lw=0.5)
+    ax.legend(loc="lower right")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
