@@ -128,14 +128,16 @@ def kernel_op(body: UOp) -> str:
     while src.op is Ops.CAST:
         src = src.src[0]
     # a sum of products of two broadcast operands is a contraction: the matmul of Tensor.__matmul__ / dot
-    contraction = (
-        r.arg[0] is Ops.ADD
-        and src.op is Ops.MUL
-        and all(any(y.op is Ops.EXPAND for y in s.toposort()) for s in src.src)
-    )
+    contraction = r.arg[0] is Ops.ADD and src.op is Ops.MUL and all(_broadcast(s) for s in src.src)
     what = "matmul" if contraction else {Ops.ADD: "sum", Ops.MAX: "max"}.get(r.arg[0], str(r.arg[0]))
     inner = [a for a in alu if not (contraction and a in ("mul", "add"))]
-    return what + (f" ({' '.join(inner[:3])}{' ...' if len(inner) > 3 else ''})" if inner and what != "matmul" else "")
+    return what + (f" ({' '.join(inner[:3])}{' ...' if len(inner) > 3 else ''})" if inner else "")
+
+
+def _broadcast(u: UOp) -> bool:
+    """Whether `u` reads buffers and every one is smaller than `u`: its values are broadcast (a matmul operand)."""
+    sizes = [prod(b.arg.shape) for b in u.toposort() if b.op is Ops.BUFFER]
+    return bool(sizes) and max(sizes) < prod(u.shape)
 
 
 def _nbytes(bufs: list[UOp], out: UOp) -> int:
