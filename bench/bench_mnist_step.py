@@ -12,71 +12,10 @@ and the ratio uopc / torch (below 1: uopc is faster). Without torch installed on
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
-import numpy as np
 
 from uopc import realize, runtime
-from uopc.nn import AdamW, Linear, parameters
-from uopc.tensor import Tensor
-
-
-def batches(n: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A pool of synthetic MNIST-shaped batches (float32 pixels, int class labels)."""
-    g = np.random.default_rng(seed)
-    return [
-        (g.standard_normal((batch, 784)).astype(np.float32), g.integers(0, 10, batch).astype(np.int32))
-        for _ in range(n)
-    ]
-
-
-def uopc_stepper(data, hidden: int, lr: float):
-    """A closure running one uopc training step on the next batch of `data`."""
-    Tensor.manual_seed(0)
-    l1, l2 = Linear(784, hidden), Linear(hidden, 10)
-    opt = AdamW(parameters([l1, l2]), lr=lr)
-    i = [0]
-
-    def step() -> None:
-        x, y = data[i[0] % len(data)]
-        i[0] += 1
-        loss = l2(l1(Tensor(x)).relu()).cross_entropy(Tensor(y))
-        opt.zero_grad()
-        loss.backward(opt.params)
-        opt.step(loss)
-
-    return step
-
-
-def torch_stepper(data, hidden: int, lr: float):
-    """The same step in PyTorch eager (its default AdamW: weight decay 0.01, like uopc's)."""
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    tdata = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in data]
-    i = [0]
-
-    def step() -> None:
-        x, y = tdata[i[0] % len(tdata)]
-        i[0] += 1
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def time_steps(step, n: int) -> float:
-    """Milliseconds per step over n steps."""
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    return (time.perf_counter() - t) / n * 1e3
+from uopc.tools import harness
+from uopc.tools.bench_suite import mnist_batches, torch_stepper, uopc_stepper
 
 
 def main() -> None:
@@ -90,7 +29,7 @@ def main() -> None:
     if args.threads:
         runtime.set_num_threads(args.threads)
 
-    data = batches(8, args.batch)
+    data = mnist_batches(8, args.batch)
     runners = {"uopc": uopc_stepper(data, args.hidden, 1e-3)}
     try:
         import torch
@@ -104,20 +43,20 @@ def main() -> None:
 
     compiles0, hits0 = runtime.stats["compiles"], runtime.stats["disk_hits"]
     for step in runners.values():  # warm up: uopc compiles its plan in the first two steps
-        time_steps(step, 5)
+        harness.time_n(step, 5)
     plans = len(realize._plans)
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for r in range(args.rounds):
-        for name, step in runners.items():
-            times[name].append(time_steps(step, args.steps))
-        print(f"round {r + 1}: " + "  ".join(f"{k} {v[-1]:.2f} ms" for k, v in times.items()))
-    med = {k: statistics.median(v) for k, v in times.items()}
+
+    def show(r: int, times: dict[str, list[float]]) -> None:
+        print(f"round {r + 1}: " + "  ".join(f"{k} {v[-1] * 1e3:.2f} ms" for k, v in times.items()))
+
+    rounds = {k: (lambda s=s: harness.time_n(s, args.steps)) for k, s in runners.items()}
+    med = {k: v * 1e3 for k, v in harness.medians(harness.interleave(rounds, args.rounds, show)).items()}
     print(
         f"MLP 784-{args.hidden}-10, AdamW, batch {args.batch}: "
         + ", ".join(f"{k} {v:.2f} ms/step" for k, v in med.items())
     )
     if "torch" in med:
-        print(f"ratio uopc / torch: {med['uopc'] / med['torch']:.2f}")
+        print(f"ratio uopc / torch: {harness.ratio(med, 'uopc', 'torch'):.2f}")
     print(
         f"uopc warm-up: {runtime.stats['compiles'] - compiles0} kernels compiled, "
         f"{runtime.stats['disk_hits'] - hits0} loaded from the disk cache; "

@@ -31,6 +31,7 @@ __all__ = [
     "machine",
     "medians",
     "ratio",
+    "time_n",
     "timed",
 ]
 
@@ -51,6 +52,14 @@ def calibrate(fn: Callable[[], object], min_time: float) -> int:
         n *= 2
 
 
+def time_n(fn: Callable[[], object], n: int) -> float:
+    """Seconds per call over `n` back-to-back calls."""
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / max(1, n)
+
+
 def timed(fn: Callable[[], object], min_time: float = 0.05) -> Callable[[], float]:
     """A round runner: calls `fn` enough times to last about `min_time` s and returns seconds per call.
 
@@ -62,11 +71,7 @@ def timed(fn: Callable[[], object], min_time: float = 0.05) -> Callable[[], floa
         if "n" not in state:
             fn()  # warm-up: compile, first-touch pages
             state["n"] = calibrate(fn, min_time)
-        n = state["n"]
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        return (time.perf_counter() - t) / n
+        return time_n(fn, state["n"])
 
     return run
 
