@@ -52,8 +52,13 @@ def draw(stats: list, m: dict, path: str, title: str = "") -> None:
         edgecolors="black",
         zorder=3,
     )
+    # points carry their rank in the profile table (by total time); the key beside the plot names each one, so
+    # dozens of kernels stay readable where full labels would pile on top of each other
+    rank = {id(s): i + 1 for i, s in enumerate(stats)}
     for s, x, y in zip(drawn, xs, ys, strict=True):
-        ax.annotate(f"{s.name} ({s.op})", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+        ax.annotate(str(rank[id(s)]), (x, y), textcoords="offset points", xytext=(5, 3), fontsize=7)
+    key = [f"{rank[id(s)]:>2} {s.name} {s.op[:28]} ({100 * s.total_s / total:.0f}%)" for s in drawn]
+    ax.text(1.24, 1.0, "\n".join(key), transform=ax.transAxes, va="top", ha="left", fontsize=6.5, family="monospace")
     fig.colorbar(sc, ax=ax, label="% of the roofline bound")
     skipped = len(stats) - len(drawn)
     note = f"; {skipped} kernel(s) with no FLOPs (copies) not drawn" if skipped else ""
