@@ -190,7 +190,7 @@ def explain_miss(key: tuple, limit: int = 256) -> str | None:
     i = next(j for j, (a, b) in enumerate(zip(skey, best, strict=True)) if a != b)
     new, old = skey[i], best[i]
     ndiff = len(skey) - best_same
-    where = f"at node {i} of {len(skey)} ({ndiff} node{'s' if ndiff != 1 else ''} differ)"
+    where = f"at node {i} of {len(skey)} ({ndiff} node{'s differ' if ndiff != 1 else ' differs'})"
     if new[0] is Ops.CONST and old[0] is Ops.CONST and new[1] == old[1]:
         kind = "float" if isinstance(new[2], tuple) and new[2][:1] == (float,) else "number"
         what = f"CONST {_arg(new[2])} (was {_arg(old[2])}) {where}: a Python {kind} that changes every step: "

@@ -19,7 +19,7 @@ import numpy as np
 
 from uopc import realize as realize_mod
 from uopc.nn import AdamW, LayerNorm, Linear, parameters
-from uopc.runtime import get_num_threads
+from uopc.runtime import get_num_threads, set_num_threads
 from uopc.tensor import Tensor
 from uopc.tools import harness
 
@@ -232,8 +232,10 @@ def _worker() -> None:
 class NumpyProcess:
     """The child process that times NumPy, with the BLAS override variables removed from its environment."""
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 0) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _BLAS_ENV}
+        if threads:
+            env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uopc.tools.bench_suite", "--worker"],
             stdin=subprocess.PIPE,
@@ -261,13 +263,19 @@ class NumpyProcess:
 # the suite
 
 
-def _torch_version() -> str | None:
+def _torch_version(threads: int) -> str | None:
     try:
         import torch  # optional dependency
 
-        return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        if threads:
+            torch.set_num_threads(threads)
+        return f"torch {torch.__version__}, {_threads(torch.get_num_threads())}"
     except ImportError:
         return None
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread{'s' if n != 1 else ''}"
 
 
 def _fmt_t(s: float | None) -> str:
@@ -276,25 +284,30 @@ def _fmt_t(s: float | None) -> str:
     return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
 
 
-def run_suite(quick: bool = False, as_json: bool = False, out=sys.stdout) -> dict:
-    """Run every case (the quick subset with `quick`), print the table (or JSON), and return the results."""
+def run_suite(quick: bool = False, as_json: bool = False, threads: int = 0, out=sys.stdout) -> dict:
+    """Run every case (the quick subset with `quick`), print the table (or JSON), and return the results.
+
+    `threads` > 0 runs all three libraries with that many threads (steadier on a shared machine).
+    """
     rounds, min_time = (3, 0.02) if quick else (7, 0.1)
+    if threads:
+        set_num_threads(threads)
     m = harness.machine()
-    np_proc = NumpyProcess()
+    np_proc = NumpyProcess(threads)
     try:
         info = np_proc.ask(cmd="info")
         blas = [p for p in info["pools"] if p.get("user_api") == "blas"]
         blas_line = (
             ", ".join(
                 f"{p.get('internal_api')} {p.get('version')} kernel {p.get('architecture')}, "
-                f"{p.get('num_threads')} threads"
+                f"{_threads(p.get('num_threads', 0))}"
                 for p in blas
             )
             or "BLAS kernel unknown (threadpoolctl not installed)"
         )
-        tv = _torch_version()
+        tv = _torch_version(threads)
         libs = {
-            "uopc": f"uopc, {get_num_threads()} threads",
+            "uopc": f"uopc, {_threads(get_num_threads())}",
             "numpy": f"numpy {info['numpy']}: {blas_line} (child process, {' '.join(_BLAS_ENV)} unset)",
             "torch": tv or "torch not installed: not compared",
         }

@@ -1,9 +1,10 @@
-"""The `uopc` command (also `python -m uopc`): bench, profile, cache.
+"""The `uopc` command (also `python -m uopc`): bench, profile, cache, machine.
 
-uopc bench [--quick] [--json]                 uopc vs NumPy and PyTorch on this machine
+uopc bench [--quick] [--json] [--threads N]   uopc vs NumPy and PyTorch on this machine
 uopc profile [--png FILE] [--top N] SCRIPT [args ...]
                                               every kernel a script ran, against the roofline
 uopc cache info|verify|clear [--all]          the compiled-kernel cache
+uopc machine [--refresh]                      CPU, measured FMA peak and stream bandwidth
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--quick", action="store_true", help="fewer cases and rounds (under a minute)")
     b.add_argument("--json", action="store_true", help="print the results as JSON")
+    b.add_argument("--threads", type=int, default=0, metavar="N", help="N threads for every library (0: defaults)")
 
     p = sub.add_parser(
         "profile",
@@ -81,7 +83,7 @@ def _own_options(rest: list[str]) -> tuple[list[str], str | None, int | None]:
 def main(argv: list[str] | None = None) -> int:
     ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if ns.cmd == "bench":
-        bench_suite.run_suite(quick=ns.quick, as_json=ns.json)
+        bench_suite.run_suite(quick=ns.quick, as_json=ns.json, threads=ns.threads)
         return 0
     if ns.cmd == "profile":
         args, png, top = _own_options(ns.args)
