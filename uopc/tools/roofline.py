@@ -63,7 +63,9 @@ def draw(stats: list, m: dict, path: str, title: str = "") -> None:
     skipped = len(stats) - len(drawn)
     note = f"; {skipped} kernel(s) with no FLOPs (copies) not drawn" if skipped else ""
     ax.set_title(
-        title or f"uopc kernels on {m['model']} ({m['threads']} threads); point area ~ share of time{note}", fontsize=9
+        title
+        or f"uopc kernels on {m['model']} ({m['threads']} thread{'s' if m['threads'] != 1 else ''}); point area ~ share of time{note}",
+        fontsize=9,
     )
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("achieved GFLOP/s")
