@@ -62,11 +62,9 @@ def draw(stats: list, m: dict, path: str, title: str = "") -> None:
     fig.colorbar(sc, ax=ax, label="% of the roofline bound")
     skipped = len(stats) - len(drawn)
     note = f"; {skipped} kernel(s) with no FLOPs (copies) not drawn" if skipped else ""
-    ax.set_title(
-        title
-        or f"uopc kernels on {m['model']} ({m['threads']} thread{'s' if m['threads'] != 1 else ''}); point area ~ share of time{note}",
-        fontsize=9,
-    )
+    threads = f"{m['threads']} thread{'s' if m['threads'] != 1 else ''}"
+    default = f"uopc kernels on {m['model']} ({threads}); point area ~ share of time{note}"
+    ax.set_title(title or default, fontsize=9)
     ax.set_xlabel("arithmetic intensity (FLOP / byte moved)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.set_ylim(min(ys.min(), lo * bw) / 2, peak * 2)
