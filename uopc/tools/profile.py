@@ -8,6 +8,7 @@ reached, using the FMA peak and stream bandwidth that `uopc bench` probes (cache
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -16,7 +17,7 @@ from typing import TextIO
 
 from uopc import realize
 from uopc.schedule import Kernel
-from uopc.tools import harness
+from uopc.tools import harness, roofline
 
 __all__ = ["KernelStats", "profile_script", "format_table"]
 
@@ -110,6 +111,12 @@ def format_table(stats: list[KernelStats], m: dict, top: int = 0) -> str:
 
 def run(script: str, args: list[str], png: str | None, top: int, out: TextIO = sys.stdout) -> int:
     """The `uopc profile` command: run, print the machine and the table, draw the roofline if asked."""
+    if png and importlib.util.find_spec("matplotlib") is None:  # say so before a long script runs, not after
+        print(
+            "uopc profile: --png needs matplotlib: pip install 'uopc[plot]' (or pip install matplotlib)",
+            file=sys.stderr,
+        )
+        return 2
     m = harness.machine()
     stats, err = profile_script(script, args)
     print("\n" + harness.format_machine(m), file=out)
@@ -118,8 +125,6 @@ def run(script: str, args: list[str], png: str | None, top: int, out: TextIO = s
     else:
         print(format_table(stats, m, top), file=out)
     if png and stats:
-        from uopc.tools import roofline  # needs matplotlib, an optional extra: loaded only when drawing
-
         roofline.draw(stats, m, png)
         print(f"roofline written to {png}", file=out)
     if err is not None:

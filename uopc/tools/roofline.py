@@ -1,7 +1,7 @@
 """The roofline picture of `uopc profile --png`: this machine's roof and one labelled point per kernel, log-log.
 
-Needs matplotlib (the `plot` extra: pip install 'uopc[plot]'); importing this module without it raises an
-ImportError that says how to install it.
+Needs matplotlib (the `plot` extra: pip install 'uopc[plot]'); without it `draw` raises an ImportError that says
+how to install it. matplotlib is imported only when a picture is drawn: it is optional and slow to import.
 """
 
 from __future__ import annotations
@@ -12,21 +12,20 @@ import numpy as np
 
 from uopc.helpers import atomic_write
 
-try:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-except ImportError as e:
-    raise ImportError(
-        "uopc: drawing a roofline needs matplotlib: pip install 'uopc[plot]' (or pip install matplotlib)"
-    ) from e
-
 __all__ = ["draw"]
 
 
 def draw(stats: list, m: dict, path: str, title: str = "") -> None:
     """Write a PNG: roof min(peak, I x bandwidth) and each kernel at (intensity, achieved GFLOP/s)."""
+    try:
+        import matplotlib  # optional dependency, see the module docstring
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise ImportError(
+            "uopc: drawing a roofline needs matplotlib: pip install 'uopc[plot]' (or pip install matplotlib)"
+        ) from e
     peak, bw = m["peak_gflops"], m["bandwidth_gbs"]
     drawn = [s for s in stats if s.flops > 0 and s.nbytes > 0]
     xs = np.array([s.intensity for s in drawn]) if drawn else np.array([1.0])
