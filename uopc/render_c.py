@@ -168,22 +168,53 @@ class CRenderer:
         base = buf
         while base.op is Ops.AFTER:
             base = base.src[0]
+        return self.ref(base, self.expr(i))
+
+    def ref(self, base: UOp, i: str) -> str:
+        """The C lvalue of element `i` (a C expression) of an ALLOC or BUFFER."""
         if base.op is Ops.ALLOC:
-            size = base.arg[1]
-            return self.names[base] if size == 1 else f"{self.names[base]}[{self.expr(i)}]"
+            return self.names[base] if base.arg[1] == 1 else f"{self.names[base]}[{i}]"
         if self.check_oob:
-            return f"data{base.arg.slot}[uopc_chk({self.expr(i)}, {base.arg.shape[0]}, {base.arg.slot})]"
-        return f"data{base.arg.slot}[{self.expr(i)}]"
+            return f"data{base.arg.slot}[uopc_chk({i}, {base.arg.shape[0]}, {base.arg.slot})]"
+        return f"data{base.arg.slot}[{i}]"
+
+    def gated_load(self, u: UOp, ind: str) -> None:
+        """A PAD load: read at the index clamped into the buffer (never out of range), then select it or 0 by the
+        gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
+        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test)."""
+        buf, i, gate = u.src[0].src
+        base = buf
+        while base.op is Ops.AFTER:
+            base = base.src[0]
+        zero = render_const(0, u.dtype)
+        n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
+        if n == 0:  # a padded empty buffer: every element is padding
+            self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {zero};")
+            return
+        ie = self.expr(i)
+        if i.vmin < 0 or i.vmax > n - 1:
+            if i not in self.names and i.op is not Ops.CONST:  # the index is used up to three times
+                self.n += 1
+                self.lines.append(f"{ind}{i.dtype.cname} alu{self.n} = {ie};")
+                ie = f"alu{self.n}"
+            if i.vmin < 0:
+                ie = f"({ie}<0?0:{ie})"
+            if i.vmax > n - 1:
+                ie = f"({ie}>{n - 1}?{n - 1}:{ie})"
+        self.n += 1
+        raw = f"val{self.n}"
+        self.lines.append(f"{ind}{u.dtype.cname} {raw} = {self.ref(base, ie)};")
+        self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = ({self.expr(gate)}?{raw}:{zero});")
 
     def emit(self, u: UOp, ind: str) -> None:
         op = u.op
         if op is Ops.LOAD:
             idx = u.src[0]
-            ref = self.address(idx)
-            if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
-                ref = f"({self.expr(idx.src[2])}?{ref}:{render_const(0, u.dtype)})"
+            if len(idx.src) > 2:
+                self.gated_load(u, ind)
+                return
             name = self.var(u, "val")
-            self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {self.address(idx)};")
         elif op is Ops.STORE:
             self.lines.append(f"{ind}{self.address(u.src[0])} = {self.expr(u.src[1])};")
         elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
