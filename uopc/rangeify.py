@@ -285,6 +285,36 @@ def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     return val
 
 
+# gcc vectorizes no float max reduction without -ffinite-math-only (the NaN-propagating select is no MAX_EXPR), so a
+# max runs LANES independent accumulators in a small array: the lane loop is an elementwise select gcc vectorizes
+LANES = 16
+
+
+def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    """A float MAX reduce whose innermost axis splits into LANES: lane[l] = max(lane[l], x[.., a*LANES + l]), then a
+    tree over the lanes."""
+    x, (rop, n) = u.src[0], u.arg
+    rshape = x.shape[len(x.shape) - n :]
+    rkey = (u, frozenset(ranges_in(*idx)), valid)
+    if (hit := ctx.reduce_ranges.get(rkey)) is None:
+        init_loop = ctx.rng(LANES)
+        outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, dtypes.int32) for s in rshape[:-1]]
+        a, lane = ctx.rng(rshape[-1] // LANES, AxisType.REDUCE), ctx.rng(LANES, AxisType.REDUCE)
+        hit = ctx.reduce_ranges[rkey] = (init_loop, outer, a, lane)
+    init_loop, outer, a, lane = hit
+    val = rangeify(x, idx + (*outer, a * LANES + lane), ctx, valid)
+    loops = [r for r in outer if r.op is Ops.RANGE] + [a, lane]
+    around = ranges_in(*idx, *([valid] if valid is not None else []))
+    lanes = ctx.alloc(u.dtype, LANES).after(*around)
+    init = lanes.index(init_loop).store(UOp.const(identity_element(rop, u.dtype), u.dtype)).end(init_loop)
+    acc = lanes.after(init, *loops)
+    done = lanes.after(acc.index(lane).store(UOp(rop, (acc.index(lane).load(), val))).end(*loops))
+    vals = [done.index(UOp.const(k, dtypes.int32)).load() for k in range(LANES)]
+    while len(vals) > 1:
+        vals = [UOp(rop, (vals[i], vals[i + 1])) for i in range(0, len(vals), 2)]
+    return vals[0]
+
+
 def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     rop, n = u.arg
     x = u.src[0]
@@ -295,6 +325,9 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     o = ctx.opts
     if rop is Ops.ADD and u.dtype.is_float and prod(rshape) > LEAF and o.unroll == 1 and not chunked:
         return _tree_sum(u, idx, ctx, valid)
+    lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
+    if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1 and not chunked:
+        return _lane_max(u, idx, ctx, valid)
     if (parts := ctx.reduce_ranges.get(rkey)) is None:
         unroll = ctx.opts.unroll
         parts = [_axis_parts(ctx, s, unroll if k == n - 1 else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]

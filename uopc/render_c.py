@@ -167,6 +167,8 @@ class CRenderer:
         if u.op not in ALU:
             return False
         users = self.lin.users[u]
+        if any(x.op is Ops.MAX and x.dtype.is_float for x in users):  # a float max writes its first operand 3 times
+            return True
         return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
 
     def expr(self, u: UOp) -> str:
