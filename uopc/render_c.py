@@ -296,7 +296,7 @@ _BOOL_INFIX = {Ops.ADD: "|", Ops.MUL: "&"}
 def _max(r: CRenderer, u: UOp) -> str:
     a, b = r.expr(u.src[0]), r.expr(u.src[1])
     if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
-        return f"((({a}>{b})||({a}!={a}))?{a}:{b})"
+        return f"((({a}>{b})|({a}!={a}))?{a}:{b})"  # `|`, not `||`: no branch for gcc to keep
     return f"(({a}>{b})?{a}:{b})"
 
 

@@ -1,4 +1,4 @@
-"""float32 exp2/log2 are uopc's own vectorizable code: ulp sweeps against float64 NumPy, and gcc -S checks.
+"""float32 exp2/log2 are uopc's own vectorizable code: ulp sweeps against float64 NumPy (gcc -S: test_vectorize.py).
 
 The sweep: every float32 bit pattern class (random bits over the whole range, a dense grid where the result is
 finite and not trivially 0, and the special values), compiled through uopc, compared with NumPy's float64 result
@@ -7,15 +7,10 @@ rounded to float32; the largest distance in units in the last place must be <= 2
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 
-from tests.helpers import buf, cpu_has, render_graph
-from uopc import Tensor, runtime
-from uopc.dtype import dtypes
-from uopc.uop import Ops
+from uopc import Tensor
 
 SPECIAL = np.array(
     [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2.0, 0.5, 1e-45, -1e-45, 1.17549435e-38, 1.1754942e-38,
@@ -70,21 +65,3 @@ def test_float16_computes_in_float32():
     got = Tensor(x).exp2().numpy()
     ref = np.exp2(x.astype(np.float64)).astype(np.float16)
     np.testing.assert_allclose(got.astype(np.float64), ref.astype(np.float64), rtol=2**-10)
-
-
-def _asm(op: Ops, dt=dtypes.float32) -> str:
-    src = render_graph(buf(0, 4096, dt).alu(op), 1, name="k")
-    cmd = [runtime._resolve_compiler(), *runtime.CFLAGS, "-S", "-x", "c", "-", "-o", "-"]
-    return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
-
-
-@pytest.mark.parametrize("op", [Ops.SQRT, Ops.EXP2, Ops.LOG2], ids=["sqrt", "exp2", "log2"])
-def test_kernels_use_packed_vector_instructions(op: Ops):
-    # the widest vector registers this CPU has must carry packed arithmetic; no call into libm remains
-    reg = "zmm" if cpu_has("avx512f") else "ymm" if cpu_has("avx2") else "xmm"
-    asm = _asm(op)
-    packed = [ln for ln in asm.splitlines() if f"%{reg}" in ln and ("ps\t" in ln or "pd\t" in ln)]
-    assert packed, f"no packed {reg} instructions for {op.name}\n{asm}"
-    assert "call" not in asm or not any(f in asm for f in ("exp2f", "log2f", "sqrtf")), asm
-    if op is Ops.SQRT:
-        assert "vsqrtps" in asm, asm
