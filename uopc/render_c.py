@@ -20,6 +20,7 @@ from collections.abc import Callable
 from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.linearize import Linearized, Loop, linearize
+from uopc.render_math import F32_BITS, F32_MATH
 from uopc.uop import ALU, AxisType, Ops, UOp
 
 PRELUDE = """#include <math.h>
@@ -66,39 +67,6 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
 """
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
-"""
-
-# float32 exp2/log2 (and float16 through float32) as branch-free inline code gcc vectorizes: the range reduction and
-# polynomial run in double, so one final rounding gives <= 1 ulp (tests/backend/test_transcendental.py sweeps it);
-# double also holds every 2^n a float result needs, so overflow to inf and underflow through the subnormals to 0 are
-# that final rounding too. NaN compares false everywhere and so stays NaN. float64 keeps libm.
-_EXP2_POLY = " + f*(".join(f"{math.log(2) ** k / math.factorial(k)!r}" for k in range(8)) + ")" * 7
-_LOG2_POLY = " + s2*(".join(f"{2 / (k * math.log(2))!r}" for k in (1, 3, 5, 7, 9, 11)) + ")" * 5
-_F32_MATH = f"""static inline double uopc_as_f64(uint64_t i) {{ double d; __builtin_memcpy(&d, &i, 8); return d; }}
-static inline uint64_t uopc_as_u64(double d) {{ uint64_t i; __builtin_memcpy(&i, &d, 8); return i; }}
-static inline float uopc_exp2f(float x) {{
-  double d = x > 129.0f ? 129.0 : x < -151.0f ? -151.0 : (double)x;  /* beyond these the result is inf or 0 */
-  double n = __builtin_rint(d);
-  double f = d - n;  /* in [-0.5, 0.5]: 2^f by its Taylor series to f^7 (truncation < 1e-8 relative) */
-  double p = {_EXP2_POLY};
-  int64_t e = (int64_t)(n == n ? n : 0.0) + 1023;  /* 2^n built from its exponent bits */
-  return (float)(p * uopc_as_f64((uint64_t)e << 52));
-}}
-static inline float uopc_log2f(float x) {{
-  uint64_t i = uopc_as_u64((double)x);  /* float subnormals are normal doubles */
-  double e = (double)((int64_t)(i >> 52) - 1023);
-  double m = uopc_as_f64((i & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  /* x = m * 2^e, m in [1, 2) */
-  int big = m > 1.4142135623730951;
-  m = big ? m * 0.5 : m;
-  e = big ? e + 1.0 : e;
-  double s = (m - 1.0) / (m + 1.0);  /* log2(m) = 2/ln2 * atanh(s), |s| < 0.172 */
-  double s2 = s * s;
-  double r = e + s * ({_LOG2_POLY});
-  r = x == 0.0f ? -INFINITY : r;
-  r = x < 0.0f ? NAN : r;
-  r = x == INFINITY ? INFINITY : r;
-  return x != x ? x : (float)r;
-}}
 """
 
 _MATH = {  # op -> (float, double) C function
@@ -300,14 +268,12 @@ def _max(r: CRenderer, u: UOp) -> str:
     return f"(({a}>{b})?{a}:{b})"
 
 
-_OWN_F32 = {Ops.EXP2: "uopc_exp2f", Ops.LOG2: "uopc_log2f"}
-
-
 def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
-    if u.op in _OWN_F32 and u.dtype is not dtypes.float64:
-        r.helpers["f32math"] = _F32_MATH
-        f = _OWN_F32[u.op]
+    if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
+        f, code = F32_MATH[u.op]
+        r.helpers["f32math"] = F32_BITS
+        r.helpers[f] = code
     if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
         return f"((_Float16){f}((float){r.expr(u.src[0])}))"
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"

@@ -1,4 +1,4 @@
-"""float32 exp2/log2 are uopc's own vectorizable code: ulp sweeps against float64 NumPy (gcc -S: test_vectorize.py).
+"""float32 exp2/log2/sin are uopc's own vectorizable code: ulp sweeps against float64 NumPy (gcc -S: test_vectorize.py).
 
 The sweep: every float32 bit pattern class (random bits over the whole range, a dense grid where the result is
 finite and not trivially 0, and the special values), compiled through uopc, compared with NumPy's float64 result
@@ -15,7 +15,8 @@ from uopc import Tensor
 SPECIAL = np.array(
     [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 2.0, 0.5, 1e-45, -1e-45, 1.17549435e-38, 1.1754942e-38,
      3.4028235e38, -3.4028235e38, 127.99999, 128.0, 128.00002, -126.0, -149.0, -149.5, -150.0, -150.00002, -151.0,
-     0.99999994, 1.0000001],
+     0.99999994, 1.0000001, 0.49999997, 0.5, 3.1415927, 1.5707964, 16777216.0, 268435456.0, 105414350.0,
+     1.0e22, 8.6e37],
     np.float32,
 )  # fmt: skip
 
@@ -42,6 +43,7 @@ def _points(lo: float, hi: float, n: int = 2_000_000, seed: int = 0) -> np.ndarr
 CASES = {
     "exp2": (lambda t: t.exp2(), np.exp2, (-151.0, 129.0)),
     "log2": (lambda t: t.log2(), np.log2, (0.0, 4.0)),
+    "sin": (lambda t: t.sin(), np.sin, (-20.0, 20.0)),
 }
 
 

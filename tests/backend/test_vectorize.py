@@ -31,6 +31,7 @@ GRAPHS = {
     "sqrt": X.alu(Ops.SQRT),
     "exp2": X.alu(Ops.EXP2),
     "log2": X.alu(Ops.LOG2),
+    "sin": X.alu(Ops.SIN),
     "relu": ((X * 2.0 + 1.0).maximum(0.0)) * 3.0,
     "max_rows": X.reshape((16, 256)).reduce(Ops.MAX, 1),
 }
