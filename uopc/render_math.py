@@ -108,8 +108,8 @@ static inline float uopc_sinf(float x) {{
   uint64_t t = (p0 << 32) | (p1 & 0xffffffffu);  /* ax * 2/pi mod 4, 62 fractional bits */
   uint64_t k = (t + (1ull << 61)) >> 62;  /* the nearest multiple of pi/2, mod 4 (a carry out is 4 = 0) */
   double r = (double)(int64_t)(t - (k << 62)) * {math.pi / 2 / 2.0**62!r};  /* ax - k*pi/2 in [-pi/4, pi/4] */
-  /* |x| < 0.5 is its own reduction; blended by arithmetic, as a select would let gcc make the table loads
-     conditional (a masked gather it cannot vectorize) */
+  /* |x| < 0.5 is its own reduction, blended in by arithmetic so that no table load depends on a condition
+     (gcc cannot vectorize a masked gather) */
   double small = (double)(ax < 0.5f);
   r = r * (1.0 - small) + (double)ax * small;
   int q = (int)(k & 3u) & ((int)small - 1);
