@@ -203,6 +203,7 @@ LEAF, LEVEL = 256, 16
 # a full reduction at least this long runs its outermost level as an OpenMP loop writing one partial per iteration
 # (the same tree, so the same result with any thread count); below it a parallel region costs more than it saves
 PARALLEL_MIN = 1 << 16
+TILE_LEVELS_MIN = 4096
 
 
 def _largest_divisor(s: int, cap: int) -> int:
@@ -324,7 +325,10 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     rkey = (u, frozenset(ranges_in(*idx)), valid)
     chunked = ctx.kchunk is not None and ctx.kchunk[0] is u and valid is None
     o = ctx.opts
-    if rop is Ops.ADD and u.dtype.is_float and prod(rshape) > LEAF and o.unroll == 1 and not chunked:
+    # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
+    # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
+    long = prod(rshape) > (TILE_LEVELS_MIN if len(o.upcast) >= 2 else LEAF)
+    if rop is Ops.ADD and u.dtype.is_float and long and o.unroll == 1 and not chunked:
         return _tree_sum(u, idx, ctx, valid)
     lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
     if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1 and not chunked:
