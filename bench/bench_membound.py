@@ -23,8 +23,6 @@ MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 if any(os.environ.get(k) != v for k, v in MALLOC.items()):  # glibc reads these at start-up: re-exec with them set
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
 import numpy as np  # noqa: E402
 
 from uopc import Tensor, nn, realize, runtime  # noqa: E402

@@ -246,7 +246,7 @@ def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[lis
             pieces.setdefault(k, []).append((r, d))
     ridx = []
     for k in range(len(rshape)):
-        i: UOp = UOp.const(0, dtypes.int32)
+        i: UOp = UOp.const(0, ctx.idx)
         for r, d in pieces.get(k, []):  # outer to inner: i = i * d + r
             i = i * d + r
         ridx.append(i)
@@ -300,7 +300,7 @@ def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     rkey = (u, frozenset(ranges_in(*idx)), valid)
     if (hit := ctx.reduce_ranges.get(rkey)) is None:
         init_loop = ctx.rng(LANES)
-        outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, dtypes.int32) for s in rshape[:-1]]
+        outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, ctx.idx) for s in rshape[:-1]]
         a, lane = ctx.rng(rshape[-1] // LANES, AxisType.REDUCE), ctx.rng(LANES, AxisType.REDUCE)
         hit = ctx.reduce_ranges[rkey] = (init_loop, outer, a, lane)
     init_loop, outer, a, lane = hit
@@ -311,7 +311,7 @@ def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     init = lanes.index(init_loop).store(UOp.const(identity_element(rop, u.dtype), u.dtype)).end(init_loop)
     acc = lanes.after(init, *loops)
     done = lanes.after(acc.index(lane).store(UOp(rop, (acc.index(lane).load(), val))).end(*loops))
-    vals = [done.index(UOp.const(k, dtypes.int32)).load() for k in range(LANES)]
+    vals = [done.index(UOp.const(k, ctx.idx)).load() for k in range(LANES)]
     while len(vals) > 1:
         vals = [UOp(rop, (vals[i], vals[i + 1])) for i in range(0, len(vals), 2)]
     return vals[0]
