@@ -14,6 +14,7 @@ the linearizer places them, not by a separate pass.
 
 from __future__ import annotations
 
+from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
 from uopc.opts import Opts
@@ -210,7 +211,7 @@ def _largest_divisor(s: int, cap: int) -> int:
     return next(d for d in range(min(s, cap), 0, -1) if s % d == 0)
 
 
-def _levels(rshape: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+def _levels(rshape: tuple[int, ...], leaf: int = LEAF) -> list[list[tuple[int, int]]]:
     """Split the reduce axes into levels of loops, innermost level first: each a list of (axis, size) pieces, inner
     piece of an axis first. A level holds at most LEAF (first) or LEVEL (later) iterations unless a size has no
     divisor that fits (a large prime stays one loop)."""
@@ -219,7 +220,7 @@ def _levels(rshape: tuple[int, ...]) -> list[list[tuple[int, int]]]:
     for k in reversed(range(len(rshape))):
         s = rshape[k]
         while s > 1:
-            cap = (LEAF if len(levels) == 1 else LEVEL) // prod_
+            cap = (leaf if len(levels) == 1 else LEVEL) // prod_
             d = _largest_divisor(s, cap) if cap > 1 else 1
             if d == 1 and prod_ > 1:  # nothing fits: close this level
                 levels.append([])
@@ -235,7 +236,8 @@ def _levels(rshape: tuple[int, ...]) -> list[list[tuple[int, int]]]:
 def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[list[list[UOp]], tuple[UOp, ...]]:
     """The loops of each level, innermost level first (created outermost first, so they nest outside), and the
     reduce index per axis. With `parallel` the outermost loop is a THREAD loop."""
-    levels = _levels(rshape)
+    # checked loads (UOPC_CHECK_OOB=1) keep gcc from vectorizing the leaf, which would then be one serial chain
+    levels = _levels(rshape, LEVEL if helpers.CHECK_OOB else LEAF)
     loops: list[list[UOp]] = [[] for _ in levels]
     pieces: dict[int, list[tuple[UOp, int]]] = {}
     for li in reversed(range(len(levels))):
