@@ -330,7 +330,8 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
     # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
     long = prod(rshape) > (TILE_LEVELS_MIN if len(o.upcast) >= 2 else LEAF)
-    if rop is Ops.ADD and u.dtype.is_float and long and o.unroll == 1 and not chunked:
+    # levels win over Opts.unroll (the search may pick it for a long sum): gcc vectorizes the leaf anyway
+    if rop is Ops.ADD and u.dtype.is_float and long and not chunked:
         return _tree_sum(u, idx, ctx, valid)
     lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
     if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1 and not chunked:
@@ -484,6 +485,8 @@ def _kchunk(root: UOp, out: UOp, o: Opts) -> tuple | None:
     axis the chunk divides. The partial result lives in the output buffer between chunks, so any op after the
     reduce would be applied to partial sums: then ktile is ignored."""
     if not o.ktile or root.op is not Ops.REDUCE or o.unroll > 1:
+        return None
+    if root.arg[0] is Ops.ADD and root.dtype.is_float and len(o.upcast) < 2:  # a float sum keeps its levels
         return None
     size = root.src[0].shape[-1]
     if o.ktile >= size or size % o.ktile:

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import buf, render_graph, run
 from uopc import Tensor
-from uopc.rangeify import _levels
+from uopc.rangeify import Opts, _levels
 from uopc.uop import Ops
 
 F01 = float(np.float32(0.1))
@@ -86,3 +86,11 @@ def test_sums_under_the_bounds_checker(context):
     for n in (10**6, 2**24):
         got = Tensor(np.full(n, 0.1, np.float32)).sum().item()
         assert abs(got - n * F01) <= 1e-6 * n * F01, (n, got)
+
+
+@pytest.mark.parametrize("opts", [Opts(unroll=4), Opts(ktile=1000)], ids=["unroll", "ktile"])
+def test_levels_win_over_unroll_and_ktile(opts):
+    # regression: under OPT=2 the search may pick unroll or ktile for a long sum, which kept one serial chain.
+    # reference: exact; rtol 1e-6
+    got = run(buf(0, 10**6).reduce(Ops.ADD, 1), [np.full(10**6, 0.1, np.float32)], opts=opts)
+    assert abs(float(got) - 10**6 * F01) <= 1e-6 * 10**6 * F01, got
