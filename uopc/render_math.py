@@ -69,14 +69,15 @@ EXP2F = f"""static inline float uopc_exp2f(float x) {{
   double n = __builtin_rint(d);
   double f = d - n;  /* in [-0.5, 0.5]: 2^f by its Taylor series to f^7 (truncation < 1e-8 relative) */
   double p = {_EXP2};
-  int64_t e = (int64_t)(n == n ? n : 0.0) + 1023;  /* 2^n built from its exponent bits */
-  return (float)(p * uopc_as_f64((uint64_t)e << 52));
+  /* 2^n from its exponent bits; n + 1.5*2^52 puts n in the low bits, so no int64 conversion (none in AVX2) */
+  uint64_t e = uopc_as_u64((n == n ? n : 0.0) + 6755399441055744.0) + 1023;
+  return (float)(p * uopc_as_f64(e << 52));
 }}
 """
 
 LOG2F = f"""static inline float uopc_log2f(float x) {{
   uint64_t i = uopc_as_u64((double)x);  /* float subnormals are normal doubles */
-  double e = (double)((int64_t)(i >> 52) - 1023);
+  double e = uopc_as_f64((i >> 52) | 0x4330000000000000ull) - 4503599627371519.0;  /* exponent - 1023, via 2^52 */
   double m = uopc_as_f64((i & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  /* x = m * 2^e, m in [1, 2) */
   int big = m > 1.4142135623730951;
   m = big ? m * 0.5 : m;

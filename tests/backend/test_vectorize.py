@@ -39,6 +39,8 @@ GRAPHS = {
 
 @pytest.mark.parametrize("name", list(GRAPHS))
 def test_packed_and_no_calls(name: str):
+    if name == "sin" and not cpu_has("avx512dq"):  # its int64 -> double conversion has no AVX2 form: scalar there
+        pytest.skip("sin vectorizes with AVX-512DQ only")
     s = asm(GRAPHS[name])
     assert packed(s), f"{name}: no packed {REG} instructions\n{s}"
     assert "call" not in s, f"{name}: calls a function\n{s}"
