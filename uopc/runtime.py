@@ -58,11 +58,12 @@ _DEFAULT_CFLAGS = [
     "-fassociative-math",
     "-fno-signed-zeros",
     "-fno-trapping-math",
-    "-fno-tree-loop-if-convert",
+    "-fno-math-errno",
 ]
-# -fno-tree-loop-if-convert: gcc 12.2's if-conversion + loop vectorization miscompiles a guarded (PAD) load in
-# a reduce nested under an invariant loop (tests/backend/test_lowering.py, padded window sum); GEMM inner loops
-# have no conditionals, so this costs them nothing.
+# -fno-math-errno: sqrtf never sets errno for us to read, so gcc may emit vsqrtps instead of a call per element; it
+# changes no result (NaN and inf are as before).
+# If-conversion stays on (every `?:` vectorizes): gcc 12.2 miscompiled a conditional PAD load in a reduce under an
+# invariant loop, so the renderer makes every load unconditional at a clamped index and gates only the value.
 # -ffast-math is deliberately absent: it implies -ffinite-math-only, which lets gcc drop the NaN/inf handling
 # that reductions and comparisons in generated code rely on.
 CFLAGS: list[str] = helpers.CFLAGS_ENV.split() if helpers.CFLAGS_ENV else list(_DEFAULT_CFLAGS)
