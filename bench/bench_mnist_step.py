@@ -16,122 +16,53 @@ faster). For the jitted step it also prints where the time goes (Python, plan la
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-import numpy as np
-
-from uopc import TinyJit, realize, runtime
+from uopc import realize, runtime
 from uopc.buffer import pool
-from uopc.nn import AdamW, Linear, parameters
-from uopc.tensor import Tensor
-
-
-def batches(n: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A pool of synthetic MNIST-shaped batches (float32 pixels, int class labels)."""
-    g = np.random.default_rng(seed)
-    return [
-        (g.standard_normal((batch, 784)).astype(np.float32), g.integers(0, 10, batch).astype(np.int32))
-        for _ in range(n)
-    ]
-
-
-def uopc_stepper(data, sizes: list[int], jit: bool):
-    """A closure running one uopc training step on the next batch."""
-    Tensor.manual_seed(0)
-    layers = [Linear(a, b) for a, b in zip(sizes, sizes[1:], strict=False)]
-    opt = AdamW(parameters(layers), lr=1e-3)
-    tdata = [(Tensor(x).realize(), Tensor(y).realize()) for x, y in data]
-
-    def train(x: Tensor, y: Tensor) -> Tensor:
-        h = x
-        for i, layer in enumerate(layers):
-            h = layer(h)
-            h = h.relu() if i < len(layers) - 1 else h
-        loss = h.cross_entropy(y)
-        opt.zero_grad()
-        loss.backward(opt.params)
-        opt.step(loss)
-        return loss
-
-    f = TinyJit(train) if jit else train
-    i = [0]
-
-    def step() -> None:
-        f(*tdata[i[0] % len(tdata)])
-        i[0] += 1
-
-    return step
-
-
-def torch_stepper(data, sizes: list[int], compiled: bool):
-    """The same step in PyTorch (its default AdamW: weight decay 0.01, like uopc's), eager or torch.compile'd."""
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    mods: list = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
-        mods += [torch.nn.Linear(a, b)] + ([torch.nn.ReLU()] if i < len(sizes) - 2 else [])
-    model = torch.nn.Sequential(*mods)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    fwd = torch.compile(model) if compiled else model
-    tdata = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in data]
-    i = [0]
-
-    def step() -> None:
-        x, y = tdata[i[0] % len(tdata)]
-        i[0] += 1
-        loss = F.cross_entropy(fwd(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def time_steps(step, n: int) -> float:
-    """Milliseconds per step over n steps."""
-    t = time.perf_counter()
-    for _ in range(n):
-        step()
-    return (time.perf_counter() - t) / n * 1e3
+from uopc.tools import harness
+from uopc.tools.bench_suite import mnist_batches, torch_stepper, uopc_stepper
 
 
 def bench(sizes: list[int], batch: int, args) -> None:
     name = "-".join(map(str, sizes))
-    data = batches(8, batch)
+    data = mnist_batches(8, batch)
     runners = {
-        "uopc": uopc_stepper(data, sizes, jit=False),
-        "uopc TinyJit": uopc_stepper(data, sizes, jit=True),
+        "uopc": uopc_stepper(data, sizes, 1e-3),
+        "uopc TinyJit": uopc_stepper(data, sizes, 1e-3, jit=True),
     }
     try:
-        runners["torch eager"] = torch_stepper(data, sizes, compiled=False)
+        runners["torch eager"] = torch_stepper(data, sizes, 1e-3)
         if not args.no_compile:
             try:
-                st = torch_stepper(data, sizes, compiled=True)
-                time_steps(st, 3)  # compiles here: a failure drops it from the comparison
+                st = torch_stepper(data, sizes, 1e-3, compiled=True)
+                harness.time_n(st, 3)  # compiles here: a failure drops it from the comparison
                 runners["torch.compile"] = st
             except Exception as e:  # torch.compile needs a working C++ toolchain; report and go on
                 print(f"torch.compile skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
     except ImportError:
         print("torch is not installed: timing uopc only")
     for step in runners.values():  # warm up: uopc compiles its plan in the first steps, TinyJit captures
-        time_steps(step, 5)
+        harness.time_n(step, 5)
+    plans, compiles = len(realize._plans), runtime.stats["compiles"]
     times: dict[str, list[float]] = {k: [] for k in runners}
     misses: dict[str, int] = dict.fromkeys(runners, 0)
     for _ in range(args.rounds):
         for k, step in runners.items():
             m0 = pool.misses
-            times[k].append(time_steps(step, args.steps))
+            times[k].append(harness.time_n(step, args.steps) * 1e3)
             misses[k] += pool.misses - m0
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = harness.medians(times)
     ref = med.get("torch eager")
     print(f"MLP {name}, AdamW, batch {batch} (median of {args.rounds} interleaved rounds x {args.steps} steps):")
     for k, v in med.items():
         ratio = f"  {v / ref:5.2f}x torch eager" if ref else ""
         miss = f"  pool misses while timing: {misses[k]}" if k.startswith("uopc") else ""
         print(f"  {k:14s} {v:8.2f} ms/step (min {min(times[k]):7.2f}){ratio}{miss}")
+    print(
+        f"  while timing: {len(realize._plans) - plans} plans built, "
+        f"{runtime.stats['compiles'] - compiles} kernels compiled"
+    )
     # where the jitted step's time goes: Python (binding, output tensors), plan launch (ctypes), kernels
     step = runners["uopc TinyJit"]
     t = time.perf_counter()

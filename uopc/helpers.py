@@ -10,6 +10,7 @@ Settings (all optional):
   UOPC_CHECK_OOB    1: generated code checks every load/store index against its buffer
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
   UOPC_POOL_MB      MiB of freed storage the allocation pool keeps for reuse (default 2048)
+  UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first (default 512, 0: no cap)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ CFLAGS_ENV: str | None = os.environ.get("CFLAGS") or None
 CHECK_OOB: int = getenv("UOPC_CHECK_OOB", 0)
 PLAN_CACHE_SIZE: int = getenv("UOPC_PLAN_CACHE", 1024)
 POOL_MB: int = getenv("UOPC_POOL_MB", 2048)
+CACHE_MAX_MB: int = getenv("UOPC_CACHE_MAX_MB", 512)
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
 
 
@@ -51,6 +53,7 @@ _CONTEXT_VARS = {
     "PLAN_CACHE": "PLAN_CACHE_SIZE",
     "CC": "CC",
     "POOL_MB": "POOL_MB",
+    "CACHE_MAX_MB": "CACHE_MAX_MB",
 }
 
 

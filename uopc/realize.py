@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,11 +36,13 @@ __all__ = [
     "capture",
     "compile_plan",
     "default_opt",
+    "explain_miss",
     "inplace_ok",
     "plan_key",
     "profile",
     "realize",
     "run_plan",
+    "set_kernel_hook",
 ]
 
 _ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
@@ -140,6 +143,15 @@ class profile:
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
 _plans_lock = threading.Lock()
 _building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one builder holds
+# called after every kernel run as hook(kernel, seconds) when set (uopc profile sets it)
+_kernel_hook: Callable[[Kernel, float], None] | None = None
+
+
+def set_kernel_hook(hook: Callable[[Kernel, float], None] | None) -> Callable[[Kernel, float], None] | None:
+    """Time every kernel and call `hook(kernel, seconds)` after it runs (None: stop). Returns the previous hook."""
+    global _kernel_hook
+    old, _kernel_hook = _kernel_hook, hook
+    return old
 
 
 def default_opt() -> Any:
@@ -188,6 +200,8 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> Comp
     with lock:
         cp = _plans.get(key)
         if cp is None:
+            if helpers.DEBUG >= 1 and (why := explain_miss(key)):
+                print(why)
             plan, inputs = make_plan(roots, fuse_reduce, opt)
             cp = compile_plan(plan, len(inputs))
             with _plans_lock:
@@ -254,7 +268,9 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
         for j in range(plan.n_err):
             ptrs[t + j] = base + j * ERROR_RECORD * 8
     prof = _profile.stats
-    ns = (ctypes.c_longlong * len(plan.kernels))() if helpers.DEBUG >= 2 or prof is not None else None
+    hook = _kernel_hook
+    timed = helpers.DEBUG >= 2 or prof is not None or hook is not None
+    ns = (ctypes.c_longlong * len(plan.kernels))() if timed else None
     err = (ctypes.c_longlong * _ERR_WORDS)() if helpers.CHECK_OOB else None
     try:
         ensure_threads()
@@ -265,6 +281,9 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
             prof["call_ns"] += time.perf_counter_ns() - tc
             prof["kernel_ns"] += sum(ns)
             prof["kernels"] += len(plan.kernels)
+        if ns is not None and hook is not None:
+            for k, t in zip(plan.kernels, ns, strict=True):
+                hook(k, t * 1e-9)
         if ns is not None and helpers.DEBUG >= 2:
             _print_kernels(cp, ptrs, ns)
     finally:
@@ -339,10 +358,63 @@ def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any) -> None:
         again = (ctypes.c_longlong * len(cp.kernels))()
         cp.fn(ptrs, again, (ctypes.c_longlong * _ERR_WORDS)())
     for i, k in enumerate(cp.kernels):
-        dt = ns[i] * 1e-9
+        dt = max(ns[i] * 1e-9, 1e-9)
         extra = ""
         if again is not None:
             extra = f"  (again: {again[i] * 1e-6:.3f} ms)"
             if k.opts is not None:
                 extra += f"  {k.opts}"
-        print(f"  {cp.names[i]:30s} {dt * 1e3:8.3f} ms  {k.flops / max(dt, 1e-9) / 1e9:7.2f} GFLOP/s{extra}")
+        print(
+            f"  {k.name:24s} {dt * 1e3:8.3f} ms  {k.flops / dt / 1e9:7.2f} GFLOP/s  {k.nbytes / dt / 1e9:7.2f} GB/s  "
+            f"{k.op}{extra}"
+        )
+
+
+def _arg(arg: Any) -> str:
+    """A structure-key arg as the user wrote it (floats are keyed by their hex form)."""
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is float:
+        return f"{float.fromhex(arg[1]):.6g}"
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is bool:
+        return repr(arg[1])
+    return repr(arg)
+
+
+def _describe(node: tuple) -> str:
+    op, dtype, arg, _ = node
+    if op is Ops.BUFFER:
+        return f"BUFFER {arg[1]}[{', '.join(map(str, arg[2]))}]"
+    return f"{op.name} {_arg(arg)}" if op is Ops.CONST else f"{op.name} {dtype.name} {_arg(arg)}"
+
+
+def explain_miss(key: tuple, limit: int = 256) -> str | None:
+    """Why a plan-cache miss missed, in words: the closest cached structure of the same size and where it differs.
+
+    Only the `limit` most recently used plans are compared (a miss is rare in a steady loop, so this is cheap).
+    """
+    skey = key[0]
+    best, best_same = None, -1
+    with _plans_lock:
+        recent = list(reversed(_plans))[:limit]
+    for other in recent:
+        if other[1:] != key[1:] or len(other[0]) != len(skey):
+            continue
+        same = sum(a == b for a, b in zip(skey, other[0], strict=True))
+        if same > best_same:
+            best, best_same = other[0], same
+    if best is None:
+        return None
+    i = next(j for j, (a, b) in enumerate(zip(skey, best, strict=True)) if a != b)
+    new, old = skey[i], best[i]
+    ndiff = len(skey) - best_same
+    where = f"at node {i} of {len(skey)} ({ndiff} node{'s differ' if ndiff != 1 else ' differs'})"
+    if new[0] is Ops.CONST and old[0] is Ops.CONST and new[1] == old[1]:
+        kind = "float" if isinstance(new[2], tuple) and new[2][:1] == (float,) else "number"
+        what = f"CONST {_arg(new[2])} (was {_arg(old[2])}) {where}: a Python {kind} that changes every step: "
+        what += "pass it as a Tensor"
+    elif new[0] is Ops.BUFFER and old[0] is Ops.BUFFER:
+        what = f"{_describe(new)} (was {_describe(old)}) {where}: an input of another shape or dtype"
+    elif new[0] is old[0] and new[1] == old[1] and new[3] == old[3]:
+        what = f"{_describe(new)} (was {_arg(old[2])}) {where}: the same op with another argument (shape, axis)"
+    else:
+        what = f"{_describe(new)} (was {_describe(old)}) {where}: a different computation"
+    return f"realize: plan cache miss; the closest cached plan differs first at {what}"

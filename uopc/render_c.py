@@ -20,6 +20,7 @@ from collections.abc import Callable
 from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.linearize import Linearized, Loop, linearize
+from uopc.render_math import F32_BITS, F32_MATH
 from uopc.uop import ALU, AxisType, Ops, UOp
 
 PRELUDE = """#include <math.h>
@@ -134,6 +135,8 @@ class CRenderer:
         if u.op not in ALU:
             return False
         users = self.lin.users[u]
+        if any(x.op is Ops.MAX and x.dtype.is_float for x in users):  # a float max writes its first operand 3 times
+            return True
         return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
 
     def expr(self, u: UOp) -> str:
@@ -168,22 +171,53 @@ class CRenderer:
         base = buf
         while base.op is Ops.AFTER:
             base = base.src[0]
+        return self.ref(base, self.expr(i))
+
+    def ref(self, base: UOp, i: str) -> str:
+        """The C lvalue of element `i` (a C expression) of an ALLOC or BUFFER."""
         if base.op is Ops.ALLOC:
-            size = base.arg[1]
-            return self.names[base] if size == 1 else f"{self.names[base]}[{self.expr(i)}]"
+            return self.names[base] if base.arg[1] == 1 else f"{self.names[base]}[{i}]"
         if self.check_oob:
-            return f"data{base.arg.slot}[uopc_chk({self.expr(i)}, {base.arg.shape[0]}, {base.arg.slot})]"
-        return f"data{base.arg.slot}[{self.expr(i)}]"
+            return f"data{base.arg.slot}[uopc_chk({i}, {base.arg.shape[0]}, {base.arg.slot})]"
+        return f"data{base.arg.slot}[{i}]"
+
+    def gated_load(self, u: UOp, ind: str) -> None:
+        """A PAD load: read at the index clamped into the buffer (never out of range), then select it or 0 by the
+        gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
+        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test)."""
+        buf, i, gate = u.src[0].src
+        base = buf
+        while base.op is Ops.AFTER:
+            base = base.src[0]
+        zero = render_const(0, u.dtype)
+        n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
+        if n == 0:  # a padded empty buffer: every element is padding
+            self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {zero};")
+            return
+        ie = self.expr(i)
+        if i.vmin < 0 or i.vmax > n - 1:
+            if i not in self.names and i.op is not Ops.CONST:  # the index is used up to three times
+                self.n += 1
+                self.lines.append(f"{ind}{i.dtype.cname} alu{self.n} = {ie};")
+                ie = f"alu{self.n}"
+            if i.vmin < 0:
+                ie = f"({ie}<0?0:{ie})"
+            if i.vmax > n - 1:
+                ie = f"({ie}>{n - 1}?{n - 1}:{ie})"
+        self.n += 1
+        raw = f"val{self.n}"
+        self.lines.append(f"{ind}{u.dtype.cname} {raw} = {self.ref(base, ie)};")
+        self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = ({self.expr(gate)}?{raw}:{zero});")
 
     def emit(self, u: UOp, ind: str) -> None:
         op = u.op
         if op is Ops.LOAD:
             idx = u.src[0]
-            ref = self.address(idx)
-            if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
-                ref = f"({self.expr(idx.src[2])}?{ref}:{render_const(0, u.dtype)})"
+            if len(idx.src) > 2:
+                self.gated_load(u, ind)
+                return
             name = self.var(u, "val")
-            self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {self.address(idx)};")
         elif op is Ops.STORE:
             self.lines.append(f"{ind}{self.address(u.src[0])} = {self.expr(u.src[1])};")
         elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
@@ -230,12 +264,16 @@ _BOOL_INFIX = {Ops.ADD: "|", Ops.MUL: "&"}
 def _max(r: CRenderer, u: UOp) -> str:
     a, b = r.expr(u.src[0]), r.expr(u.src[1])
     if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
-        return f"((({a}>{b})||({a}!={a}))?{a}:{b})"
+        return f"((({a}>{b})|({a}!={a}))?{a}:{b})"  # `|`, not `||`: no branch for gcc to keep
     return f"(({a}>{b})?{a}:{b})"
 
 
 def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
+    if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
+        f, code = F32_MATH[u.op]
+        r.helpers["f32math"] = F32_BITS
+        r.helpers[f] = code
     if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
         return f"((_Float16){f}((float){r.expr(u.src[0])}))"
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"

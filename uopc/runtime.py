@@ -7,13 +7,15 @@
     prg(a)  # a == [1, 1, 1, 1]
 
 Compiled objects live in `helpers.cache_dir()` as `<key>.so` + `<key>.json` (size and sha256 of the .so); an entry
-that fails that check is rebuilt silently. OpenMP threads are set with `set_num_threads`.
+that fails that check is rebuilt silently. A hit touches the entry's mtime; past UOPC_CACHE_MAX_MB the least recently
+used entries are deleted (under a lock file, see `evict`). OpenMP threads are set with `set_num_threads`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import hashlib
 import json
 import os
@@ -39,6 +41,8 @@ __all__ = [
     "CompilerNotFoundError",
     "Program",
     "ensure_threads",
+    "entry_ok",
+    "evict",
     "get_num_threads",
     "set_num_threads",
     "stats",
@@ -55,11 +59,12 @@ _DEFAULT_CFLAGS = [
     "-fassociative-math",
     "-fno-signed-zeros",
     "-fno-trapping-math",
-    "-fno-tree-loop-if-convert",
+    "-fno-math-errno",
 ]
-# -fno-tree-loop-if-convert: gcc 12.2's if-conversion + loop vectorization miscompiles a guarded (PAD) load in
-# a reduce nested under an invariant loop (tests/backend/test_lowering.py, padded window sum); GEMM inner loops
-# have no conditionals, so this costs them nothing.
+# -fno-math-errno: sqrtf never sets errno for us to read, so gcc may emit vsqrtps instead of a call per element; it
+# changes no result (NaN and inf are as before).
+# If-conversion stays on (every `?:` vectorizes): gcc 12.2 miscompiled a conditional PAD load in a reduce under an
+# invariant loop, so the renderer makes every load unconditional at a clamped index and gates only the value.
 # -ffast-math is deliberately absent: it implies -ffinite-math-only, which lets gcc drop the NaN/inf handling
 # that reductions and comparisons in generated code rely on.
 CFLAGS: list[str] = helpers.CFLAGS_ENV.split() if helpers.CFLAGS_ENV else list(_DEFAULT_CFLAGS)
@@ -248,6 +253,11 @@ def _entry_ok(so_path: str, json_path: str) -> bool:
         return False
 
 
+def entry_ok(so_path: str, json_path: str) -> bool:
+    """Whether a cache entry's .so matches its json (size, then sha256), without loading it."""
+    return _entry_ok(so_path, json_path)
+
+
 def _save_failed_source(cache: str, key: str, src: str) -> str | None:
     """Keep the source of a failed compile under <cache>/failed/ so the user can rerun the compiler on it."""
     try:
@@ -343,10 +353,51 @@ def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], 
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
     if _entry_ok(so_path, json_path):
         stats["disk_hits"] += 1
+        try:
+            os.utime(so_path)  # the mtime is the entry's last use: eviction goes oldest first
+        except OSError:
+            pass
         return so_path
     if os.path.exists(so_path) or os.path.exists(json_path):
         stats["rebuilds"] += 1  # missing, truncated or altered entry: recompile over it
-    return _compile(src, cc_path, flags, cache, key)
+    so_path = _compile(src, cc_path, flags, cache, key)
+    evict(cache, keep=so_path)
+    return so_path
+
+
+def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> int:
+    """Delete least recently used kernel entries until the cache's .so + .json files fit `max_bytes`
+    (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many entries were deleted.
+
+    Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
+    load is safe: a loaded .so stays mapped after unlink, and a load that finds it gone rebuilds it.
+    """
+    cap = helpers.CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
+    if cap <= 0:
+        return 0
+    with open(os.path.join(cache, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        entries, total = [], 0
+        for entry in os.scandir(cache):
+            if not entry.name.endswith(".so") or not entry.is_file(follow_symlinks=False):
+                continue
+            json_path = entry.path[:-3] + ".json"
+            try:
+                size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
+                entries.append((entry.stat().st_mtime, entry.path, size))
+            except OSError:
+                continue  # deleted meanwhile by a process that does not take the lock (clear)
+            total += size
+        n = 0
+        for _, so_path, size in sorted(entries):
+            if total <= cap:
+                break
+            if so_path == keep:
+                continue
+            _unlink_quiet(so_path[:-3] + ".json")  # json first: a .so without its json is never trusted
+            _unlink_quiet(so_path)
+            total, n = total - size, n + 1
+        return n
 
 
 def _resolve(src: str | tuple[str, ...]) -> tuple[str, list[str], str]:
