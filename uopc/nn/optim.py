@@ -58,12 +58,20 @@ class Optimizer:
         self._lr_value = float(lr)
 
     @property
-    def lr(self) -> float:
-        """The learning rate; setting it writes the state tensor the plan reads (a schedule may set it each step)."""
-        return self._lr_value
+    def lr(self) -> float | Tensor:
+        """The learning rate; setting a number writes the state tensor the plan reads (a schedule may set it each
+        step). A one-element Tensor set here is read by the plan itself (and returned here): assign into it."""
+        return self._lr if self._lr_value is None else self._lr_value
 
     @lr.setter
-    def lr(self, value: float) -> None:
+    def lr(self, value: float | Tensor) -> None:
+        if isinstance(value, Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"optimizer lr: a Tensor lr must have one element, got shape {value.shape}")
+            self._lr, self._lr_value = value, None
+            return
+        if self._lr_value is None:  # the user's tensor was in use: never write into it
+            self._lr = _state(value)
         self._lr_value = float(value)
         buffer_data(base_buffer(self._lr.uop))[0] = value
 
