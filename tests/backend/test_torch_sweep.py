@@ -328,7 +328,8 @@ def covered() -> set[str]:
 
 
 def public_api() -> set[str]:
-    return {n for n in dir(Tensor) if not n.startswith("_") or (n.startswith("__") and n in Tensor.__dict__)} - {
+    own = set().union(*(vars(c) for c in Tensor.__mro__ if c is not object))  # dunders Tensor or a mixin defines
+    return {n for n in dir(Tensor) if not n.startswith("_") or (n.startswith("__") and n in own)} - {
         "__doc__",
         "__module__",
         "__dict__",

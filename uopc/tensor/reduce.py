@@ -77,8 +77,10 @@ class ReduceMixin:
         return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) * (1 / d if d else math.inf)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:
-        """sqrt(var)."""
-        return self.var(axis, keepdim, correction).sqrt()
+        """sqrt(var); where var is 0 the gradient is 0 (as PyTorch), not sqrt's 1 / 0 times a zero deviation."""
+        v = self.var(axis, keepdim, correction)
+        zero = v == 0
+        return zero.where(0, zero.where(1, v).sqrt())
 
     def prod(self, axis: Axis = None, keepdim: bool = False) -> Self:
         """Product over `axis`, as exp(sum(log|x|)) with the sign and zeros fixed up (floats only, approximate)."""
