@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from uopc.dtype import DType
 from uopc.helpers import argsort
-from uopc.uop import Ops, UOp
+from uopc.uop import MOVEMENT, Ops, UOp
 
 # ---------------------------------------------------------------------------------------------------
 # small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)
@@ -52,10 +52,24 @@ def _reduce_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
     rop, _n = x.arg
     if rop is Ops.ADD:
         return (_keep_dims(g, a.shape),)
-    dt = a.dtype
+    dt, n = a.dtype, len(a.shape) - len(x.shape)
+    if not _stored(a):
+        # a computed value is recomputed in every kernel that reads it, and gcc may round it differently in each
+        # (FMA contraction, reassociation): compared with the max kernel's result, no element might match (ties = 0,
+        # gradient NaN). Materialize it once and take the max of those stored values, which one of them equals.
+        a = UOp(Ops.STAGE, (a,))
+        x = a.reduce(Ops.MAX, n)
     is_max = _where(a.alu(Ops.CMPNE, _keep_dims(x, a.shape)), _c(0.0, dt), _c(1.0, dt))
-    ties = is_max.reduce(Ops.ADD, len(a.shape) - len(x.shape))
+    ties = is_max.reduce(Ops.ADD, n)
     return (is_max * _keep_dims(g * ties.alu(Ops.RECIP), a.shape),)
+
+
+def _stored(u: UOp) -> bool:
+    """A value read straight from a buffer (through views; a constant, a contiguous()): every kernel reads the same
+    numbers."""
+    while u.op in MOVEMENT:
+        u = u.src[0]
+    return u.op in (Ops.BUFFER, Ops.CONST) or (u.op is Ops.STAGE and u.arg != "detach")
 
 
 def _expand_grad(g: UOp, x: UOp) -> tuple[UOp]:
