@@ -392,6 +392,29 @@ ROWS: list[Row] = [
     Row("contiguous", lambda x: x.contiguous() * 2, lambda x: x.contiguous() * 2, ew1(FL)[2:]),
     Row("detach", lambda x: x.detach() * x, lambda x: x.detach() * x, ew1(FL)[2:]),
     Row("assign", lambda x: Tensor.zeros(4, 5).assign(x.detach() + 1), lambda x: x.detach() + 1, ew1((F32,))[2:]),
+    # data-dependent indexing: the index is an int tensor (dim 1 for cases 0 and 1, dim 0 for case 2)
+    Row(
+        "gather",
+        lambda x, i, k: x.gather(1 - k // 2, i),
+        lambda x, i, k: x.gather(1 - k // 2, i.long()),
+        [
+            (Inp(F32, M, "nc"), Inp(I32, (4, 3), "c", "cls")),
+            (Inp(F16, M), Inp(I32, (4, 7), "nc", "cls")),
+            (Inp(I32, M, "nc"), Inp(I32, (3, 5), "c", "cls4")),
+        ],
+        variant=True,
+    ),
+    Row(
+        "scatter_add",
+        lambda x, i, s, k: x.scatter_add(1 - k // 2, i, s),
+        lambda x, i, s, k: x.scatter_add(1 - k // 2, i.long(), s),
+        [
+            (Inp(F32, M, "nc"), Inp(I32, (4, 3), "c", "cls"), Inp(F32, (4, 3))),
+            (Inp(F16, M), Inp(I32, (4, 7), "c", "cls"), Inp(F16, (4, 7), "nc")),
+            (Inp(F32, M), Inp(I32, (3, 5), "c", "cls4"), Inp(F32, (3, 5), "nc")),
+        ],
+        variant=True,
+    ),
     # ---------------------------------------------------------------- losses
     Row("one_hot", lambda y: y.one_hot(5), lambda y: F.one_hot(y.long(), 5), [(Inp(I32, M, "c", "cls"),)], grad=False),
     Row(

@@ -69,9 +69,14 @@ def draw(domain: str, dt: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
     if dt == "bool":
         return (rng.random(n) < 0.5).reshape(shape)
     if dt == "i32":
-        lo, hi = {"pos": (1, 7), "cls": (0, 5), "cls_ign": (-1, 5), "powexp": (0, 4), "powbase": (-3, 4)}.get(
-            domain, (-6, 7)
-        )
+        lo, hi = {
+            "pos": (1, 7),
+            "cls": (0, 5),
+            "cls4": (0, 4),
+            "cls_ign": (-1, 5),
+            "powexp": (0, 4),
+            "powbase": (-3, 4),
+        }.get(domain, (-6, 7))
         a = rng.integers(lo, hi, n)
         if domain == "nonzero":
             a = np.where(a == 0, 5, a)
