@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -351,17 +350,12 @@ SKIPPED = "skipped"  # _run_grad's answer for a program with no float value to d
 class _TorchT:
     """A torch tensor behind the uopc method names the generated lines use, so the lines replay under autograd."""
 
-    leaves: threading.local = threading.local()  # name order of the float inputs created by the current replay
-
     def __init__(self, t):
         self.t = t
 
     @staticmethod
     def _u(x):
         return x.t if isinstance(x, _TorchT) else x
-
-    def _w(self, t):
-        return _TorchT(t)
 
     def __getattr__(self, name):  # methods whose names and meaning agree: call torch's, wrap the result
         f = getattr(self.t, name)
@@ -445,9 +439,7 @@ def _torch():
 
 
 def _torch_tensor(arr: np.ndarray) -> _TorchT:
-    t = _torch().tensor(arr, requires_grad=arr.dtype == np.float32)
-    _TorchT.leaves.list.append(t)
-    return _TorchT(t)
+    return _TorchT(_torch().tensor(arr, requires_grad=arr.dtype == np.float32))
 
 
 def _torch_dtypes():
@@ -474,7 +466,6 @@ def _run_grad(seed: int) -> str | None:
     except Exception:
         return _report(seed, p, f"uopc's gradient raised:\n{traceback.format_exc()}", [out])
     torch = _torch()
-    _TorchT.leaves.list = []
     env = {"Tensor": _torch_tensor, "np": np, "dtypes": _torch_dtypes()}
     try:
         for line in p.lines:
