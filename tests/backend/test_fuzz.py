@@ -50,9 +50,10 @@ def test_max_gradient_after_x_minus_max():
     np.testing.assert_allclose(g.numpy(), tg.numpy(), atol=1e-6)
 
 
-@pytest.mark.parametrize("seed", [39, 416])
+@pytest.mark.parametrize("seed", [39, 416, 6780, 7483, 8336, 8400])
 def test_fuzz_grad_regression_seeds(seed):
-    # --grad found: 416, a NaN gradient of max over a softmax; 39, a softmax-shift tie (now detached)
+    # --grad found: 416, a NaN gradient of max over a softmax; 39, a softmax-shift tie (now detached); 6780, max
+    # passing NaN to its loser; 7483 (a crash), 8336, 8400: gradients through size-0 values
     assert check(seed, grad=True) is None
 
 
@@ -65,6 +66,23 @@ def test_max_gradient_of_a_recomputed_value_is_finite():
     a = 4 - 0.3261318802833557
     p = 1 / (1 + np.exp(-9.0))  # softmax([a, a - 9])[0]; d/dx1 of it is 0 (both entries shift by -x1)
     assert np.isfinite(g.numpy()).all() and abs(float(g.numpy()[0, 0])) < 1e-6, (g.numpy(), a, p)
+
+
+def test_gradient_through_a_size_0_value_is_zero():
+    # bug (fuzz --grad seeds 8336, 8400): a size-0 value's gradient reduced over nothing in a kernel that wrote
+    # nothing, so the broadcast operand's gradient was whatever the output buffer held
+    x = Tensor(np.array([[0.5], [1.5]], np.float32))
+    y = (Tensor.zeros(2, 0) + x).pad(((1, 0), (0, 1)))
+    (g,) = (y * 3).sum().gradient(x)
+    np.testing.assert_array_equal(g.numpy(), [[0.0], [0.0]])
+
+
+def test_maximum_loser_gets_zero_even_under_a_nan_gradient():
+    # bug (fuzz --grad seed 6780): max sent g * 0 to the losing operand, NaN where g was NaN (sqrt'(0) * abs'(0));
+    # PyTorch masks it to 0
+    b = Tensor(np.array([-0.5, 0.25], np.float32))
+    (g,) = Tensor([0.0, 0.0]).maximum(b).abs().sqrt().sum().gradient(b)
+    np.testing.assert_allclose(g.numpy(), [0.0, 1.0], rtol=1e-6)
 
 
 # seeds the fuzzer once failed on (each also has a direct test below)
