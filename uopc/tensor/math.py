@@ -253,12 +253,15 @@ class MathMixin:
 
     def gelu(self, approximate: str = "none") -> Self:
         """GELU: x Phi(x) with the exact erf (approximate="none", PyTorch's default) or the tanh form ("tanh")."""
-        x = self._to_float()
-        if approximate == "tanh":
-            return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
-        if approximate != "none":
+        if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-        return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
+        x = self._to_float()
+        xf = x.float() if x.dtype is dtypes.float16 else x  # x^3 overflows half at |x| > 40: compute in float
+        if approximate == "tanh":
+            y = 0.5 * xf * (1 + (math.sqrt(2 / math.pi) * (xf + 0.044715 * xf * xf * xf)).tanh())
+        else:
+            y = 0.5 * xf * (1 + (xf * (1 / math.sqrt(2))).erf())
+        return y.cast(x.dtype)
 
     def quick_gelu(self) -> Self:
         """x * sigmoid(1.702 x)."""
