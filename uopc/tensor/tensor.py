@@ -26,6 +26,7 @@ from uopc.autodiff import compute_gradient, zeros_like
 from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
 from uopc.dtype import DType, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
+from uopc.tensor.conv import ConvMixin
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
 from uopc.tensor.loss import LossMixin
@@ -35,7 +36,7 @@ from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp
 
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin):
+class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin, ConvMixin):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
     fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
