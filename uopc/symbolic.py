@@ -171,6 +171,16 @@ def _recombine(u: UOp) -> UOp | None:
 
     Exact under floor division for positive constants; a reshape that merges the dims another reshape split
     leaves these sums (((r//3)%3)*3 + r%3 + (r//9)*9 is just r)."""
+    # index sums are short; a long chain of ADDs (a sum of many tensors) is not index math: leave it alone
+    # without walking it (a recursive walk of a deep chain would overflow the stack)
+    stack, n_add = [u], 0
+    while stack:
+        a = stack.pop()
+        if a.op is Ops.ADD:
+            n_add += 1
+            if n_add > 16:
+                return None
+            stack.extend(a.src)
     terms = _terms(u)
     if not any(t is not None and t.op is Ops.MOD for t, _ in terms):
         return None

@@ -6,10 +6,24 @@
     >>> opt.zero_grad(); loss.backward(opt.params); opt.step(loss)   # one plan: grads, updates and the loss
     >>> safe_save(get_state_dict([l1, l2]), "mlp.safetensors")
 
-layers.py (Linear, LayerNorm, Embedding), optim.py (SGD, Adam, AdamW), state.py (state dicts, safetensors).
+layers.py (Linear, LayerNorm, Embedding), conv.py (Conv1d/2d, ConvTranspose2d), norm.py (BatchNorm,
+GroupNorm, InstanceNorm, RMSNorm, Sequential), optim.py (SGD, Adam, AdamW), state.py (state dicts, safetensors).
 """
 
+from uopc.nn.conv import Conv1d, Conv2d, ConvTranspose2d
 from uopc.nn.layers import Embedding, LayerNorm, Linear
+from uopc.nn.norm import (
+    BatchNorm,
+    BatchNorm1d,
+    BatchNorm2d,
+    GroupNorm,
+    InstanceNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    RMSNorm,
+    Sequential,
+)
 from uopc.nn.optim import SGD, Adam, AdamW, Optimizer
 from uopc.nn.state import MAX_HEADER as MAX_HEADER  # the safetensors limits stay reachable as uopc.nn.X
 from uopc.nn.state import SAFETENSORS_DTYPES as SAFETENSORS_DTYPES
@@ -19,6 +33,19 @@ __all__ = [
     "Linear",
     "LayerNorm",
     "Embedding",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose2d",
+    "BatchNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "GroupNorm",
+    "InstanceNorm",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "InstanceNorm3d",
+    "RMSNorm",
+    "Sequential",
     "Optimizer",
     "SGD",
     "Adam",

@@ -16,8 +16,10 @@ creation.py, elementwise.py, reduce.py (+ matmul, softmax), movement.py (+ index
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from uopc.autodiff import compute_gradient, zeros_like
 from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
 from uopc.dtype import DType, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
+from uopc.tensor.attention import AttentionMixin
 from uopc.tensor.conv import ConvMixin
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
@@ -36,10 +39,11 @@ from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp
 
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin, ConvMixin):
+class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin, ConvMixin, AttentionMixin):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
     fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
+    training: bool = False  # layers with train/eval behaviour (BatchNorm, Dropout) read this; see Tensor.train
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
     # tensors created with requires_grad=True, so that loss.backward() without a parameter list can find them
@@ -71,6 +75,16 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
         out.requires_grad = True if self.requires_grad or any(o.requires_grad for o in others) else None
         out._leaf = False
         return out
+
+    @staticmethod
+    @contextlib.contextmanager
+    def train(mode: bool = True) -> Iterator[None]:
+        """`with Tensor.train():` sets Tensor.training for the block (tinygrad's form), then restores it."""
+        prev, Tensor.training = Tensor.training, mode
+        try:
+            yield
+        finally:
+            Tensor.training = prev
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """Mark this tensor as one whose gradient backward() computes (returns self)."""
