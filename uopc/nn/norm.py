@@ -63,11 +63,12 @@ class _BatchNorm:
                 f"{type(self).__name__}({self.num_features}) expects a {' or '.join(map(str, self.ndims))}-D input "
                 f"with {self.num_features} channels in dim 1, got shape {x.shape}"
             )
-        axes = (0, *range(2, x.ndim))
         shape = (1, self.num_features) + (1,) * (x.ndim - 2)
         if Tensor.training or not self.track_running_stats:
-            mean = x.mean(axes)
-            var = (x - mean.reshape(shape)).square().mean(axes)  # biased, as PyTorch normalizes
+            # statistics over (N, H*W): spatial dims merged, so each reduction's inner loop is long and contiguous
+            x3 = x.reshape(x.shape[0], self.num_features, -1)
+            mean = x3.mean((0, 2))
+            var = (x3 - mean.reshape(1, -1, 1)).square().mean((0, 2))  # biased, as PyTorch normalizes
             if Tensor.training and self.track_running_stats:
                 self._update(mean.detach(), var.detach(), x.numel() // self.num_features)
         else:
