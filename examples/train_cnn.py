@@ -115,7 +115,8 @@ def main() -> None:
     print()
     train_time = time.perf_counter() - t0
     acc = accuracy(model, X_test, Y_test)
-    print(f"test accuracy {acc * 100:.2f}%  ({step} steps in {train_time:.1f} s, {time.perf_counter() - t0:.1f} s total)")
+    total_time = time.perf_counter() - t0
+    print(f"test accuracy {acc * 100:.2f}%  ({step} steps in {train_time:.1f} s, {total_time:.1f} s in all)")
     print(
         f"plans cached: {len(realize._plans)}, kernels compiled: {runtime.stats['compiles']}, "
         f"loaded from disk cache: {runtime.stats['disk_hits']}"

@@ -70,7 +70,9 @@ def test_conv1d(xs, ws, kw):
 
 
 def test_conv3d():
-    check(lambda x, w: x.conv3d(w, padding=1), lambda x, w: F.conv3d(x, w, padding=1), r(1, 2, 5, 6, 7), r(3, 2, 3, 3, 3))
+    check(
+        lambda x, w: x.conv3d(w, padding=1), lambda x, w: F.conv3d(x, w, padding=1), r(1, 2, 5, 6, 7), r(3, 2, 3, 3, 3)
+    )
 
 
 def test_conv2d_unbatched():

@@ -40,7 +40,9 @@ class _ConvNd:
         bias: bool = True,
     ):
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}")
+            raise ValueError(
+                f"in_channels {in_channels} and out_channels {out_channels} must be multiples of groups={groups}"
+            )
         self.kernel_size = _ntuple(kernel_size, self.dims)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         bound = 1 / math.sqrt(in_channels // groups * prod(self.kernel_size))
@@ -79,7 +81,9 @@ class ConvTranspose2d:
         dilation: Any = 1,
     ):
         if in_channels % groups or out_channels % groups:
-            raise ValueError(f"in_channels {in_channels} and out_channels {out_channels} must divide by groups {groups}")
+            raise ValueError(
+                f"in_channels {in_channels} and out_channels {out_channels} must be multiples of groups={groups}"
+            )
         self.kernel_size = _ntuple(kernel_size, 2)
         self.stride, self.padding, self.output_padding = stride, padding, output_padding
         self.groups, self.dilation = groups, dilation
