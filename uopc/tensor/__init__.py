@@ -6,6 +6,9 @@ elementwise.py  broadcasting binary ops, comparisons, math built from the IR's A
 reduce.py       reductions, the softmax family, matmul
 movement.py     reshape/permute/expand/pad/shrink/flip, indexing, cat/stack/split/repeat
 loss.py         one_hot and the cross-entropies
+conv.py         convolutions, pooling, interpolate (window views + one REDUCE)
+attention.py    tril/triu, masked_fill, scaled_dot_product_attention
+norm.py         batchnorm, layernorm, linear, sequential (tinygrad's functional layers)
 tensor.py       the Tensor class: construction, realize/numpy, assign/detach, casts, gradients
 """
 

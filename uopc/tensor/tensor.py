@@ -34,12 +34,15 @@ from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
 from uopc.tensor.loss import LossMixin
 from uopc.tensor.movement import MovementMixin
+from uopc.tensor.norm import NormMixin
 from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp
 
 
-class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin, ConvMixin, AttentionMixin):
+class Tensor(
+    CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin, ConvMixin, AttentionMixin, NormMixin
+):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
     fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
