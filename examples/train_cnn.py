@@ -34,8 +34,10 @@ class CNN:
         self.p_drop = p_drop
 
     def __call__(self, x: Tensor) -> Tensor:
-        x = self.bn1(self.conv1(x)).relu().max_pool2d(2)
-        x = self.bn2(self.conv2(x)).relu().max_pool2d(2).flatten(1)
+        # contiguous(): the activation is written once, and its gradient too (a staged value's gradient is staged),
+        # so BatchNorm's backward reductions read it rather than each recomputing the pooling gradient
+        x = self.bn1(self.conv1(x)).relu().contiguous().max_pool2d(2)
+        x = self.bn2(self.conv2(x)).relu().contiguous().max_pool2d(2).flatten(1)
         if Tensor.training and self.p_drop:
             keep = Tensor.rand(*x.shape) >= self.p_drop  # a fresh mask every step, an input of the plan
             x = keep.where(x * (1 / (1 - self.p_drop)), 0.0)
