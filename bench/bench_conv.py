@@ -5,9 +5,9 @@
     python bench/bench_conv.py --threads 1      # both single-threaded (steadier on a busy machine)
 
 conv: forward, then the gradients of x and w for a given output gradient (uopc: one plan for out, dx, dw).
-step: examples/train_cnn.py's model (conv-BN-ReLU-pool twice, dropout, linear), batch 128, cross-entropy, backward,
-AdamW, BatchNorm running statistics. Each round times both libraries back to back; the ratio is uopc / torch of the
-medians (below 1: uopc is faster).
+step: examples/train_cnn.py's model (conv-BN-ReLU-pool twice, fc 128, dropout, fc 10), batch 128, cross-entropy,
+backward, AdamW, BatchNorm running statistics. Each round times both libraries back to back; the ratio is
+uopc / torch of the medians (below 1: uopc is faster).
 """
 
 from __future__ import annotations
@@ -52,17 +52,19 @@ def conv_torch(x: np.ndarray, w: np.ndarray, g: np.ndarray):
 
 
 class CNN:
-    """examples/train_cnn.py's model: conv-BN-ReLU-pool twice, dropout 0.25 (a host Bernoulli mask), linear."""
+    """examples/train_cnn.py's model: conv-BN-ReLU-pool twice, fc 128, dropout 0.25 (a host Bernoulli mask), fc 10."""
 
     def __init__(self):
         self.features = Sequential(
-            Conv2d(1, 16, 3, padding=1, bias=False), bn1 := BatchNorm2d(16), Tensor.relu, Tensor.max_pool2d,
-            Conv2d(16, 32, 3, padding=1, bias=False), bn2 := BatchNorm2d(32), Tensor.relu, Tensor.max_pool2d,
+            Conv2d(1, 16, 3, padding=1, bias=False), bn1 := BatchNorm2d(16), Tensor.relu, Tensor.contiguous,
+            Tensor.max_pool2d,
+            Conv2d(16, 32, 3, padding=1, bias=False), bn2 := BatchNorm2d(32), Tensor.relu, Tensor.contiguous,
+            Tensor.max_pool2d,
         )  # fmt: skip
-        self.bns, self.head = [bn1, bn2], Linear(32 * 7 * 7, 10)
+        self.bns, self.fc, self.head = [bn1, bn2], Linear(32 * 7 * 7, 128), Linear(128, 10)
 
     def __call__(self, x: Tensor) -> Tensor:
-        x = self.features(x).flatten(1)
+        x = self.fc(self.features(x).flatten(1)).relu()
         keep = Tensor.rand(*x.shape) >= 0.25
         return self.head(keep.where(x * (1 / 0.75), 0.0))
 
@@ -94,7 +96,7 @@ def step_torch(data, lr: float):
     model = nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Dropout(0.25), nn.Linear(32 * 7 * 7, 10),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 128), nn.ReLU(), nn.Dropout(0.25), nn.Linear(128, 10),
     )  # fmt: skip
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
