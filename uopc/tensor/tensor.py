@@ -40,6 +40,16 @@ from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp
 
 
+def _owners(todo: list[Tensor], roots: list[UOp]) -> list[tuple[Tensor, UOp | None] | None]:
+    """Per unique root (the order realize sees them): the tensor assigned to it and the buffer the assign replaced
+    (None if it was not a buffer); None for a root that is no assign."""
+    first = {}
+    for t in todo:
+        if t._assigned:
+            first.setdefault(t.uop, (t, t._prev))
+    return [first.get(r) for r in dict.fromkeys(roots)]
+
+
 class Tensor(
     CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin, ConvMixin, AttentionMixin, NormMixin
 ):
@@ -49,8 +59,9 @@ class Tensor(
     training: bool = False  # layers with train/eval behaviour (BatchNorm, Dropout) read this; see Tensor.train
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
-    # tensors created with requires_grad=True, so that loss.backward() without a parameter list can find them
-    # id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
+    # tensors that loss.backward() without a parameter list may fill: those made requires_grad=True, and float ones
+    # created from data with requires_grad None ("not decided", as tinygrad: they get a gradient when backward
+    # reaches them); id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
     _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool | None = None):
@@ -61,6 +72,8 @@ class Tensor(
         # the graph a realized tensor came from, kept while it tracks gradients (loss.item(); loss.backward())
         self._graph: UOp | None = None
         self._leaf = True  # created from data (or assign): realize never keeps a leaf's graph
+        self._prev: UOp | None = None  # the buffer a pending assign replaces, until it is realized
+        self._assigned = False  # an assign is pending
         if isinstance(data, Tensor):
             data = data.uop
         if isinstance(data, UOp):
@@ -71,6 +84,8 @@ class Tensor(
             self.uop = full_uop(0, dt, arr.shape)
         else:
             self.uop = new_buffer(dt, arr.size, arr).reshape(arr.shape)
+        if requires_grad is None and dt.is_float:
+            Tensor._grad_tensors[id(self)] = self
 
     def _new(self, uop: UOp, *others: Tensor) -> Tensor:
         """A tensor computed from self (and others): it tracks gradients if any input does."""
@@ -90,9 +105,9 @@ class Tensor(
             Tensor.training = prev
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        """Mark this tensor as one whose gradient backward() computes (returns self)."""
+        """Mark this tensor as one whose gradient backward() computes (False: never; returns self)."""
         self.requires_grad = requires_grad
-        if requires_grad:
+        if requires_grad is not False:
             Tensor._grad_tensors[id(self)] = self
         return self
 
@@ -169,7 +184,11 @@ class Tensor(
             return
         roots = [t.uop for t in todo]
         bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt())
+        calls = realize.capturing()
+        if calls:  # TinyJit: which tensor each root belongs to, and the buffer an assign replaced
+            calls[-1].owners = _owners(todo, roots)
         for t, buf in zip(todo, bufs, strict=True):
+            t._prev, t._assigned = None, False
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.uop = buf.reshape(t.shape)  # drop the graph: its intermediates can be freed
 
@@ -195,8 +214,8 @@ class Tensor(
         return self._new(UOp(Ops.STAGE, (self.uop,)))
 
     def detach(self) -> Tensor:
-        """The same values with gradients stopped (a STAGE("detach") that execution ignores)."""
-        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"))
+        """The same values with gradients stopped (a STAGE("detach") that execution ignores); requires_grad False."""
+        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"), requires_grad=False)
 
     def assign(self, x: Any) -> Tensor:
         """Rebind this tensor to x's graph (lazily): x must broadcast to self's shape and have self's dtype."""
@@ -206,6 +225,11 @@ class Tensor(
             raise TypeError(f"assign: dtype {x.dtype!r} does not match the tensor's {self.dtype!r}")
         if broadcast_shape(self.shape, x.shape) != self.shape:
             raise ValueError(f"assign: shape {x.shape} cannot be broadcast to the tensor's shape {self.shape}")
+        if is_contiguous_buffer(x.uop):  # a copy, never a shared buffer: a later in-place write would change both
+            x = x.contiguous()
+        if self._prev is None and is_contiguous_buffer(self.uop):
+            self._prev = base_buffer(self.uop)  # the storage this assign replaces (TinyJit writes it in place)
+        self._assigned = True
         self.uop = x._broadcast_to(self.shape, keep_const=False).uop
         self._graph, self._leaf = None, True
         return self
@@ -213,8 +237,17 @@ class Tensor(
     # ---------------------------------------------------------------- gradients (the rules are in uopc/autodiff.py)
 
     def backward(self, params: list[Tensor] | None = None) -> None:
-        """Accumulate d(self)/d(p) into p.grad for `params`, or for every requires-grad tensor self depends on."""
-        params = self._registered_in(self._loss_graph()) if params is None else list(params)
+        """Accumulate d(self)/d(p) into p.grad for `params`, or for every tensor self depends on that may receive
+        one: requires_grad True, or None for a float tensor created from data; never False (RuntimeError if none)."""
+        if params is None:
+            params = self._registered_in(self._loss_graph())
+            if not params:
+                raise RuntimeError(
+                    "backward: nothing in this graph can receive a gradient (no float tensor with requires_grad True "
+                    "or None reaches the loss; a realized loss keeps its graph only if something upstream requires it)"
+                )
+        else:
+            params = list(params)
         for p, g in zip(params, self.gradient(*params), strict=True):
             # accumulate until cleared (p.grad = None), as PyTorch does
             p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)
@@ -249,10 +282,15 @@ class Tensor(
 
     @staticmethod
     def _registered_in(root: UOp) -> list[Tensor]:
-        """Every requires-grad tensor whose current graph (or graph before a realize) appears in the loss graph."""
+        """Every tensor that may receive a gradient (requires_grad not False, float) whose current graph (or graph
+        before a realize) appears in the loss graph."""
         nodes = set(root.toposort())
         tensors = list(Tensor._grad_tensors.values())
-        return [t for t in tensors if t.requires_grad and any(u in nodes for u in t._target_nodes())]
+        return [
+            t
+            for t in tensors
+            if t.requires_grad is not False and t.dtype.is_float and any(u in nodes for u in t._target_nodes())
+        ]
 
     # ---------------------------------------------------------------- dtypes
 
