@@ -33,18 +33,17 @@ def _small_normal(*shape: int) -> Tensor:
 
 
 class Attention:
-    """Multi-head causal self-attention: softmax(q k^T / sqrt(d_head) + mask) v, the mask -inf above the diagonal."""
+    """Multi-head causal self-attention: scaled_dot_product_attention(q, k, v, is_causal=True)."""
 
     def __init__(self, dim: int, heads: int):
         self.heads = heads
         self.qkv, self.proj = Linear(dim, 3 * dim), Linear(dim, dim)
 
-    def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
+    def __call__(self, x: Tensor) -> Tensor:
         B, T, C = x.shape
         hd = C // self.heads
         q, k, v = (t.reshape(B, T, self.heads, hd).permute(0, 2, 1, 3) for t in self.qkv(x).split(C, dim=2))
-        att = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + mask
-        y = att.softmax(-1) @ v  # (B, heads, T, hd)
+        y = q.scaled_dot_product_attention(k, v, is_causal=True)  # (B, heads, T, hd)
         return self.proj(y.permute(0, 2, 1, 3).reshape(B, T, C))
 
 
@@ -55,8 +54,8 @@ class Block:
         self.ln1, self.attn = LayerNorm(dim), Attention(dim, heads)
         self.ln2, self.fc, self.out = LayerNorm(dim), Linear(dim, 4 * dim), Linear(4 * dim, dim)
 
-    def __call__(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x), mask)
+    def __call__(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
         return x + self.out(self.fc(self.ln2(x)).gelu())
 
 
@@ -70,14 +69,11 @@ class GPT:
         self.pos = _small_normal(ctx, dim)
         self.blocks = [Block(dim, heads) for _ in range(layers)]
         self.ln_f, self.head = LayerNorm(dim), Linear(dim, vocab)
-        # the causal mask is data, not a parameter: kept as NumPy so parameters() does not see it
-        self._mask = np.triu(np.full((ctx, ctx), -np.inf, np.float32), 1)
 
     def __call__(self, idx: Tensor) -> Tensor:
         x = self.tok(idx) + self.pos
-        mask = Tensor(self._mask)
         for b in self.blocks:
-            x = b(x, mask)
+            x = b(x)
         return self.head(self.ln_f(x))
 
 

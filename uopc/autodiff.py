@@ -91,6 +91,15 @@ def _unshrink(bounds: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], .
     return tuple((lo, s - hi) for (lo, hi), s in zip(bounds, shape, strict=True))
 
 
+def _stage(g: UOp) -> UOp:
+    """A value materialized in the forward pass (contiguous()) gets its gradient materialized too: the backward
+    consumers read it once instead of each recomputing the chain behind it (a pooling gradient under BatchNorm's)."""
+    base = g
+    while base.op in MOVEMENT:  # a view of a value that is already materialized recomputes nothing
+        base = base.src[0]
+    return g if base.op in (Ops.REDUCE, Ops.STAGE, Ops.BUFFER, Ops.CONST) else UOp(Ops.STAGE, (g,))
+
+
 def _no_grad(g: UOp, x: UOp) -> tuple[None, ...]:
     return (None,) * len(x.src)
 
@@ -142,7 +151,7 @@ GRAD_RULES: dict[Ops, GradRule] = {
     Ops.GATHER: lambda g, x: (_scatter_back(g, x), None),
     Ops.SCATTER: lambda g, x: (g, None, g.gather(x.src[1], x.arg[0], x.arg[1] + " backward", x.arg[2])),
     # ---- materialization: contiguous() is the identity, detach() stops the gradient
-    Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (g,),
+    Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (_stage(g),),
 }
 
 

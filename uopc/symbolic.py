@@ -152,6 +152,10 @@ def _divmod_fold(x: UOp, c: UOp, op: Ops) -> UOp | None:
         if op is Ops.MOD:
             return r % c
         return _build(whole, x.dtype) + (r // c)
+    # (a*c + b) % d == (a*(c % d) + b) % d: smaller coefficients let the bounds check above drop the mod
+    # (a sliding-window view reads ((k*31 + o) % 30) for k < 3, o < 28, which is k + o)
+    if op is Ops.MOD and any(c_ % d != c_ for _, c_ in terms):
+        return _build([(t, c_ % d) for t, c_ in terms], x.dtype) % c
     # a common factor of every coefficient and the divisor: (g*a + g*b) // (g*d) -> (a + b) // d
     g = reduce(math.gcd, [abs(c_) for _, c_ in terms] + [d])
     if g > 1 and x.vmin >= 0:
@@ -160,6 +164,56 @@ def _divmod_fold(x: UOp, c: UOp, op: Ops) -> UOp | None:
             return inner // UOp.const(d // g, x.dtype)
         return (inner % UOp.const(d // g, x.dtype)) * UOp.const(g, x.dtype)
     return None
+
+
+def _recombine(u: UOp) -> UOp | None:
+    """Put an unravelled index back together: y%c + (y//c)*c -> y and y%a + ((y//a)%b)*a -> y%(a*b).
+
+    Exact under floor division for positive constants; a reshape that merges the dims another reshape split
+    leaves these sums (((r//3)%3)*3 + r%3 + (r//9)*9 is just r)."""
+    # index sums are short; a long chain of ADDs (a sum of many tensors) is not index math: leave it alone
+    # without walking it (a recursive walk of a deep chain would overflow the stack)
+    stack, n_add = [u], 0
+    while stack:
+        a = stack.pop()
+        if a.op is Ops.ADD:
+            n_add += 1
+            if n_add > 16:
+                return None
+            stack.extend(a.src)
+    terms = _terms(u)
+    if not any(t is not None and t.op is Ops.MOD for t, _ in terms):
+        return None
+    changed = True
+    while changed:
+        changed = False
+        for i, (t, k) in enumerate(terms):
+            if t is None or t.op is not Ops.MOD or t.src[1].op is not Ops.CONST or t.src[1].arg <= 0:
+                continue
+            y, c1 = t.src[0], t.src[1].arg
+            for j, (t2, k2) in enumerate(terms):
+                if j == i or t2 is None or k2 != k * c1:
+                    continue
+                if t2.op is Ops.IDIV and t2.src[0] is y and t2.src[1].op is Ops.CONST and t2.src[1].arg == c1:
+                    merged = y
+                elif (
+                    t2.op is Ops.MOD
+                    and t2.src[1].op is Ops.CONST
+                    and t2.src[1].arg > 0
+                    and t2.src[0].op is Ops.IDIV
+                    and t2.src[0].src[0] is y
+                    and t2.src[0].src[1].op is Ops.CONST
+                    and t2.src[0].src[1].arg == c1
+                ):
+                    merged = y % UOp.const(c1 * t2.src[1].arg, y.dtype)
+                else:
+                    continue
+                terms = [tk for n, tk in enumerate(terms) if n not in (i, j)] + [(merged, k)]
+                changed = True
+                break
+            if changed:
+                break
+    return None if len(terms) == len(_terms(u)) else _build(terms, u.dtype)
 
 
 def _is_int(*us: UOp) -> bool:
@@ -225,6 +279,7 @@ symbolic = PatternMatcher(
                 else None
             ),
         ),
+        (UPat(Ops.ADD, name="u"), lambda u: _recombine(u) if _is_int(u) else None),
         # div/mod by a positive constant, using the bounds of RANGEs
         (UPat(Ops.IDIV, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.IDIV)),
         (UPat(Ops.MOD, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.MOD)),

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from uopc import autodiff
 from uopc.dtype import dtypes
 from uopc.tensor import Tensor
-from uopc.uop import UOp
+from uopc.uop import Ops, UOp
 
 rng = np.random.default_rng(0)
 
@@ -370,3 +371,20 @@ def test_no_rule_for_lowered_ops_raises():
     bad = UOp(Ops.LOAD, (UOp.const(1.0, dtypes.f32),), dtype=dtypes.f32)
     with pytest.raises(NotImplementedError, match="LOAD"):
         autodiff.compute_gradient(bad, UOp.const(1.0, dtypes.f32), [bad.src[0]])
+
+
+def test_gradient_of_a_staged_value_is_staged():
+    # y = contiguous(...) is materialized in the forward pass; its gradient (read by two reductions here) is
+    # materialized in the backward pass too, and a gradient that is already a reduction's output is not copied
+    xs = np.random.default_rng(3).standard_normal((4, 6)).astype(np.float32)
+    x = Tensor(xs, requires_grad=True)
+    y = (x * 0.5).exp().contiguous()
+    z = y.reshape(2, 2, 3, 2).max((1, 3))
+    (gx,) = ((z * z).sum() + (z.exp() * y.sum()).sum()).gradient(x)
+    stages = [u for u in gx.uop.toposort() if u.op is Ops.STAGE]
+    assert len(stages) >= 2  # the forward STAGE and the gradient's
+    xt = torch.tensor(xs, requires_grad=True)
+    yt = (xt * 0.5).exp()
+    zt = yt.reshape(2, 2, 3, 2).amax((1, 3))
+    ((zt * zt).sum() + (zt.exp() * yt.sum()).sum()).backward()
+    np.testing.assert_allclose(gx.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)

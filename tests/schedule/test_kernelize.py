@@ -226,3 +226,13 @@ def test_plan_key_includes_bounds_checks(context, opt0):
     (y * 3 + 2).realize()
     cp = next(reversed(realize._plans.values()))
     assert "uopc_chk(" in cp.src
+
+
+def test_conv2d_is_im2col_then_a_gemm_shaped_reduce():
+    # the windows are copied once (e_), then one reduction over Cin*kh*kw = 288 reads both operands with plain
+    # ranges: no div/mod left in its index math (the unravel of the im2col rows folds back to the row index)
+    x, w = Tensor(r(2, 32, 9, 11)), Tensor(r(8, 32, 3, 3))
+    plan, _ = make_plan([x.conv2d(w, padding=1).uop])
+    assert [k.name for k in plan.kernels] == ["e_2_1_1_99_288", "r_2_1_8_99"]
+    src = render_c(plan.kernels[1].ast, plan.kernels[1].name)
+    assert "%" not in src and "/" not in src.split("{", 1)[1], src

@@ -346,3 +346,20 @@ def test_simplify_preserves_integer_index_arithmetic(e):
         assert folded(u.substitute(sub)) == want, (e, env)
     assert s.vmin <= min(_eval(e, env) for env in itertools.product(*(range(n) for n in SIZES)))
     assert s.vmax >= max(_eval(e, env) for env in itertools.product(*(range(n) for n in SIZES)))
+
+
+def test_unravel_then_ravel_is_the_index():
+    # a reshape (288,) -> (32, 3, 3) read back as (288,): ((r//3)%3)*3 + r%3 + (r//9)*9 is r (im2col rows)
+    r = rng(0, 288)
+    e = ((r // 3) % 3) * 3 + r % 3 + (r // 9) * 9
+    assert simplify(e) is r
+    assert simplify(r % 3 + (r // 3) * 3) is r
+    assert simplify(r % 3 + ((r // 3) % 4) * 3) is simplify(r % 12)
+
+
+def test_mod_reduces_coefficients_then_drops():
+    # a sliding-window view: row k of length 31 over an input of 30 starts at element k: (k*31 + o) % 30 = k + o
+    k, o = rng(0, 3), rng(1, 28)
+    assert simplify((k * 31 + o) % 30) is simplify(k + o)
+    # the mod stays when the bounds do not prove it away
+    assert simplify((k * 31 + rng(2, 29)) % 30).op is Ops.MOD

@@ -6,11 +6,25 @@
     >>> opt.zero_grad(); loss.backward(opt.params); opt.step(loss)   # one plan: grads, updates and the loss
     >>> safe_save(get_state_dict([l1, l2]), "mlp.safetensors")
 
-layers.py (Linear, LayerNorm, Embedding), optim.py (SGD, Adam, AdamW, LAMB, clip_grad_norm_), schedulers.py
+layers.py (Linear, LayerNorm, Embedding), conv.py (Conv1d/2d, ConvTranspose2d), norm.py (BatchNorm,
+GroupNorm, InstanceNorm, RMSNorm, Sequential), optim.py (SGD, Adam, AdamW, LAMB, clip_grad_norm_), schedulers.py
 (StepLR, CosineAnnealingLR, LinearWarmupLR), state.py (state dicts, safetensors).
 """
 
+from uopc.nn.conv import Conv1d, Conv2d, ConvTranspose2d
 from uopc.nn.layers import Embedding, LayerNorm, Linear
+from uopc.nn.norm import (
+    BatchNorm,
+    BatchNorm1d,
+    BatchNorm2d,
+    GroupNorm,
+    InstanceNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    RMSNorm,
+    Sequential,
+)
 from uopc.nn.optim import LAMB, SGD, Adam, AdamW, Optimizer, clip_grad_norm_
 from uopc.nn.schedulers import CosineAnnealingLR, LinearWarmupLR, LRScheduler, StepLR
 from uopc.nn.state import MAX_HEADER as MAX_HEADER  # the safetensors limits stay reachable as uopc.nn.X
@@ -21,6 +35,19 @@ __all__ = [
     "Linear",
     "LayerNorm",
     "Embedding",
+    "Conv1d",
+    "Conv2d",
+    "ConvTranspose2d",
+    "BatchNorm",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "GroupNorm",
+    "InstanceNorm",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "InstanceNorm3d",
+    "RMSNorm",
+    "Sequential",
     "Optimizer",
     "SGD",
     "Adam",

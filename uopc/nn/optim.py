@@ -50,7 +50,9 @@ class Optimizer:
     """
 
     def __init__(self, params: Iterable[Tensor], lr: float):
-        self.params: list[Tensor] = list({id(p): p for p in params}.values())  # a shared weight is stepped once
+        # a shared weight is stepped once; a tensor marked requires_grad=False (BatchNorm's running statistics) is
+        # state, not a parameter, so parameters(model) can be passed whole (tinygrad's rule)
+        self.params: list[Tensor] = list({id(p): p for p in params if p.requires_grad is not False}.values())
         for p in self.params:
             if not p.requires_grad:  # registered, so loss.backward() without a list finds it too
                 p.requires_grad_()

@@ -23,8 +23,18 @@ def _push(m: UOp, a: UOp) -> UOp | None:
     return a.replace(src=tuple(m.replace(src=(s,)) if s.shape == a.shape else s for s in a.src))
 
 
-# movement(alu(a, b)) -> alu(movement(a), movement(b)): exposes each operand's own chain of views
-push_views = PatternMatcher([(UPat(MOVEMENT, src=(UPat(ALU, name="a"),), name="m"), _push)])
+# movement(alu(a, b)) -> alu(movement(a), movement(b)): exposes each operand's own chain of views;
+# permute(expand(x)) -> expand(permute(x)): the broadcast goes on top, so the operand under it can be staged
+# in the permuted order (a convolution's weight gradient reads its im2col rows transposed)
+push_views = PatternMatcher(
+    [
+        (UPat(MOVEMENT, src=(UPat(ALU, name="a"),), name="m"), _push),
+        (
+            UPat(Ops.PERMUTE, src=(UPat(Ops.EXPAND, name="e"),), name="p"),
+            lambda p, e: e.src[0].permute(p.arg).expand(p.shape),
+        ),
+    ]
+)
 
 
 def _views(x: UOp):

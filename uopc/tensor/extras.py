@@ -7,7 +7,7 @@ pads v into place and selects it with a mask, then assigns the result to x (noth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Self
 
 from uopc.dtype import dtypes, to_dtype
@@ -128,23 +128,6 @@ class ExtrasMixin:
         step = (stop - start) / (steps - 1)
         out = (i < steps // 2).where(i * step + start, stop - (steps - 1 - i) * step)
         return out.cast(dt)
-
-    def sequential(self, fns: Sequence[Callable[[Any], Any]]) -> Any:
-        """Apply the callables in order: x.sequential([l1, Tensor.relu, l2])."""
-        x = self
-        for f in fns:
-            x = f(x)
-        return x
-
-    def linear(self, weight: Any, bias: Any = None) -> Self:
-        """x @ weight + bias with weight (in, out) (tinygrad's form; a 1-D weight scales elementwise)."""
-        y = self * weight if weight.ndim == 1 else self @ weight
-        return y + bias if bias is not None else y
-
-    def layernorm(self, axis: Axis = -1, eps: float = 1e-5) -> Self:
-        """(x - mean) / sqrt(var + eps) over `axis`, without scale or shift."""
-        y = self - self.mean(axis, keepdim=True)
-        return y * (y.square().mean(axis, keepdim=True) + eps).rsqrt()
 
     def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> tuple[Self, Self]:
         """(var, mean) over `axis`, as torch.var_mean."""

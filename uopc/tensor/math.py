@@ -310,13 +310,6 @@ class MathMixin:
         """x / (1 + |x|)."""
         return self / (1 + self.abs())
 
-    def logsigmoid(self) -> Self:
-        """log(sigmoid(x)): x - log(1 + e^x) for x < 0, -log(1 + e^-x) otherwise."""
-        x = self._to_float()
-        neg = x < 0
-        xn, xp = neg.where(x, 0), neg.where(0, x)  # each branch sees only its own side: both stay finite
-        return neg.where(xn - xn.exp().log1p(), -(-xp).exp().log1p())
-
     def softmin(self, axis: int = -1) -> Self:
         """softmax(-x)."""
         return (-self).softmax(axis)

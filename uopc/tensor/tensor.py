@@ -28,12 +28,15 @@ from uopc.autodiff import compute_gradient, zeros_like
 from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
 from uopc.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
+from uopc.tensor.attention import AttentionMixin
+from uopc.tensor.conv import ConvMixin
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
 from uopc.tensor.extras import ExtrasMixin
 from uopc.tensor.loss import LossMixin
 from uopc.tensor.math import MathMixin
 from uopc.tensor.movement import MovementMixin
+from uopc.tensor.norm import NormMixin
 from uopc.tensor.random import RandomMixin
 from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.scan import ScanMixin
@@ -64,6 +67,9 @@ class Tensor(
     ReduceMixin,
     MovementMixin,
     LossMixin,
+    ConvMixin,
+    AttentionMixin,
+    NormMixin,
 ):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 

@@ -1,0 +1,241 @@
+"""Convolution, pooling, resizing, masking and attention against PyTorch (float32 CPU), forward and gradient.
+
+Tolerance: 1e-4 relative + 1e-4 absolute on values and gradients (float32 sums of up to a few hundred products).
+Shapes are odd on purpose (7, 9, 11): nothing divides into the optimizer's 4-wide tiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from uopc.tensor import Tensor
+
+RTOL = ATOL = 1e-4
+rng = np.random.default_rng(0)
+
+
+def r(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def check(uopc_fn, torch_fn, *arrays: np.ndarray, grad: bool = True) -> None:
+    """Compare uopc_fn(*Tensors) with torch_fn(*tensors), and the gradients of sum(out * probe) to every input."""
+    ts = [Tensor(a, requires_grad=grad) for a in arrays]
+    tt = [torch.tensor(a, requires_grad=grad) for a in arrays]
+    out, ref = uopc_fn(*ts), torch_fn(*tt)
+    assert out.shape == tuple(ref.shape), (out.shape, tuple(ref.shape))
+    grads = []
+    if grad:  # the gradient graphs are built before out is realized (a realized tensor is a leaf)
+        probe = r(*ref.shape)
+        grads = (out * Tensor(probe)).sum().gradient(*ts)
+        (ref * torch.tensor(probe)).sum().backward()
+    Tensor.realize_all(out, *grads)
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=RTOL, atol=ATOL)
+    for g, u in zip(grads, tt, strict=True):
+        np.testing.assert_allclose(g.numpy(), u.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------------------------------------------
+# convolution
+
+CONV2D = [
+    ((2, 3, 9, 11), (4, 3, 3, 3), {}),
+    ((1, 3, 9, 11), (5, 3, 3, 2), {"padding": 1}),  # batch 1, non-square kernel
+    ((2, 4, 9, 11), (6, 2, 3, 3), {"groups": 2, "padding": (1, 0)}),
+    ((2, 4, 10, 11), (4, 1, 3, 3), {"groups": 4, "stride": 2}),  # depthwise, stride 2
+    ((2, 3, 11, 9), (4, 3, 3, 3), {"dilation": 2, "padding": 2}),
+    ((2, 3, 11, 9), (4, 3, 2, 3), {"stride": (2, 3), "dilation": (3, 1), "padding": (1, 2)}),
+    ((2, 3, 9, 11), (4, 3, 4, 3), {"padding": "same"}),  # even kernel: the odd pad goes after
+    ((2, 3, 9, 11), (4, 3, 3, 3), {"padding": "valid", "stride": 3}),
+    ((1, 2, 7, 7), (3, 2, 1, 1), {}),  # 1x1
+    ((2, 2, 8, 8), (3, 2, 2, 2), {"stride": 2}),  # non-overlapping windows
+]
+
+
+@pytest.mark.parametrize("xs,ws,kw", CONV2D)
+def test_conv2d(xs, ws, kw):
+    b = r(ws[0])
+    check(lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw), r(*xs), r(*ws), b)
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [((2, 3, 13), (4, 3, 3), {"padding": 1}), ((1, 4, 11), (4, 2, 2), {"groups": 2, "stride": 2, "dilation": 2})],
+)
+def test_conv1d(xs, ws, kw):
+    check(lambda x, w: x.conv1d(w, **kw), lambda x, w: F.conv1d(x, w, **kw), r(*xs), r(*ws))
+
+
+def test_conv3d():
+    check(
+        lambda x, w: x.conv3d(w, padding=1), lambda x, w: F.conv3d(x, w, padding=1), r(1, 2, 5, 6, 7), r(3, 2, 3, 3, 3)
+    )
+
+
+def test_conv2d_unbatched():
+    check(lambda x, w: x.conv2d(w), lambda x, w: F.conv2d(x, w), r(3, 7, 9), r(2, 3, 3, 3))
+
+
+@pytest.mark.parametrize(
+    "xs,ws,kw",
+    [
+        ((2, 3, 5, 6), (3, 4, 3, 3), {}),
+        ((1, 3, 5, 6), (3, 2, 3, 2), {"stride": 2, "padding": 1, "output_padding": 1}),
+        ((2, 4, 5, 5), (4, 3, 3, 3), {"groups": 2, "stride": (2, 3), "dilation": 2}),
+    ],
+)
+def test_conv_transpose2d(xs, ws, kw):
+    check(
+        lambda x, w, b: x.conv_transpose2d(w, b, **kw),
+        lambda x, w, b: F.conv_transpose2d(x, w, b, **kw),
+        r(*xs),
+        r(*ws),
+        r(ws[1] * kw.get("groups", 1)),
+    )
+
+
+def test_conv_errors():
+    x = Tensor(r(1, 3, 8, 8))
+    with pytest.raises(ValueError, match="input channels"):
+        x.conv2d(Tensor(r(4, 2, 3, 3)))
+    with pytest.raises(ValueError, match="groups"):
+        x.conv2d(Tensor(r(4, 1, 3, 3)), groups=2)
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        x.conv2d(Tensor(r(4, 3, 9, 9)))
+    with pytest.raises(ValueError, match="same"):
+        x.conv2d(Tensor(r(4, 3, 3, 3)), stride=2, padding="same")
+    with pytest.raises(ValueError, match="stride"):
+        x.conv2d(Tensor(r(4, 3, 3, 3)), stride=(1, 2, 3))
+
+
+# ---------------------------------------------------------------------------------------------------
+# pooling
+
+POOL = [
+    (3, None, 0, 1, False),
+    (3, 2, 1, 1, False),
+    (3, 2, 1, 1, True),
+    ((2, 3), (1, 2), (1, 1), 1, True),
+    (2, 1, 0, 2, False),  # dilation
+    (2, 2, 0, 1, False),
+]
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil", POOL)
+def test_max_pool2d(k, s, p, d, ceil):
+    check(
+        lambda x: x.max_pool2d(k, s, p, d, ceil),
+        lambda x: F.max_pool2d(x, k, s, p, d, ceil),
+        r(2, 3, 9, 11),
+    )
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil", [c for c in POOL if c[3] == 1])
+@pytest.mark.parametrize("include", [True, False])
+def test_avg_pool2d(k, s, p, d, ceil, include):
+    check(
+        lambda x: x.avg_pool2d(k, s, p, ceil, include),
+        lambda x: F.avg_pool2d(x, k, s, p, ceil, include),
+        r(1, 2, 9, 11),
+    )
+
+
+def test_pool1d():
+    check(lambda x: x.max_pool1d(3, 2, 1), lambda x: F.max_pool1d(x, 3, 2, 1), r(2, 3, 11))
+    check(lambda x: x.avg_pool1d(3, 2, 1), lambda x: F.avg_pool1d(x, 3, 2, 1), r(2, 3, 11))
+
+
+@pytest.mark.parametrize("size", [(1, 1), (3, 5), (4, 7), (2, None)])
+def test_adaptive_avg_pool2d(size):
+    check(lambda x: x.adaptive_avg_pool2d(size), lambda x: F.adaptive_avg_pool2d(x, size), r(2, 3, 8, 7))
+
+
+# ---------------------------------------------------------------------------------------------------
+# interpolate
+
+INTERP = [
+    ({"size": (5, 7)}, "nearest", None),
+    ({"scale_factor": 2}, "nearest", None),
+    ({"size": (13, 4)}, "nearest-exact", None),
+    ({"size": (13, 4)}, "bilinear", False),
+    ({"size": (13, 4)}, "bilinear", True),
+    ({"scale_factor": (1.5, 0.5)}, "bilinear", False),
+]
+
+
+@pytest.mark.parametrize("arg,mode,ac", INTERP)
+def test_interpolate(arg, mode, ac):
+    check(
+        lambda x: x.interpolate(**arg, mode=mode, align_corners=ac),
+        lambda x: F.interpolate(x, **arg, mode=mode, align_corners=ac),
+        r(2, 3, 6, 5),
+    )
+
+
+def test_interpolate_linear_1d():
+    for ac in (False, True):
+        check(
+            lambda x: x.interpolate(size=9, mode="linear", align_corners=ac),
+            lambda x: F.interpolate(x, size=9, mode="linear", align_corners=ac),
+            r(2, 3, 5),
+        )
+
+
+def test_interpolate_errors():
+    x = Tensor(r(1, 1, 4, 4))
+    with pytest.raises(ValueError, match="exactly one"):
+        x.interpolate()
+    with pytest.raises(ValueError, match="not supported"):
+        x.interpolate(size=3, mode="bicubic")
+    with pytest.raises(ValueError, match="does not fit"):
+        x.interpolate(size=3, mode="linear")
+
+
+# ---------------------------------------------------------------------------------------------------
+# masking and attention
+
+
+@pytest.mark.parametrize("diag", [0, 1, -2])
+def test_tril_triu(diag):
+    check(lambda x: x.tril(diag), lambda x: x.tril(diag), r(2, 5, 7))
+    check(lambda x: x.triu(diag), lambda x: x.triu(diag), r(7, 5))
+
+
+def test_masked_fill():
+    m = rng.random((5, 1)) < 0.5
+    check(lambda x: x.masked_fill(Tensor(m), -3.0), lambda x: x.masked_fill(torch.tensor(m), -3.0), r(5, 7))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa(causal):
+    check(
+        lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=causal),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        r(2, 3, 5, 4),
+        r(2, 3, 5, 4),
+        r(2, 3, 5, 6),
+    )
+
+
+def test_sdpa_masks():
+    bm = rng.random((5, 7)) < 0.7
+    bm[:, 0] = True  # no all-masked row (NaN in both)
+    fm = r(5, 7)
+    for um, tm in ((Tensor(bm), torch.tensor(bm)), (Tensor(fm), torch.tensor(fm))):
+        check(
+            lambda q, k, v, um=um: q.scaled_dot_product_attention(k, v, attn_mask=um, scale=0.3),
+            lambda q, k, v, tm=tm: F.scaled_dot_product_attention(q, k, v, attn_mask=tm, scale=0.3),
+            r(3, 5, 4),
+            r(3, 7, 4),
+            r(3, 7, 2),
+        )
+
+
+def test_sdpa_dropout_keeps_expectation():
+    q, k, v = Tensor(r(1, 64, 8)), Tensor(r(1, 64, 8)), Tensor(np.ones((1, 64, 8), np.float32))
+    out = q.scaled_dot_product_attention(k, v, dropout_p=0.5).numpy()
+    assert 0.8 < out.mean() < 1.2  # each row of weights sums to 1 in expectation; dropped ones are 0, kept ones 2x
+    assert set(np.unique(q.scaled_dot_product_attention(k, v, dropout_p=1.0).numpy())) == {0.0}

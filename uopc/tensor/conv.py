@@ -1,0 +1,405 @@
+"""Convolution, pooling and resizing for Tensor, built from movement ops and one REDUCE each.
+
+Every sliding-window op first makes a window view of the (padded) input with movement ops only, then reduces it:
+
+    x (N, C, H, W)  --pad, reshape/expand/shrink/permute-->  (N, C, oh, ow, kh, kw)   # a view: no copy
+    conv2d:   windows (N, 1, C, oh, ow, kh, kw) * w (1, Cout, C, 1, 1, kh, kw)  -> REDUCE over (C, kh, kw)
+    max_pool: windows -> REDUCE(MAX) over (kh, kw)
+
+so the kernelizer fuses the window reads into the reduction and the optimizer sees a matmul-like loop nest.
+Resizing (`interpolate`, `adaptive_avg_pool2d` with uneven windows) is a matmul with a small weight matrix per
+spatial dim, built on the host from the sizes alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Self
+
+import numpy as np
+
+from uopc.helpers import prod
+from uopc.tensor.shape import is_int
+
+
+def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
+    """An int or a sequence of n ints (PyTorch's `int | tuple` arguments), checked to be ints."""
+    vals = (v,) * n if is_int(v) else tuple(v) if isinstance(v, (tuple, list)) else None
+    if vals is None or len(vals) != n or not all(is_int(x) for x in vals):
+        raise ValueError(f"{name} must be an int or a tuple of {n} ints, got {v!r}")
+    return tuple(int(x) for x in vals)
+
+
+def _out_size(i: int, k: int, s: int, d: int, lo: int, hi: int) -> int:
+    """Windows of size k (dilation d, stride s) that fit in i + lo + hi elements."""
+    return (i + lo + hi - d * (k - 1) - 1) // s + 1
+
+
+def _conv_padding(padding: Any, n: int, ks: tuple[int, ...], dil: tuple[int, ...], stride: tuple[int, ...]):
+    """Per-dim (before, after) pads from an int, a tuple, "valid" or "same" (PyTorch puts an odd extra pad after)."""
+    if padding == "valid":
+        return [(0, 0)] * n
+    if padding == "same":
+        if any(s != 1 for s in stride):
+            raise ValueError(f"padding='same' is not supported for strided convolutions (stride {stride})")
+        total = [d * (k - 1) for k, d in zip(ks, dil, strict=True)]
+        return [(t // 2, t - t // 2) for t in total]
+    if isinstance(padding, str):
+        raise ValueError(f"padding must be an int, a tuple of ints, 'valid' or 'same', got {padding!r}")
+    return [(p, p) for p in _tuple(padding, n, "padding")]
+
+
+def _resize_matrix(i: int, o: int, mode: str, align_corners: bool | None, scale: float | None) -> np.ndarray:
+    """The (o, i) matrix that maps one dim of size i to size o by `mode` interpolation, with PyTorch's coordinates."""
+    m = np.zeros((o, i), np.float64)
+    j = np.arange(o)
+    if mode in ("nearest", "nearest-exact"):
+        r = (i / o) if scale is None else 1 / scale
+        src = np.floor((j + 0.5) * r) if mode == "nearest-exact" else np.floor(j * r)
+        m[j, np.minimum(src.astype(np.int64), i - 1)] = 1
+        return m
+    if align_corners:
+        src = j * ((i - 1) / (o - 1)) if o > 1 else np.zeros(o)
+    else:
+        r = (i / o) if scale is None else 1 / scale
+        src = np.maximum((j + 0.5) * r - 0.5, 0)
+    lo = np.minimum(np.floor(src).astype(np.int64), i - 1)
+    hi = np.minimum(lo + 1, i - 1)
+    frac = src - lo
+    np.add.at(m, (j, lo), 1 - frac)
+    np.add.at(m, (j, hi), frac)
+    return m
+
+
+def _adaptive_matrix(i: int, o: int) -> np.ndarray:
+    """The (o, i) averaging matrix of adaptive pooling: window j covers [floor(j*i/o), ceil((j+1)*i/o))."""
+    m = np.zeros((o, i), np.float64)
+    for j in range(o):
+        lo, hi = (j * i) // o, -(-((j + 1) * i) // o)
+        m[j, lo:hi] = 1 / (hi - lo)
+    return m
+
+
+class ConvMixin:
+    """Convolutions, pooling and interpolation of Tensor (N, C, *spatial) inputs, PyTorch's names and arguments."""
+
+    # ---------------------------------------------------------------- window views
+
+    def _windows(self, ks: Sequence[int], stride: Sequence[int], dil: Sequence[int]) -> Self:
+        """The sliding windows of the last len(ks) dims as a view: (..., *spatial) -> (..., *out, *ks).
+
+        Non-overlapping windows (k <= s, no dilation) are a reshape of each dim into (out, s) and a shrink to k.
+        Otherwise each dim of size i is repeated e times (an EXPAND), flattened, and re-cut into rows of length
+        L = q*i + d (L is d more than a multiple of i): row r then starts at element r*d of the input, so column
+        o*s of row r is element o*s + r*d, which is window o's r-th tap."""
+        n = len(ks)
+        pre, sp = self.shape[: self.ndim - n], self.shape[self.ndim - n :]
+        outs = [_out_size(i, k, s, d, 0, 0) for i, k, s, d in zip(sp, ks, stride, dil, strict=True)]
+        if all(k <= s and d == 1 for k, s, d in zip(ks, stride, dil, strict=True)):
+            need = [o * s for o, s in zip(outs, stride, strict=True)]
+            x = self.pad([None] * len(pre) + [(0, nd - i) for nd, i in zip(need, sp, strict=True)])
+            x = x.reshape(*pre, *[v for o, s in zip(outs, stride, strict=True) for v in (o, s)])
+            x = x.shrink([None] * len(pre) + [b for o, k in zip(outs, ks, strict=True) for b in ((0, o), (0, k))])
+            # (..., o1, k1, o2, k2) -> (..., o1, o2, k1, k2)
+            p = len(pre)
+            return x.permute(*range(p), *(p + 2 * j for j in range(n)), *(p + 2 * j + 1 for j in range(n)))
+        rows = []
+        for i, o, s, d in zip(sp, outs, stride, dil, strict=True):
+            q = max(1, -(-(o * s - d) // i))
+            rows.append(q * i + d)
+        reps = [-(-(k * L) // i) for k, L, i in zip(ks, rows, sp, strict=True)]
+        p = len(pre)
+        x = self.reshape(*pre, *[v for i in sp for v in (1, i)])
+        x = x.expand(*pre, *[v for e, i in zip(reps, sp, strict=True) for v in (e, i)])
+        x = x.reshape(*pre, *[e * i for e, i in zip(reps, sp, strict=True)])
+        x = x.shrink([None] * p + [(0, k * L) for k, L in zip(ks, rows, strict=True)])
+        x = x.reshape(*pre, *[v for k, L in zip(ks, rows, strict=True) for v in (k, L)])
+        x = x.shrink([None] * p + [b for k, o, s in zip(ks, outs, stride, strict=True) for b in ((0, k), (0, o * s))])
+        x = x.reshape(*pre, *[v for k, o, s in zip(ks, outs, stride, strict=True) for v in (k, o, s)])
+        x = x.shrink([None] * p + [b for k, o in zip(ks, outs, strict=True) for b in ((0, k), (0, o), (0, 1))])
+        x = x.reshape(*pre, *[v for k, o in zip(ks, outs, strict=True) for v in (k, o)])
+        # (..., k1, o1, k2, o2) -> (..., o1, o2, k1, k2)
+        return x.permute(*range(p), *(p + 2 * j + 1 for j in range(n)), *(p + 2 * j for j in range(n)))
+
+    def _check_spatial(self, name: str, n: int) -> None:
+        if self.ndim not in (n + 1, n + 2):
+            raise ValueError(f"{name} expects a {n + 1}-D (unbatched) or {n + 2}-D input, got shape {self.shape}")
+
+    # ---------------------------------------------------------------- convolution
+
+    def conv2d(
+        self,
+        weight: Any,
+        bias: Any = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        dilation: Any = 1,
+        groups: int = 1,
+    ) -> Self:
+        """PyTorch's conv2d (cross-correlation); also 1-D and 3-D: the weight's rank picks the number of dims.
+
+        x (N, Cin, *spatial), weight (Cout, Cin/groups, *kernel), bias (Cout,); padding int, tuple, 'valid', 'same'.
+        """
+        w = weight if isinstance(weight, ConvMixin) else type(self)(weight)
+        n = w.ndim - 2
+        if n < 1:
+            raise ValueError(f"conv weight must be (Cout, Cin/groups, *kernel), got shape {w.shape}")
+        self._check_spatial(f"conv{n}d", n)
+        if self.ndim == n + 1:  # unbatched
+            return self.unsqueeze(0).conv2d(w, bias, stride, padding, dilation, groups).squeeze(0)
+        ks = w.shape[2:]
+        st, dl = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+        if any(v < 1 for v in st + dl):
+            raise ValueError(f"stride {st} and dilation {dl} must be positive")
+        pads = _conv_padding(padding, n, ks, dl, st)
+        if any(lo < 0 or hi < 0 for lo, hi in pads):
+            raise ValueError(f"padding must be non-negative, got {padding!r}")
+        N, cin, sp = self.shape[0], self.shape[1], self.shape[2:]
+        cout = w.shape[0]
+        if not is_int(groups) or groups < 1 or cin % groups or cout % groups:
+            raise ValueError(f"groups={groups} must be a positive divisor of in_channels {cin} and out_channels {cout}")
+        if w.shape[1] * groups != cin:
+            raise ValueError(
+                f"conv{n}d: weight {w.shape} with groups={groups} expects {w.shape[1] * groups} input channels, "
+                f"got input of shape {self.shape}"
+            )
+        outs = [_out_size(i, k, s, d, lo, hi) for i, k, s, d, (lo, hi) in zip(sp, ks, st, dl, pads, strict=True)]
+        if any(o < 1 for o in outs):
+            raise ValueError(f"conv{n}d: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
+        g, cg, og = groups, cin // groups, cout // groups
+        kk, npos = cg * prod(ks), prod(outs)
+        x = self.pad([None, None, *pads])._windows(ks, st, dl)  # (N, Cin, *out, *k)
+        # im2col: the windows copied once into rows (N, g, P, cg*k), so the reduction is a GEMM whose reduce axis
+        # is contiguous in both operands, and its output (N, g, og, P) is already NCHW
+        x = x.reshape(N, g, cg, npos, prod(ks)).permute(0, 1, 3, 2, 4).reshape(N, g, 1, npos, kk)
+        col = x.contiguous()
+        wv = w.reshape(1, g, og, 1, kk)
+        out = (col * wv).sum(-1).reshape(N, cout, *outs)
+        if bias is not None:
+            b = bias if isinstance(bias, ConvMixin) else type(self)(bias)
+            if b.shape != (cout,):
+                raise ValueError(f"conv{n}d: bias must have shape ({cout},), got {b.shape}")
+            out = out + b.reshape(cout, *([1] * n))
+        return out
+
+    def conv1d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups=1):
+        """PyTorch's conv1d: x (N, Cin, L), weight (Cout, Cin/groups, k)."""
+        w = weight if isinstance(weight, ConvMixin) else type(self)(weight)
+        if w.ndim != 3:
+            raise ValueError(f"conv1d weight must be (Cout, Cin/groups, k), got shape {w.shape}")
+        return self.conv2d(w, bias, stride, padding, dilation, groups)
+
+    def conv3d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups=1):
+        """PyTorch's conv3d: x (N, Cin, D, H, W), weight (Cout, Cin/groups, kd, kh, kw)."""
+        w = weight if isinstance(weight, ConvMixin) else type(self)(weight)
+        if w.ndim != 5:
+            raise ValueError(f"conv3d weight must be (Cout, Cin/groups, kd, kh, kw), got shape {w.shape}")
+        return self.conv2d(w, bias, stride, padding, dilation, groups)
+
+    def conv_transpose2d(
+        self,
+        weight: Any,
+        bias: Any = None,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        groups: int = 1,
+        dilation: Any = 1,
+    ) -> Self:
+        """PyTorch's conv_transpose2d (and 1-D/3-D by the weight's rank): weight (Cin, Cout/groups, *kernel).
+
+        The gradient of a convolution: spread the input with stride-1 zeros between elements, pad by
+        d*(k-1) - padding, and convolve with the flipped kernel, in and out channels swapped within each group."""
+        w = weight if isinstance(weight, ConvMixin) else type(self)(weight)
+        n = w.ndim - 2
+        if n < 1:
+            raise ValueError(f"conv_transpose weight must be (Cin, Cout/groups, *kernel), got shape {w.shape}")
+        self._check_spatial(f"conv_transpose{n}d", n)
+        if self.ndim == n + 1:
+            return self.unsqueeze(0).conv_transpose2d(w, bias, stride, padding, output_padding, groups, dilation)[0]
+        ks = w.shape[2:]
+        st, dl = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
+        pd, op = _tuple(padding, n, "padding"), _tuple(output_padding, n, "output_padding")
+        cin = self.shape[1]
+        if not is_int(groups) or groups < 1 or cin % groups or w.shape[0] != cin:
+            raise ValueError(f"conv_transpose{n}d: weight {w.shape} and groups={groups} do not fit input {self.shape}")
+        if any(o >= max(s, d) for o, s, d in zip(op, st, dl, strict=True)) or any(v < 0 for v in pd + op):
+            raise ValueError(f"output_padding {op} must be smaller than stride {st} or dilation {dl}; pads >= 0")
+        g, og = groups, w.shape[1]
+        # (Cin, og, *k) -> (g, cin/g, og, *k) -> (g, og, cin/g, *k) -> (g*og, cin/g, *k), flipped in space
+        wt = w.reshape(g, cin // g, og, *ks).transpose(1, 2).reshape(g * og, cin // g, *ks)
+        wt = wt.flip(tuple(range(2, 2 + n)))
+        x = self
+        N, sp = x.shape[:2], x.shape[2:]
+        if any(s > 1 for s in st):  # stride-1 zeros between elements: (i, 1) padded to (i, s), cut to (i-1)*s + 1
+            x = x.reshape(*N, *[v for i in sp for v in (i, 1)])
+            x = x.pad([None, None, *[b for s in st for b in ((0, 0), (0, s - 1))]])
+            x = x.reshape(*N, *[i * s for i, s in zip(sp, st, strict=True)])
+            x = x.shrink([None, None, *[(0, (i - 1) * s + 1) for i, s in zip(sp, st, strict=True)]])
+        pads = [(d * (k - 1) - p, d * (k - 1) - p + o) for k, d, p, o in zip(ks, dl, pd, op, strict=True)]
+        x = x.pad([None, None, *pads])  # a negative amount cuts
+        return x.conv2d(wt, bias, 1, 0, dl, g)
+
+    def conv_transpose1d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, output_padding=0,
+                         groups: int = 1, dilation: Any = 1) -> Self:  # fmt: skip
+        """PyTorch's conv_transpose1d: weight (Cin, Cout/groups, k)."""
+        return self.conv_transpose2d(weight, bias, stride, padding, output_padding, groups, dilation)
+
+    # ---------------------------------------------------------------- pooling
+
+    def _pool_args(self, name: str, kernel_size: Any, stride: Any, padding: Any, dilation: Any, n: int):
+        self._check_spatial(name, n)
+        ks = _tuple(kernel_size, n, "kernel_size")
+        st = ks if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _tuple(stride, n, "stride")
+        pd, dl = _tuple(padding, n, "padding"), _tuple(dilation, n, "dilation")
+        if any(v < 1 for v in ks + st + dl):
+            raise ValueError(f"{name}: kernel_size {ks}, stride {st} and dilation {dl} must be positive")
+        if any(p < 0 or p > k // 2 for p, k in zip(pd, ks, strict=True)):
+            raise ValueError(f"{name}: padding {pd} must be at most half the kernel size {ks}")
+        return ks, st, pd, dl
+
+    def _pool_pads(self, ks, st, pd, dl, ceil_mode: bool) -> tuple[list[tuple[int, int]], list[int]]:
+        """(before, after) pads of each spatial dim and the output sizes, PyTorch's rule for ceil_mode: a window may
+        run past the end, but the last one must start inside the input or its left padding."""
+        n = len(ks)
+        sp = self.shape[self.ndim - n :]
+        pads, outs = [], []
+        for i, k, s, p, d in zip(sp, ks, st, pd, dl, strict=True):
+            span = i + 2 * p - d * (k - 1) - 1
+            o = (-(-span // s) if ceil_mode else span // s) + 1
+            if ceil_mode and (o - 1) * s >= i + p:
+                o -= 1
+            if o < 1:
+                raise ValueError(f"pooling: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
+            pads.append((p, (o - 1) * s + d * (k - 1) + 1 - i - p))
+            outs.append(o)
+        return pads, outs
+
+    def _pool(self, ks, st, pads, dl, value: float = 0.0) -> Self:
+        n = len(ks)
+        return self.pad([None] * (self.ndim - n) + pads, value=value)._windows(ks, st, dl)
+
+    def max_pool2d(
+        self,
+        kernel_size: Any = 2,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        ceil_mode: bool = False,
+        return_indices: bool = False,
+    ) -> Self:
+        """PyTorch's max_pool2d (stride defaults to kernel_size); padded positions count as -inf."""
+        if return_indices:
+            raise NotImplementedError("max_pool2d(return_indices=True) is not supported")
+        ks, st, pd, dl = self._pool_args("max_pool2d", kernel_size, stride, padding, dilation, 2)
+        pads, _ = self._pool_pads(ks, st, pd, dl, ceil_mode)
+        fill = -math.inf if self.dtype.is_float else self.dtype.min
+        w = self._pool(ks, st, pads, dl, value=fill)
+        return w.max(tuple(range(w.ndim - 2, w.ndim)))
+
+    def max_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1,
+                   ceil_mode: bool = False) -> Self:  # fmt: skip
+        """PyTorch's max_pool1d on (N, C, L)."""
+        ks, st, pd, dl = self._pool_args("max_pool1d", kernel_size, stride, padding, dilation, 1)
+        pads, _ = self._pool_pads(ks, st, pd, dl, ceil_mode)
+        w = self._pool(ks, st, pads, dl, value=-math.inf if self.dtype.is_float else self.dtype.min)
+        return w.max(-1)
+
+    def avg_pool2d(
+        self,
+        kernel_size: Any = 2,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ) -> Self:
+        """PyTorch's avg_pool2d: the mean of each window; the divisor counts padded positions if count_include_pad
+        (but never the part of a ceil_mode window past the padding), or is `divisor_override`."""
+        ks, st, pd, dl = self._pool_args("avg_pool2d", kernel_size, stride, padding, 1, 2)
+        pads, _ = self._pool_pads(ks, st, pd, dl, ceil_mode)
+        x = self._to_float()
+        sums = x._pool(ks, st, pads, dl).sum((-2, -1))
+        if divisor_override is not None:
+            return sums / divisor_override
+        # the divisor depends on the sizes alone: count the ones of a mask over the same windows, on the host
+        sp = self.shape[-2:]
+        mask = np.zeros([i + lo + hi for i, (lo, hi) in zip(sp, pads, strict=True)], np.float32)
+        if count_include_pad:
+            mask[: sp[0] + 2 * pd[0], : sp[1] + 2 * pd[1]] = 1
+        else:
+            mask[pd[0] : pd[0] + sp[0], pd[1] : pd[1] + sp[1]] = 1
+        counts = type(self)(mask)._windows(ks, st, dl).sum((-2, -1)).numpy()
+        return sums * type(self)(1 / counts, dtype=x.dtype)
+
+    def avg_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
+                   count_include_pad: bool = True) -> Self:  # fmt: skip
+        """PyTorch's avg_pool1d on (N, C, L)."""
+        x = self.unsqueeze(-2)
+        k, s = _tuple(kernel_size, 1, "kernel_size"), None if stride is None else _tuple(stride, 1, "stride")
+        out = x.avg_pool2d((1, k[0]), (1, (s or k)[0]), (0, _tuple(padding, 1, "padding")[0]), ceil_mode,
+                           count_include_pad)  # fmt: skip
+        return out.squeeze(-2)
+
+    def adaptive_avg_pool2d(self, output_size: Any) -> Self:
+        """PyTorch's adaptive_avg_pool2d: window j of a dim covers [floor(j*i/o), ceil((j+1)*i/o)).
+
+        Sizes that divide evenly are a plain average pool; others a matmul with an averaging matrix per dim."""
+        self._check_spatial("adaptive_avg_pool2d", 2)
+        sp = self.shape[-2:]
+        if is_int(output_size) or output_size is None:
+            output_size = (output_size, output_size)
+        outs = tuple(i if o is None else int(o) for i, o in zip(sp, output_size, strict=True))
+        if any(o < 1 for o in outs):
+            raise ValueError(f"adaptive_avg_pool2d: output_size must be positive, got {output_size!r}")
+        if all(i % o == 0 for i, o in zip(sp, outs, strict=True)):
+            ks = tuple(i // o for i, o in zip(sp, outs, strict=True))
+            return self._to_float()._pool(ks, ks, [(0, 0), (0, 0)], (1, 1)).mean((-2, -1))
+        return self._to_float()._resize_dims([_adaptive_matrix(i, o) for i, o in zip(sp, outs, strict=True)])
+
+    def _resize_dims(self, mats: list[np.ndarray]) -> Self:
+        """Apply an (o, i) matrix to each of the last len(mats) dims: x.transpose(d, -1) @ M.T, dim by dim."""
+        x, n = self, len(mats)
+        for j, m in enumerate(mats):
+            d = x.ndim - n + j
+            mt = type(self)(m.T.astype(x.dtype.np))
+            x = (x.transpose(d, -1) @ mt).transpose(d, -1)
+        return x
+
+    def interpolate(
+        self,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: bool | None = None,
+    ) -> Self:
+        """PyTorch's interpolate on (N, C, *spatial): modes nearest, nearest-exact, linear, bilinear, trilinear."""
+        n = self.ndim - 2
+        if n < 1:
+            raise ValueError(f"interpolate expects (N, C, *spatial), got shape {self.shape}")
+        modes = {"nearest", "nearest-exact", "linear", "bilinear", "trilinear"}
+        if mode not in modes:
+            raise ValueError(f"interpolate: mode {mode!r} is not supported (use one of {sorted(modes)})")
+        if mode in ("linear", "bilinear", "trilinear") and mode != ("linear", "bilinear", "trilinear")[n - 1]:
+            raise ValueError(f"interpolate: mode {mode!r} does not fit a {n}-D spatial input (shape {self.shape})")
+        if align_corners is not None and mode.startswith("nearest"):
+            raise ValueError("interpolate: align_corners only applies to the linear modes")
+        if (size is None) == (scale_factor is None):
+            raise ValueError("interpolate: give exactly one of size and scale_factor")
+        sp = self.shape[2:]
+        scales: list[float | None]
+        if size is not None:
+            outs = list(_tuple(size, n, "size"))
+            scales = [None] * n
+        else:
+            sf = (scale_factor,) * n if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
+            if len(sf) != n:
+                raise ValueError(f"interpolate: scale_factor {scale_factor!r} needs {n} values")
+            outs = [int(math.floor(i * f)) for i, f in zip(sp, sf, strict=True)]
+            scales = [float(f) for f in sf]
+        if any(o < 1 for o in outs):
+            raise ValueError(f"interpolate: output size {outs} must be positive")
+        x = self._to_float()
+        mats = [_resize_matrix(i, o, mode, align_corners, s) for i, o, s in zip(sp, outs, scales, strict=True)]
+        return x._resize_dims(mats)
