@@ -19,11 +19,11 @@ _SELU_ALPHA = 1.6732632423543772
 _SELU_SCALE = 1.0507009873554805
 
 
-
 def _abs_slope1(x: Any) -> Any:
     """|x| whose gradient at 0 is +1, not abs's 0: an odd function built as sign(x) f(|x|) then keeps its slope
     f'(0) at 0 (asinh'(0) = 1, erf'(0) = 2/sqrt(pi)), as PyTorch's gradients do."""
     return (x < 0).where(-x, x)
+
 
 class MathMixin:
     """Extra elementwise functions of Tensor (see the module docstring for how the transcendental ones work)."""
