@@ -64,6 +64,13 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
   return 0;
 }
 """
+# a vector access checks its whole span [i, i+w)
+_OOB_CHECK_VEC = """static inline long long uopc_chkv(long long i, long long w, long long n, long long slot) {
+  if (i >= 0 && i + w <= n) return i;
+  if (!uopc_oob[0]) { uopc_oob[1] = slot; uopc_oob[2] = i < 0 ? i : i + w - 1; uopc_oob[3] = n; uopc_oob[0] = 1; }
+  return 0;
+}
+"""
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
@@ -171,9 +178,21 @@ class CRenderer:
         if base.op is Ops.ALLOC:
             size = base.arg[1]
             return self.names[base] if size == 1 else f"{self.names[base]}[{self.expr(i)}]"
+        if idx.dtype.count > 1:
+            return self.vector_address(idx, base)
         if self.check_oob:
             return f"data{base.arg.slot}[uopc_chk({self.expr(i)}, {base.arg.shape[0]}, {base.arg.slot})]"
         return f"data{base.arg.slot}[{self.expr(i)}]"
+
+    def vector_address(self, idx: UOp, buf: UOp) -> str:
+        """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
+        (uopc's buffers start on 64-byte boundaries), else the unaligned type (vmovups costs the same there)."""
+        w, i = idx.dtype.count, self.expr(idx.src[1])
+        vt = idx.dtype.cname if _multiple_of(idx.src[1], w) else f"{idx.dtype.cname}_u"
+        if self.check_oob:
+            self.helpers["~oobv"] = _OOB_CHECK_VEC
+            i = f"uopc_chkv({i}, {w}, {buf.arg.shape[0]}, {buf.arg.slot})"
+        return f"(*({vt}*)(data{buf.arg.slot}+{i}))"
 
     def emit(self, u: UOp, ind: str) -> None:
         op = u.op
@@ -195,6 +214,10 @@ class CRenderer:
             self.names[u] = f"acc{n}"
             arr = f"[{size}]" if size > 1 else ""
             self.lines.append(f"{ind}{u.dtype.cname} acc{n}{arr};")
+        elif u.op is Ops.VECTORIZE and u.src[0].op is not Ops.CONST and all(x is u.src[0] for x in u.src):
+            # a broadcast of a value, named once (a constant one stays inline, where gcc folds it)
+            name = self.var(u, "alu")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {self._expr(u)};")
         elif self.needs_var(u):
             val = self.expr(u)
             name = self.var(u, "alu")
@@ -234,6 +257,28 @@ def _max(r: CRenderer, u: UOp) -> str:
     return f"(({a}>{b})?{a}:{b})"
 
 
+def _multiple_of(i: UOp, w: int) -> bool:
+    """Is index expression `i` a multiple of `w` for every value of its loops?"""
+    if i.op is Ops.CONST:
+        return i.arg % w == 0
+    if i.op is Ops.MUL:
+        return any(s.op is Ops.CONST and s.arg % w == 0 for s in i.src) or any(_multiple_of(s, w) for s in i.src)
+    if i.op is Ops.ADD:
+        return all(_multiple_of(s, w) for s in i.src)
+    return False
+
+
+def _vector_typedefs(ast: UOp) -> str:
+    """gcc vector types for every vector dtype the kernel uses: `float16` (64-byte aligned) and `float16_u`."""
+    out = []
+    vts = {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}
+    for vt in sorted(vts, key=lambda d: d.cname):
+        sc, size = vt.scalar(), vt.itemsize
+        out.append(f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));")
+        out.append(f"typedef {sc.cname} {vt.cname}_u __attribute__((vector_size({size}), aligned({sc.itemsize})));")
+    return "".join(x + "\n" for x in out)
+
+
 def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
     if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
@@ -263,6 +308,9 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     Ops.CHECK: _check,
     Ops.IDIV: lambda r, u: r.divmod(u),
     Ops.MOD: lambda r, u: r.divmod(u),
+    # SIMD (gcc vector extension): pack lanes, read one lane
+    Ops.VECTORIZE: lambda r, u: f"(({u.dtype.cname}){{{', '.join(r.expr(s) for s in u.src)}}})",
+    Ops.GEP: lambda r, u: f"({r.expr(u.src[0])}[{u.arg}])",
 }
 CRenderer.code_for_op = code_for_op
 
@@ -275,5 +323,5 @@ def render_c(ast: UOp, name: str) -> str:
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     params = ", ".join(f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs)
-    head = PRELUDE + "".join(r.helpers[k] for k in sorted(r.helpers))
+    head = PRELUDE + _vector_typedefs(ast) + "".join(r.helpers[k] for k in sorted(r.helpers))
     return head + f"\nvoid {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n"
