@@ -322,7 +322,7 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
         nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
     ast = sink(*nests)
     if ctx.opts.vec > 1:  # SIMD: copies of an upcast axis whose index is contiguous become vector ops
-        ast = vectorize(simplify(ast), ctx.opts.vec)
+        ast = vectorize(ast, ctx.opts.vec)
     return simplify(merge_ends(ast))
 
 

@@ -35,11 +35,11 @@ def _split(idx: UOp) -> tuple[UOp | None, int]:
     return idx, 0
 
 
-def _consecutive(idxs: tuple[UOp, ...]) -> bool:
+def _consecutive(idxs: tuple[UOp, ...], simp) -> bool:
     """Are these indices i, i+1, ..., i+n-1?"""
-    b0, c0 = _split(idxs[0])
+    b0, c0 = _split(simp(idxs[0]))
     for lane, i in enumerate(idxs):
-        b, c = _split(i)
+        b, c = _split(simp(i))
         if b is not b0 or c != c0 + lane:
             d = simplify(i - idxs[0])
             if d.op is not Ops.CONST or d.arg != lane:
@@ -58,8 +58,8 @@ def _buffer(idx: UOp) -> UOp:
 class _Lanes:
     """Rebuilds tuples of per-lane nodes as one vector node (memoized on the tuple)."""
 
-    def __init__(self, width: int):
-        self.width = width
+    def __init__(self, width: int, simp):
+        self.width, self.simp = width, simp
         self.memo: dict[tuple[UOp, ...], UOp] = {}
 
     def vec(self, lanes: tuple[UOp, ...]) -> UOp:
@@ -115,20 +115,30 @@ class _Lanes:
         if _buffer(i0).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
             buf = self.vec(tuple(i.src[0] for i in idxs))
             return UOp(Ops.INDEX, (buf, i0.src[1]), None, buf.dtype)
-        if any(i.src[0] is not i0.src[0] for i in idxs) or not _consecutive(tuple(i.src[1] for i in idxs)):
+        if any(i.src[0] is not i0.src[0] for i in idxs) or not _consecutive(tuple(i.src[1] for i in idxs), self.simp):
             return None
         return UOp(Ops.INDEX, i0.src, None, i0.dtype.vec(self.width))
 
 
 def vectorize(ast: UOp, width: int) -> UOp:
     """Rewrite groups of `width` stores at consecutive indices of one buffer (and everything only they use) into
-    vector ops. Runs on a simplified program before `merge_ends` (each store still ENDs its own reduce loops)."""
+    vector ops. Runs before `merge_ends` (each store still ENDs its own reduce loops)."""
+    # the index expressions, simplified in one rewrite (shared parts once): the rest of the program need not be
+    topo = ast.toposort()
+    idxs = list(dict.fromkeys(u.src[1] for u in topo if u.op is Ops.INDEX))
+    simplified = dict(zip(idxs, simplify(UOp(Ops.SINK, tuple(idxs))).src, strict=True))
+
+    def simp(i: UOp) -> UOp:
+        if (hit := simplified.get(i)) is None:
+            hit = simplified[i] = simplify(i)
+        return hit
+
     groups: dict[tuple, dict[int, UOp]] = {}
-    for u in ast.toposort():
+    for u in topo:
         if u.op is Ops.STORE and u.src[0].src[0].op is Ops.BUFFER and u.src[1].dtype.count == 1:
-            b, c = _split(u.src[0].src[1])
+            b, c = _split(simp(u.src[0].src[1]))
             groups.setdefault((u.src[0].src[0], b), {})[c] = u
-    lanes = _Lanes(width)
+    lanes = _Lanes(width, simp)
     mapping: dict[UOp, UOp] = {}
     for by_off in groups.values():
         for c in sorted(by_off):
