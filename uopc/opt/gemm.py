@@ -61,14 +61,17 @@ def _plain(x: UOp, contiguous_axis: int | None) -> bool:
 def microkernel(m: int, n: int, itemsize: int) -> tuple[int, int, int]:
     """(MR, NR, W): the register tile of an (m, n) output, and the vector width in elements.
 
-    NR is two vectors (one where n is narrower); MR fills 3/4 of the vector registers with accumulators,
-    leaving the rest for the NR/W operand vectors, the broadcast and gcc's temporaries. Checked with gcc -S
-    on a Zen 4 (32 zmm): 12x32 floats (24 accumulators) has no spills, 14x32 spills.
+    3/4 of the vector registers hold accumulators, the rest the NR/W operand vectors, the broadcast and gcc's
+    temporaries: 24 of AVX-512's 32 zmm as 6x64 floats (4 vectors wide), 12 of AVX2's 16 ymm as 6x16. Wider
+    tiles load fewer operands per FMA (6x64: 4 vector loads + 6 broadcasts per 24 FMAs; 12x32: 2 + 12). Measured
+    on a Zen 4 at 1024^3, one thread, interleaved: 6x64 30.0 GFLOP/s, 12x32 25.2, 14x32 22.7 (NumPy 25.9). Spill
+    check (gcc -S, tests/backend/test_gemm.py): 12x32, 14x32, 6x64 and 8x48 keep every accumulator in a register;
+    16x32 (32 accumulators) and 7x64 spill. Narrow outputs use fewer vectors per row and more rows (at most 12).
     """
     w = vector_bytes() // itemsize
-    nv = 2 if n >= 2 * w else 1
-    mr = max(1, (vector_registers() * 3 // 4) // nv)
-    return mr, nv * w, w
+    budget = vector_registers() * 3 // 4
+    nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
+    return min(12, budget // nv), nv * w, w
 
 
 def uses_microkernel(r: UOp) -> bool:
@@ -151,19 +154,34 @@ def gemm_opts(body: UOp) -> Opts | None:
     am, an = len(shape) - 2, len(shape) - 1
     mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize)
     upcast = {am: mr, an: nr}
-    thread = None
+    thread, tile = None, {}
     if num_cores() > 1:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
         thread = next((a for a, nb in enumerate(blocks) if nb >= num_cores()), None)
+        if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
+            mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * num_cores())
+            tile = {am: mc} if mc else {}
     # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
     # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
     # sums kept in the output between chunks
     ktile = next((c for c in range(KC_MAX, KC_MIN - 1, -1) if k % c == 0), 0) if k > KC_MAX * 3 // 2 else 0
     kc = ktile or k
-    tile = {}
     whole_n = shape[an] - shape[an] % nr
     nc_max = max(nr, l2_bytes() // 2 // (kc * body.dtype.itemsize) // nr * nr)
     if whole_n > nc_max:
         nc = next((c for c in range(nc_max, nr - 1, -nr) if whole_n % c == 0), 0)
-        tile = {an: nc} if nc > nr else {}
+        if nc > nr:
+            tile[an] = nc
     return Opts(upcast=upcast, thread=thread, ktile=ktile, tile=tile, vec=w)
+
+
+def _row_block(whole: int, mr: int, min_blocks: int) -> int:
+    """The largest multiple of `mr` dividing `whole` into at least `min_blocks` blocks (0 if none): the row blocks
+    threads share out, so a thread that starts late (a busy machine) leaves less behind, in one parallel region
+    (measured under load at 1024^3: 33 GFLOP/s with blocks of 60 rows against 18 with a region per K chunk)."""
+    n = whole // mr
+    best = 0
+    for d in range(1, n + 1):
+        if n % d == 0 and n // d >= min_blocks:
+            best = d
+    return best * mr if best and best < n else 0
