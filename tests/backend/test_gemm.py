@@ -176,9 +176,9 @@ def test_matmul_shapes_search_and_bounds(context, m, n, k):
     _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
 
 
-@pytest.mark.parametrize("opt", [1, 2])
-def test_transposed_and_batched(context, opt):
-    context(OPT=opt)
+@pytest.mark.parametrize("opt,oob", [(1, 0), (2, 0), (1, 1)])
+def test_transposed_and_batched(context, opt, oob):
+    context(OPT=opt, CHECK_OOB=oob)
     a, b = rng.standard_normal((67, 45)).astype(np.float32), rng.standard_normal((59, 45)).astype(np.float32)
     _check_matmul(a, b.T, (Tensor(a) @ Tensor(b).T).numpy())  # B transposed
     _check_matmul(a.T, a, (Tensor(a).T @ Tensor(a)).numpy())  # A transposed

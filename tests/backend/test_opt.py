@@ -110,8 +110,9 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     assert (s.upcast, s.thread, s.unroll) == ({}, None, 4)
 
 
-def test_dedup_key_keeps_cache_blocks():
+def test_dedup_key_keeps_cache_blocks(monkeypatch):
     # regression: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
+    monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)  # the plain heuristic's candidate (no cache blocks)
     cands = _dedup(candidate_opts(gemm_graph(256, bt=True)))
     assert sum(1 for o in cands if o.tile) == 3
     assert len({o.key() for o in cands}) == len(cands)

@@ -1,14 +1,16 @@
-"""Matmul-like reductions: packing in the layout pass, the register-blocked microkernel's Opts, split-K.
+"""Matmul-like reductions: operand packing in the layout pass, the register-blocked microkernel's Opts, split-K.
 
-    C = A @ B  (sum over k of a*b, a constant along N, b constant along M)     becomes three kernels:
-      STAGE  Ap[ib, k, ii] = A[ib*MR+ii, k]     (MR rows of A, interleaved by k: one contiguous panel per row block)
-      STAGE  Bp[jb, k, jj] = B[k, jb*NR+jj]     (NR columns of B, the same)
-      r_M_N  with Opts(upcast={M: MR, N: NR}, vec=W, thread=M, ktile=KC): an MR x NR tile of accumulators in
-             vector registers; per k one vector load of Bp per W columns, one broadcast of Ap per row, MR*NR/W FMAs
+    C = A @ B  (sum over k of a*b, a constant along N, b constant along M)     becomes at most three kernels:
+      STAGE  Bp[jb, k, jj] = B[k, jb*NR+jj]     NR columns of B interleaved by k: one contiguous panel per column
+                                                block (when B is strided along N, or larger than half of L2)
+      STAGE  Ap[ib, k, ii] = A[ib*MR+ii, k]     the same for A, only when A is computed (a plain view of memory
+                                                is read where it is: one broadcast per row and k)
+      r_M_N  Opts(upcast={M: MR, N: NR}, vec=W, thread=M, tile={M: MC, N: NC}, ktile=KC): an MR x NR tile of
+             accumulators in vector registers; per k, NR/W vector loads of B, MR broadcasts of A, MR*NR/W FMAs
 
-Transposed operands (a backward pass's X.T @ dY, dY @ W.T) and batched matmuls are packed the same way: the packing
-copy reads whatever view the operand is. A remainder of M or N that is not a multiple of the tile runs as its own
-loop nest (uopc.rangeify's regions); only the packed panels are padded, to whole tiles.
+Transposed operands (a backward pass's X.T @ dY, dY @ W.T) and batched matmuls take the same path: the packing copy
+reads whatever view the operand is. A remainder of M or N that is not a multiple of the tile runs as its own loop
+nest (uopc.rangeify's regions); only the packed panels are padded, to whole tiles.
 """
 
 from __future__ import annotations
