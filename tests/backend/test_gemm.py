@@ -216,3 +216,19 @@ def test_hand_opt_leaves_small_matmuls_alone():
     # under GEMM_MIN_WORK multiply-adds the packing copies would cost more than they save
     o = hand_opt_choice(gemm_graph(8, 16, 8))
     assert o.vec == 0
+
+
+def test_matmul_dtypes(context):
+    # float64 runs the microkernel on double vectors; a float16 operand is cast, so it is packed (computed)
+    context(OPT=1)
+    a, b = rng.standard_normal((67, 45)), rng.standard_normal((45, 83))
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-12, atol=1e-12)
+    a16, b32 = a.astype(np.float16), b.astype(np.float32)
+    _check_matmul(a16.astype(np.float32), b32, (Tensor(a16) @ Tensor(b32)).numpy())
+
+
+def test_split_k_full_sum(context):
+    # a plain long sum is split too (two partial sums, then one): the value matches a float64 sum
+    context(OPT=1)
+    x = rng.standard_normal(1 << 17).astype(np.float32)
+    np.testing.assert_allclose(Tensor(x).sum().numpy(), x.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
