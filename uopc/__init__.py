@@ -26,4 +26,13 @@ def get_num_threads() -> int:
     return _get()
 
 
-__all__ = ["Tensor", "dtypes", "set_num_threads", "get_num_threads"]
+def __getattr__(name: str):
+    """`uopc.TinyJit`, loaded on first use: it sits above realize, and `import uopc` must not load the compiler."""
+    if name == "TinyJit":
+        from uopc.jit import TinyJit
+
+        return TinyJit
+    raise AttributeError(f"module 'uopc' has no attribute {name!r}")
+
+
+__all__ = ["Tensor", "TinyJit", "dtypes", "set_num_threads", "get_num_threads"]

@@ -9,6 +9,8 @@ Settings (all optional):
   UOPC_NUM_THREADS  OpenMP threads (default: OMP_NUM_THREADS, else all cores)
   UOPC_CHECK_OOB    1: generated code checks every load/store index against its buffer
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
+  UOPC_POOL_MB      MiB of freed storage the allocation pool keeps for reuse (default 2048)
+  UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first (default 512, 0: no cap)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import operator
 import os
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
 
@@ -37,11 +40,21 @@ CC: str = getenv("CC", "gcc")
 CFLAGS_ENV: str | None = os.environ.get("CFLAGS") or None
 CHECK_OOB: int = getenv("UOPC_CHECK_OOB", 0)
 PLAN_CACHE_SIZE: int = getenv("UOPC_PLAN_CACHE", 1024)
+POOL_MB: int = getenv("UOPC_POOL_MB", 2048)
+CACHE_MAX_MB: int = getenv("UOPC_CACHE_MAX_MB", 512)
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
 
 
 # the settings Context may change at run time, by the name users know them by (the environment variable)
-_CONTEXT_VARS = {"DEBUG": "DEBUG", "OPT": "OPT", "CHECK_OOB": "CHECK_OOB", "PLAN_CACHE": "PLAN_CACHE_SIZE", "CC": "CC"}
+_CONTEXT_VARS = {
+    "DEBUG": "DEBUG",
+    "OPT": "OPT",
+    "CHECK_OOB": "CHECK_OOB",
+    "PLAN_CACHE": "PLAN_CACHE_SIZE",
+    "CC": "CC",
+    "POOL_MB": "POOL_MB",
+    "CACHE_MAX_MB": "CACHE_MAX_MB",
+}
 
 
 @contextlib.contextmanager
@@ -100,15 +113,29 @@ def cache_dir() -> str:
     return os.path.join(base, "uopc")
 
 
+_recursion_lock = threading.Lock()
+_recursion_users = [0, 0]  # threads inside deep_recursion, the limit to restore when the last one leaves
+
+
 @contextlib.contextmanager
 def deep_recursion(limit: int = 20000):
-    """Let the recursive lowering and rendering walk long chains (a 400-op elementwise chain is ~1200 frames)."""
-    old = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old, limit))
+    """Let the recursive lowering and rendering walk long chains (a 400-op elementwise chain is ~1200 frames).
+
+    The limit is process-wide: with several threads compiling, only the last one out restores it (restoring on
+    each exit would lower it under a thread still deep in a walk).
+    """
+    with _recursion_lock:
+        if _recursion_users[0] == 0:
+            _recursion_users[1] = sys.getrecursionlimit()
+        _recursion_users[0] += 1
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), limit))
     try:
         yield
     finally:
-        sys.setrecursionlimit(old)
+        with _recursion_lock:
+            _recursion_users[0] -= 1
+            if _recursion_users[0] == 0:
+                sys.setrecursionlimit(_recursion_users[1])
 
 
 def prod(xs: Iterable[int]) -> int:

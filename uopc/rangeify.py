@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 
+from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
 from uopc.opts import Opts
@@ -198,6 +199,129 @@ def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
     return out
 
 
+# A float sum accumulates in levels: the innermost level runs over up to LEAF elements (gcc vectorizes it: LEAF/16
+# adds per lane, then a tree over the lanes), each level above adds up to LEVEL partial sums of the level below.
+# Every serial chain is short, so the error grows like log n (measured: 2^24 x 0.1f is off by 1.5e-7 relative with
+# 256/16; one accumulator per vector lane is off by 1%).
+LEAF, LEVEL = 256, 16
+# a full reduction at least this long runs its outermost level as an OpenMP loop writing one partial per iteration
+# (the same tree, so the same result with any thread count); below it a parallel region costs more than it saves
+PARALLEL_MIN = 1 << 16
+TILE_LEVELS_MIN = 4096
+
+
+def _largest_divisor(s: int, cap: int) -> int:
+    return next(d for d in range(min(s, cap), 0, -1) if s % d == 0)
+
+
+def _levels(rshape: tuple[int, ...], leaf: int = LEAF) -> list[list[tuple[int, int]]]:
+    """Split the reduce axes into levels of loops, innermost level first: each a list of (axis, size) pieces, inner
+    piece of an axis first. A level holds at most LEAF (first) or LEVEL (later) iterations unless a size has no
+    divisor that fits (a large prime stays one loop)."""
+    levels: list[list[tuple[int, int]]] = [[]]
+    prod_ = 1
+    for k in reversed(range(len(rshape))):
+        s = rshape[k]
+        while s > 1:
+            cap = (leaf if len(levels) == 1 else LEVEL) // prod_
+            d = _largest_divisor(s, cap) if cap > 1 else 1
+            if d == 1 and prod_ > 1:  # nothing fits: close this level
+                levels.append([])
+                prod_ = 1
+                continue
+            d = s if d == 1 else d
+            levels[-1].append((k, d))
+            prod_ *= d
+            s //= d
+    return [lv for lv in levels if lv]
+
+
+def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[list[list[UOp]], tuple[UOp, ...]]:
+    """The loops of each level, innermost level first (created outermost first, so they nest outside), and the
+    reduce index per axis. With `parallel` the outermost loop is a THREAD loop."""
+    # checked loads (UOPC_CHECK_OOB=1) keep gcc from vectorizing the leaf, which would then be one serial chain
+    levels = _levels(rshape, LEVEL if helpers.CHECK_OOB else LEAF)
+    loops: list[list[UOp]] = [[] for _ in levels]
+    pieces: dict[int, list[tuple[UOp, int]]] = {}
+    for li in reversed(range(len(levels))):
+        for k, d in reversed(levels[li]):  # outer piece of an axis first
+            kind = AxisType.THREAD if parallel and ctx.n_ranges == 0 and len(levels) > 1 else AxisType.REDUCE
+            r = ctx.rng(d, kind)
+            loops[li].append(r)
+            pieces.setdefault(k, []).append((r, d))
+    ridx = []
+    for k in range(len(rshape)):
+        i: UOp = UOp.const(0, ctx.idx)
+        for r, d in pieces.get(k, []):  # outer to inner: i = i * d + r
+            i = i * d + r
+        ridx.append(i)
+    return loops, tuple(ridx)
+
+
+def _accumulate(ctx: Ctx, rop: Ops, dtype: DType, val: UOp, loops: list[UOp], around: list[UOp]) -> UOp:
+    """acc = identity; for loops: acc = rop(acc, val); the value of acc after the loops (acc lives in `around`)."""
+    acc0 = ctx.alloc(dtype).after(*around)
+    init = acc0.index(0).store(UOp.const(identity_element(rop, dtype), dtype))
+    accl = acc0.after(init, *loops)
+    upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), val)))
+    return acc0.after(upd.end(*loops)).index(0).load()
+
+
+def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    """A float ADD reduce as nested levels of accumulators (see LEAF)."""
+    x, (rop, n) = u.src[0], u.arg
+    rshape = x.shape[len(x.shape) - n :]
+    rkey = (u, frozenset(ranges_in(*idx)), valid)
+    if (hit := ctx.reduce_ranges.get(rkey)) is None:
+        # a whole-tensor sum has no output loop to spread over threads: its outermost level becomes one
+        parallel = not rkey[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN
+        hit = ctx.reduce_ranges[rkey] = _level_loops(ctx, rshape, parallel)
+    loops, ridx = hit
+    val = rangeify(x, idx + ridx, ctx, valid)
+    around = ranges_in(*idx, *([valid] if valid is not None else []))
+    for li, lv in enumerate(loops):  # innermost level first; each accumulator lives inside the levels above it
+        if lv[0].arg.kind is AxisType.THREAD:  # each iteration stores its partial; one thread then adds them up
+            size = prod(r.src[0].arg for r in lv)
+            partial = ctx.alloc(u.dtype, size)
+            done = partial.after(partial.index(ravel(tuple(lv), tuple(r.src[0].arg for r in lv))).store(val).end(*lv))
+            r = ctx.rng(size, AxisType.REDUCE)
+            return _accumulate(ctx, rop, u.dtype, done.index(r).load(), [r], around)
+        above = [r for upper in loops[li + 1 :] for r in upper]
+        val = _accumulate(ctx, rop, u.dtype, val, lv, around + above)
+    return val
+
+
+# gcc vectorizes no float max reduction without -ffinite-math-only (the NaN-propagating select is no MAX_EXPR), so a
+# max runs LANES independent accumulators in a small array: the lane loop is an elementwise select gcc vectorizes.
+# 64 lanes (four AVX-512 vectors): a 16-iteration lane loop gcc unrolls completely first and then keeps scalar.
+LANES = 64
+
+
+def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    """A float MAX reduce whose innermost axis splits into LANES: lane[l] = max(lane[l], x[.., a*LANES + l]), then a
+    tree over the lanes."""
+    x, (rop, n) = u.src[0], u.arg
+    rshape = x.shape[len(x.shape) - n :]
+    rkey = (u, frozenset(ranges_in(*idx)), valid)
+    if (hit := ctx.reduce_ranges.get(rkey)) is None:
+        init_loop = ctx.rng(LANES)
+        outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, ctx.idx) for s in rshape[:-1]]
+        a, lane = ctx.rng(rshape[-1] // LANES, AxisType.REDUCE), ctx.rng(LANES, AxisType.REDUCE)
+        hit = ctx.reduce_ranges[rkey] = (init_loop, outer, a, lane)
+    init_loop, outer, a, lane = hit
+    val = rangeify(x, idx + (*outer, a * LANES + lane), ctx, valid)
+    loops = [r for r in outer if r.op is Ops.RANGE] + [a, lane]
+    around = ranges_in(*idx, *([valid] if valid is not None else []))
+    lanes = ctx.alloc(u.dtype, LANES).after(*around)
+    init = lanes.index(init_loop).store(UOp.const(identity_element(rop, u.dtype), u.dtype)).end(init_loop)
+    acc = lanes.after(init, *loops)
+    done = lanes.after(acc.index(lane).store(UOp(rop, (acc.index(lane).load(), val))).end(*loops))
+    vals = [done.index(UOp.const(k, ctx.idx)).load() for k in range(LANES)]
+    while len(vals) > 1:
+        vals = [UOp(rop, (vals[i], vals[i + 1])) for i in range(0, len(vals), 2)]
+    return vals[0]
+
+
 def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     rop, n = u.arg
     x = u.src[0]
@@ -205,6 +329,16 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     # unrolled copies of one reduce differ only by constants in idx: they share one set of loops
     rkey = (u, frozenset(ranges_in(*idx)), valid)
     chunked = ctx.kchunk is not None and ctx.kchunk[0] is u and valid is None
+    o = ctx.opts
+    # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
+    # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
+    long = prod(rshape) > (TILE_LEVELS_MIN if len(o.upcast) >= 2 else LEAF)
+    # levels win over Opts.unroll (the search may pick it for a long sum): gcc vectorizes the leaf anyway
+    if rop is Ops.ADD and u.dtype.is_float and long and not chunked:
+        return _tree_sum(u, idx, ctx, valid)
+    lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
+    if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1 and not chunked:
+        return _lane_max(u, idx, ctx, valid)
     if (parts := ctx.reduce_ranges.get(rkey)) is None:
         unroll = ctx.opts.unroll
         parts = [_axis_parts(ctx, s, unroll if k == n - 1 else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
@@ -387,6 +521,8 @@ def _kchunk(root: UOp, out: UOp, o: Opts) -> tuple | None:
     axis the chunk divides. The partial result lives in the output buffer between chunks, so any op after the
     reduce would be applied to partial sums: then ktile is ignored."""
     if not o.ktile or root.op is not Ops.REDUCE or o.unroll > 1:
+        return None
+    if root.arg[0] is Ops.ADD and root.dtype.is_float and len(o.upcast) < 2:  # a float sum keeps its levels
         return None
     size = root.src[0].shape[-1]
     if o.ktile >= size or size % o.ktile:

@@ -1,48 +1,157 @@
 """Realize: turn roots into computed BUFFERs through the plan cache (the structural JIT), compile, run, print.
 
-    >>> out, = realize([(a + b).uop])    # schedule (or fetch the cached plan), compile each kernel, run them
+    >>> out, = realize([(a + b).uop])    # schedule (or fetch the cached plan), compile it, run it: one ctypes call
 
 `_plans` maps a plan key (the graph's structure key with buffers abstracted away, plus every setting that changes
-the generated code) to a compiled plan: the same graph shape reuses the same compiled kernels, whatever the
-buffers hold.
+the generated code) to a compiled plan: the same graph shape reuses the same compiled object, whatever the buffers
+hold. A plan is one C translation unit (every kernel plus an entry point that runs them in order over one array of
+buffer pointers), compiled by one gcc run and cached on disk like a kernel.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
+import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from uopc import helpers
-from uopc.buffer import aligned_empty, buffer_data, output_buffer
+from uopc.buffer import buffer_ptr, output_buffer, pool
 from uopc.opt import HandOpt, SearchOpt
 from uopc.rangeify import ERROR_RECORD
-from uopc.render_c import render_c
-from uopc.runtime import Program
-from uopc.schedule import Kernel, Plan, make_plan
-from uopc.uop import UOp, structure_key
+from uopc.render_c import render_plan
+from uopc.runtime import Program, ensure_threads
+from uopc.schedule import Kernel, Plan, Ref, make_plan
+from uopc.uop import Ops, UOp, structure_key
 
-__all__ = ["CompiledPlan", "default_opt", "plan_key", "realize"]
+__all__ = [
+    "Captured",
+    "CompiledPlan",
+    "capture",
+    "compile_plan",
+    "default_opt",
+    "explain_miss",
+    "inplace_ok",
+    "plan_key",
+    "profile",
+    "realize",
+    "run_plan",
+    "set_kernel_hook",
+]
+
+_ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
+_MAX_PARTS = 8  # translation units of one plan at most (each is one compiler process)
+_PART_CHARS = 100_000  # characters of kernel C per unit at least: below that one gcc run beats spawn + link
 
 
 @dataclass
 class CompiledPlan:
-    """A Plan with its kernels rendered and compiled, and the temp arrays its runs share."""
+    """A Plan compiled into one object: `fn(bufs, ns, err)` runs every kernel in order.
+
+    `bufs` holds the inputs, then one slot per root, then the temps (at their offsets in one per-call arena), then
+    the error records of data-dependent index checks (per call, so concurrent realizes never see each other's).
+    """
 
     plan: Plan
-    srcs: list[str]
-    programs: list[Program]
-    temp_arrays: list[np.ndarray] | None = field(default=None)  # allocated on the first run, then reused
+    src: str
+    fn: Any  # the ctypes entry point (None for a plan without kernels)
+    n_in: int
+    names: tuple[str, ...]  # each kernel's function name in the plan's C
+
+    def __post_init__(self) -> None:
+        plan = self.plan
+        self.nbufs = self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err
+        self.ptr_array = ctypes.c_void_p * self.nbufs
+        self.fresh = tuple(r for r, o in enumerate(plan.outs) if not isinstance(o, Ref))  # roots a kernel writes
 
     @property
     def kernels(self) -> tuple[Kernel, ...]:
         return self.plan.kernels
 
+    def where(self, ref: Ref) -> int:
+        """The index in `bufs` of a kernel parameter."""
+        if ref.kind == "in":
+            return ref.i
+        if ref.kind == "out":
+            return self.n_in + ref.i
+        if ref.kind == "err":
+            return self.n_in + len(self.plan.outs) + len(self.plan.temps) + ref.i
+        return self.n_in + len(self.plan.outs) + ref.i
+
+
+@dataclass
+class Captured:
+    """One realize seen while capturing (uopc.jit.TinyJit): the plan, the BUFFERs it read, the BUFFERs it wrote
+    (per root), and what the caller says about each root (the Tensor layer: which tensor it was assigned to)."""
+
+    cp: CompiledPlan
+    inputs: list[UOp]
+    outs: list[UOp]
+    owners: list[Any] | None = None
+
+
+class _CaptureState(threading.local):
+    calls: list[Captured] | None = None  # per thread: a capture in one thread never sees another's realizes
+
+
+_capture = _CaptureState()
+
+
+class capture:
+    """`with capture() as calls:` records every realize of this thread into `calls` (a list of Captured)."""
+
+    def __enter__(self) -> list[Captured]:
+        if _capture.calls is not None:
+            raise RuntimeError("uopc: a capture is already running in this thread (nested TinyJit calls?)")
+        _capture.calls = []
+        return _capture.calls
+
+    def __exit__(self, *exc: Any) -> None:
+        _capture.calls = None
+
+
+def capturing() -> list[Captured] | None:
+    """The current thread's capture list, or None."""
+    return _capture.calls
+
+
+class _ProfileState(threading.local):
+    stats: dict[str, int] | None = None
+
+
+_profile = _ProfileState()
+
+
+class profile:
+    """`with profile() as p:` sums, over this thread's plan runs, the calls, the time inside the plan object
+    (`call_ns`) and the time its kernels' own timers measured (`kernel_ns`); the difference is launch overhead."""
+
+    def __enter__(self) -> dict[str, int]:
+        _profile.stats = {"calls": 0, "kernels": 0, "call_ns": 0, "kernel_ns": 0}
+        return _profile.stats
+
+    def __exit__(self, *exc: Any) -> None:
+        _profile.stats = None
+
 
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
+_plans_lock = threading.Lock()
+_building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one builder holds
+# called after every kernel run as hook(kernel, seconds) when set (uopc profile sets it)
+_kernel_hook: Callable[[Kernel, float], None] | None = None
+
+
+def set_kernel_hook(hook: Callable[[Kernel, float], None] | None) -> Callable[[Kernel, float], None] | None:
+    """Time every kernel and call `hook(kernel, seconds)` after it runs (None: stop). Returns the previous hook."""
+    global _kernel_hook
+    old, _kernel_hook = _kernel_hook, hook
+    return old
 
 
 def default_opt() -> Any:
@@ -57,14 +166,50 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any) -> tuple:
     return (skey, fuse_reduce, opt, helpers.CHECK_OOB)
 
 
-def compile_plan(plan: Plan) -> CompiledPlan:
-    """Render each kernel to C and compile it (each kernel is cached on disk by its source and flags)."""
-    srcs = [render_c(k.ast, k.name) for k in plan.kernels]
-    programs = [Program(src, k.name) for src, k in zip(srcs, plan.kernels, strict=True)]
+def compile_plan(plan: Plan, n_in: int) -> CompiledPlan:
+    """Render every kernel into one C translation unit with a `plan` entry point and compile it (one gcc run,
+    cached on disk by source and flags)."""
+    names = tuple(f"k{i}_{k.name}" for i, k in enumerate(plan.kernels))
+    cp = CompiledPlan(plan, "", None, n_in, names)
+    if not plan.kernels:
+        return cp
+    # a big plan (a training step: hundreds of kernels) is split into translation units that compile in parallel
+    srcs = render_plan(
+        [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)],
+        max_parts=min(os.cpu_count() or 1, _MAX_PARTS),
+        part_chars=_PART_CHARS,
+    )
+    cp.src = "\n".join(srcs)
     if helpers.DEBUG >= 4:
-        for src in srcs:
-            print(src)
-    return CompiledPlan(plan, srcs, programs)
+        print(cp.src)
+    ptr = ctypes.POINTER(ctypes.c_longlong)
+    cp.fn = Program(srcs[0] if len(srcs) == 1 else tuple(srcs), "plan").entry(
+        [ctypes.POINTER(ctypes.c_void_p), ptr, ptr]
+    )
+    return cp
+
+
+def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> CompiledPlan:
+    """The cached plan for `key`, else build it; threads racing for one key build it once (the others wait)."""
+    with _plans_lock:
+        cp = _plans.get(key)
+        if cp is not None:
+            _plans.move_to_end(key)
+            return cp
+        lock = _building.setdefault(key, threading.Lock())
+    with lock:
+        cp = _plans.get(key)
+        if cp is None:
+            if helpers.DEBUG >= 1 and (why := explain_miss(key)):
+                print(why)
+            plan, inputs = make_plan(roots, fuse_reduce, opt)
+            cp = compile_plan(plan, len(inputs))
+            with _plans_lock:
+                _plans[key] = cp
+                _building.pop(key, None)
+                while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
+                    _plans.popitem(last=False)
+    return cp
 
 
 def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> list[UOp]:
@@ -72,47 +217,127 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     uniq = list(dict.fromkeys(roots))
     t0 = time.perf_counter()
     skey, inputs = structure_key(uniq)
-    key = plan_key(skey, fuse_reduce, opt)
-    cp = _plans.get(key)
-    if cp is None:
-        cp = compile_plan(make_plan(uniq, fuse_reduce, opt)[0])
-        _plans[key] = cp
-        while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
-            _plans.popitem(last=False)
-    else:
-        _plans.move_to_end(key)
+    cp = _get_plan(plan_key(skey, fuse_reduce, opt), uniq, fuse_reduce, opt)
     t1 = time.perf_counter()
-    plan = cp.plan
-    if cp.temp_arrays is None:
-        cp.temp_arrays = [aligned_empty(n, d) for d, n in plan.temps]
-    # fresh outputs are fully written by their kernel: uninitialized, not zeros (no 4 MB memset per 1024^2 result)
-    outs: list[UOp] = []
-    for o in plan.outs:
-        if o[0] == "in":
-            outs.append(inputs[o[1]])
-        elif o[0] == "out":
-            outs.append(outs[o[1]])
-        else:
-            outs.append(output_buffer(o[0], o[1]))
-    arrays = {"in": [buffer_data(b) for b in inputs], "tmp": cp.temp_arrays, "out": [buffer_data(o) for o in outs]}
-    # error records of data-dependent index checks: per call, so concurrent realizes never see each other's
-    arrays["err"] = [np.zeros(ERROR_RECORD, np.int64) for _ in range(plan.n_err)]
-    for k, prg in zip(plan.kernels, cp.programs, strict=True):
-        args = [arrays[kind][i] for kind, i in k.refs]
-        ts = time.perf_counter()
-        prg(*args)
-        if helpers.DEBUG >= 2:
-            _print_kernel(k, prg, args, time.perf_counter() - ts)
-    if plan.n_err:
-        _raise_index_errors(plan, arrays["err"])
+    outs = run_plan(cp, inputs)
+    if _capture.calls is not None:
+        _capture.calls.append(Captured(cp, list(inputs), list(outs)))
     if helpers.DEBUG >= 1:
         t2 = time.perf_counter()
-        print(f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms")
+        plan = cp.plan
+        print(
+            f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms, "
+            f"temps {plan.temp_bytes} -> {plan.arena_bytes} bytes"
+        )
+    if len(uniq) == len(roots):
+        return outs
     by_root = dict(zip(uniq, outs, strict=True))
     return [by_root[r] for r in roots]
 
 
-def _raise_index_errors(plan: Plan, records: list[np.ndarray]) -> None:
+def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None = None) -> list[UOp]:
+    """Run a compiled plan on `inputs` (BUFFERs bound by position). Returns a BUFFER per root: fresh ones from the
+    pool, or the given `outs[r]` where not None (the plan writes into that storage)."""
+    plan = cp.plan
+    n_in = cp.n_in
+    ptrs = cp.ptr_array()
+    for i, b in enumerate(inputs):
+        ptrs[i] = buffer_ptr(b)
+    res: list[Any] = [None] * len(plan.outs)
+    for r in cp.fresh:
+        # fresh outputs are fully written by their kernel: uninitialized, not zeros
+        o = plan.outs[r]
+        u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o[0], o[1])
+        res[r] = u
+        ptrs[n_in + r] = buffer_ptr(u)
+    if len(cp.fresh) != len(res):  # roots that alias an input or an earlier root
+        for r, o in enumerate(plan.outs):
+            if isinstance(o, Ref):
+                res[r] = inputs[o.i] if o.kind == "in" else res[o.i]
+    if cp.fn is None:
+        return res
+    # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
+    arena = pool.alloc(plan.arena_bytes) if plan.temps else None
+    if arena is not None:
+        base, t = arena.addr, n_in + len(plan.outs)
+        for j, off in enumerate(plan.temp_offsets):
+            ptrs[t + j] = base + off
+    records = np.zeros((plan.n_err, ERROR_RECORD), np.int64) if plan.n_err else None
+    if records is not None:
+        base, t = records.ctypes.data, n_in + len(plan.outs) + len(plan.temps)
+        for j in range(plan.n_err):
+            ptrs[t + j] = base + j * ERROR_RECORD * 8
+    prof = _profile.stats
+    hook = _kernel_hook
+    timed = helpers.DEBUG >= 2 or prof is not None or hook is not None
+    ns = (ctypes.c_longlong * len(plan.kernels))() if timed else None
+    err = (ctypes.c_longlong * _ERR_WORDS)() if helpers.CHECK_OOB else None
+    try:
+        ensure_threads()
+        tc = time.perf_counter_ns()
+        cp.fn(ptrs, ns, err)
+        if prof is not None:
+            prof["calls"] += 1
+            prof["call_ns"] += time.perf_counter_ns() - tc
+            prof["kernel_ns"] += sum(ns)
+            prof["kernels"] += len(plan.kernels)
+        if ns is not None and hook is not None:
+            for k, t in zip(plan.kernels, ns, strict=True):
+                hook(k, t * 1e-9)
+        if ns is not None and helpers.DEBUG >= 2:
+            _print_kernels(cp, ptrs, ns)
+    finally:
+        if arena is not None:
+            pool.free(arena)
+    if records is not None:
+        _raise_index_errors(plan, records)
+    if err is not None and err[0]:
+        k = plan.kernels[err[4]]
+        slot, idx, size = err[1], err[2], err[3]
+        raise IndexError(
+            f"uopc: out-of-bounds access in kernel {k.name}: data{slot}[{idx}], "
+            f"but data{slot} has {size} elements (valid indices 0..{size - 1})"
+        )
+    return res
+
+
+def inplace_ok(cp: CompiledPlan, r: int, i: int | None) -> bool:
+    """Whether root `r` may be written into the storage of input `i` (None: an input the plan does not read):
+    every read of the input's old value comes before the first kernel that writes the root, or is in that kernel
+    at exactly the element it stores (an elementwise update p - lr * g)."""
+    plan = cp.plan
+    if isinstance(plan.outs[r], Ref):
+        return False  # an alias of an input or of another root: nothing is written for it
+    if i is None:
+        return True
+    out, src = Ref("out", r), Ref("in", i)
+    w0 = next(w for w, k in enumerate(plan.kernels) if out in k.refs)
+    for w, k in enumerate(plan.kernels):
+        if src in k.refs and (w > w0 or (w == w0 and not _same_element(k, src, out))):
+            return False
+    return True
+
+
+def _same_element(k: Kernel, src: Ref, out: Ref) -> bool:
+    """In kernel `k`, every load of `src` reads the element the store it feeds writes to `out`, ungated."""
+    slots = sorted({b.arg.slot for b in k.ast.toposort() if b.op is Ops.BUFFER})
+    slot_of = dict(zip(k.refs, slots, strict=True))
+    s_in, s_out = slot_of[src], slot_of[out]
+    fed: set[UOp] = set()
+    for st in (u for u in k.ast.toposort() if u.op is Ops.STORE):
+        idx = st.src[0]
+        if idx.src[0].op is not Ops.BUFFER or idx.src[0].arg.slot != s_out:
+            continue
+        for ld in st.src[1].toposort():
+            if ld.op is Ops.LOAD and ld.src[0].src[0].op is Ops.BUFFER and ld.src[0].src[0].arg.slot == s_in:
+                if len(ld.src[0].src) != 2 or ld.src[0].src[1] is not idx.src[1] or len(idx.src) != 2:
+                    return False
+                fed.add(ld)
+    loads = [u for u in k.ast.toposort() if u.op is Ops.LOAD and u.src[0].src[0].op is Ops.BUFFER]
+    return all(ld in fed for ld in loads if ld.src[0].src[0].arg.slot == s_in)
+
+
+def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
     """After a run: raise IndexError for the first kernel whose data-dependent index check failed."""
     for k in plan.kernels:
         rec = next((records[i] for kind, i in k.refs if kind == "err"), None)
@@ -124,12 +349,72 @@ def _raise_index_errors(plan: Plan, records: list[np.ndarray]) -> None:
             )
 
 
-def _print_kernel(k: Kernel, prg: Program, args: list[np.ndarray], dt: float) -> None:
-    extra = ""
-    if helpers.DEBUG >= 3:  # run again: warm caches, no first-touch page faults
-        ts = time.perf_counter()
-        prg(*args)
-        extra = f"  (again: {(time.perf_counter() - ts) * 1e3:.3f} ms)"
-        if k.opts is not None:
-            extra += f"  {k.opts}"
-    print(f"  {k.name:30s} {dt * 1e3:8.3f} ms  {k.flops / max(dt, 1e-9) / 1e9:7.2f} GFLOP/s{extra}")
+def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any) -> None:
+    """DEBUG>=2: one line per kernel from the plan's own timers; DEBUG>=3 runs the plan again (warm caches, no
+    first-touch page faults) unless it writes into one of its inputs."""
+    again = None
+    in_place = any(o[0] == "in" for o in cp.plan.outs) or any(r.kind == "in" for k in cp.kernels for r in k.refs[-1:])
+    if helpers.DEBUG >= 3 and not in_place:
+        again = (ctypes.c_longlong * len(cp.kernels))()
+        cp.fn(ptrs, again, (ctypes.c_longlong * _ERR_WORDS)())
+    for i, k in enumerate(cp.kernels):
+        dt = max(ns[i] * 1e-9, 1e-9)
+        extra = ""
+        if again is not None:
+            extra = f"  (again: {again[i] * 1e-6:.3f} ms)"
+            if k.opts is not None:
+                extra += f"  {k.opts}"
+        print(
+            f"  {k.name:24s} {dt * 1e3:8.3f} ms  {k.flops / dt / 1e9:7.2f} GFLOP/s  {k.nbytes / dt / 1e9:7.2f} GB/s  "
+            f"{k.op}{extra}"
+        )
+
+
+def _arg(arg: Any) -> str:
+    """A structure-key arg as the user wrote it (floats are keyed by their hex form)."""
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is float:
+        return f"{float.fromhex(arg[1]):.6g}"
+    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is bool:
+        return repr(arg[1])
+    return repr(arg)
+
+
+def _describe(node: tuple) -> str:
+    op, dtype, arg, _ = node
+    if op is Ops.BUFFER:
+        return f"BUFFER {arg[1]}[{', '.join(map(str, arg[2]))}]"
+    return f"{op.name} {_arg(arg)}" if op is Ops.CONST else f"{op.name} {dtype.name} {_arg(arg)}"
+
+
+def explain_miss(key: tuple, limit: int = 256) -> str | None:
+    """Why a plan-cache miss missed, in words: the closest cached structure of the same size and where it differs.
+
+    Only the `limit` most recently used plans are compared (a miss is rare in a steady loop, so this is cheap).
+    """
+    skey = key[0]
+    best, best_same = None, -1
+    with _plans_lock:
+        recent = list(reversed(_plans))[:limit]
+    for other in recent:
+        if other[1:] != key[1:] or len(other[0]) != len(skey):
+            continue
+        same = sum(a == b for a, b in zip(skey, other[0], strict=True))
+        if same > best_same:
+            best, best_same = other[0], same
+    if best is None:
+        return None
+    i = next(j for j, (a, b) in enumerate(zip(skey, best, strict=True)) if a != b)
+    new, old = skey[i], best[i]
+    ndiff = len(skey) - best_same
+    where = f"at node {i} of {len(skey)} ({ndiff} node{'s differ' if ndiff != 1 else ' differs'})"
+    if new[0] is Ops.CONST and old[0] is Ops.CONST and new[1] == old[1]:
+        kind = "float" if isinstance(new[2], tuple) and new[2][:1] == (float,) else "number"
+        what = f"CONST {_arg(new[2])} (was {_arg(old[2])}) {where}: a Python {kind} that changes every step: "
+        what += "pass it as a Tensor"
+    elif new[0] is Ops.BUFFER and old[0] is Ops.BUFFER:
+        what = f"{_describe(new)} (was {_describe(old)}) {where}: an input of another shape or dtype"
+    elif new[0] is old[0] and new[1] == old[1] and new[3] == old[3]:
+        what = f"{_describe(new)} (was {_arg(old[2])}) {where}: the same op with another argument (shape, axis)"
+    else:
+        what = f"{_describe(new)} (was {_describe(old)}) {where}: a different computation"
+    return f"realize: plan cache miss; the closest cached plan differs first at {what}"

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.linearize import Linearized, Loop, linearize
+from uopc.render_math import F32_BITS, F32_MATH
 from uopc.uop import ALU, AxisType, Ops, UOp
 
 PRELUDE = """#include <math.h>
@@ -64,12 +65,13 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
   return 0;
 }
 """
-# a vector access checks its whole span [i, i+w)
-_OOB_CHECK_VEC = """static inline long long uopc_chkv(long long i, long long w, long long n, long long slot) {
+# a vector access checks its whole span [i, i+w); uopc_oob is the global above, or in a plan the kernel's parameter
+_OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long i, long long w, long long n, long long s) {
   if (i >= 0 && i + w <= n) return i;
-  if (!uopc_oob[0]) { uopc_oob[1] = slot; uopc_oob[2] = i < 0 ? i : i + w - 1; uopc_oob[3] = n; uopc_oob[0] = 1; }
+  if (!oob[0]) { oob[1] = s; oob[2] = i < 0 ? i : i + w - 1; oob[3] = n; oob[0] = 1; }
   return 0;
 }
+#define uopc_chkv(i, w, n, slot) uopc_chkv_(uopc_oob, i, w, n, slot)
 """
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
@@ -141,6 +143,8 @@ class CRenderer:
         if u.op not in ALU:
             return False
         users = self.lin.users[u]
+        if any(x.op is Ops.MAX and x.dtype.is_float for x in users):  # a float max writes its first operand 3 times
+            return True
         return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
 
     def expr(self, u: UOp) -> str:
@@ -175,14 +179,45 @@ class CRenderer:
         base = buf
         while base.op is Ops.AFTER:
             base = base.src[0]
-        if base.op is Ops.ALLOC:
-            size = base.arg[1]
-            return self.names[base] if size == 1 else f"{self.names[base]}[{self.expr(i)}]"
-        if idx.dtype.count > 1:
+        if idx.dtype.count > 1 and base.op is Ops.BUFFER:
             return self.vector_address(idx, base)
+        return self.ref(base, self.expr(i))
+
+    def ref(self, base: UOp, i: str) -> str:
+        """The C lvalue of element `i` (a C expression) of an ALLOC or BUFFER."""
+        if base.op is Ops.ALLOC:
+            return self.names[base] if base.arg[1] == 1 else f"{self.names[base]}[{i}]"
         if self.check_oob:
-            return f"data{base.arg.slot}[uopc_chk({self.expr(i)}, {base.arg.shape[0]}, {base.arg.slot})]"
-        return f"data{base.arg.slot}[{self.expr(i)}]"
+            return f"data{base.arg.slot}[uopc_chk({i}, {base.arg.shape[0]}, {base.arg.slot})]"
+        return f"data{base.arg.slot}[{i}]"
+
+    def gated_load(self, u: UOp, ind: str) -> None:
+        """A PAD load: read at the index clamped into the buffer (never out of range), then select it or 0 by the
+        gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
+        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test)."""
+        buf, i, gate = u.src[0].src
+        base = buf
+        while base.op is Ops.AFTER:
+            base = base.src[0]
+        zero = render_const(0, u.dtype)
+        n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
+        if n == 0:  # a padded empty buffer: every element is padding
+            self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {zero};")
+            return
+        ie = self.expr(i)
+        if i.vmin < 0 or i.vmax > n - 1:
+            if i not in self.names and i.op is not Ops.CONST:  # the index is used up to three times
+                self.n += 1
+                self.lines.append(f"{ind}{i.dtype.cname} alu{self.n} = {ie};")
+                ie = f"alu{self.n}"
+            if i.vmin < 0:
+                ie = f"({ie}<0?0:{ie})"
+            if i.vmax > n - 1:
+                ie = f"({ie}>{n - 1}?{n - 1}:{ie})"
+        self.n += 1
+        raw = f"val{self.n}"
+        self.lines.append(f"{ind}{u.dtype.cname} {raw} = {self.ref(base, ie)};")
+        self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = ({self.expr(gate)}?{raw}:{zero});")
 
     def vector_address(self, idx: UOp, buf: UOp) -> str:
         """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
@@ -198,11 +233,11 @@ class CRenderer:
         op = u.op
         if op is Ops.LOAD:
             idx = u.src[0]
-            ref = self.address(idx)
-            if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
-                ref = f"({self.expr(idx.src[2])}?{ref}:{render_const(0, u.dtype)})"
+            if len(idx.src) > 2:
+                self.gated_load(u, ind)
+                return
             name = self.var(u, "val")
-            self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {self.address(idx)};")
         elif op is Ops.STORE:
             self.lines.append(f"{ind}{self.address(u.src[0])} = {self.expr(u.src[1])};")
         elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
@@ -253,7 +288,7 @@ _BOOL_INFIX = {Ops.ADD: "|", Ops.MUL: "&"}
 def _max(r: CRenderer, u: UOp) -> str:
     a, b = r.expr(u.src[0]), r.expr(u.src[1])
     if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
-        return f"((({a}>{b})||({a}!={a}))?{a}:{b})"
+        return f"((({a}>{b})|({a}!={a}))?{a}:{b})"  # `|`, not `||`: no branch for gcc to keep
     return f"(({a}>{b})?{a}:{b})"
 
 
@@ -268,19 +303,25 @@ def _multiple_of(i: UOp, w: int) -> bool:
     return False
 
 
-def _vector_typedefs(ast: UOp) -> str:
-    """gcc vector types for every vector dtype the kernel uses: `float16` (64-byte aligned) and `float16_u`."""
-    out = []
-    vts = {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}
-    for vt in sorted(vts, key=lambda d: d.cname):
+def _vector_typedefs(ast: UOp) -> dict[str, str]:
+    """gcc vector types for every vector dtype the kernel uses: `float16` (64-byte aligned) and `float16_u`, keyed
+    like the other helpers (a plan's kernels share one definition; "!" sorts them before the helpers using them)."""
+    out = {}
+    for vt in {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}:
         sc, size = vt.scalar(), vt.itemsize
-        out.append(f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));")
-        out.append(f"typedef {sc.cname} {vt.cname}_u __attribute__((vector_size({size}), aligned({sc.itemsize})));")
-    return "".join(x + "\n" for x in out)
+        out[f"!vt {vt.cname}"] = (
+            f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));\n"
+            f"typedef {sc.cname} {vt.cname}_u __attribute__((vector_size({size}), aligned({sc.itemsize})));\n"
+        )
+    return out
 
 
 def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
+    if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
+        f, code = F32_MATH[u.op]
+        r.helpers["f32math"] = F32_BITS
+        r.helpers[f] = code
     if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
         return f"((_Float16){f}((float){r.expr(u.src[0])}))"
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
@@ -315,13 +356,88 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
 CRenderer.code_for_op = code_for_op
 
 
-def render_c(ast: UOp, name: str) -> str:
-    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
+def _render_function(ast: UOp, name: str, extra_param: str = "") -> tuple[dict[str, str], str, list[UOp]]:
+    """One kernel's helper definitions (keyed for deduplication), its C function, and its BUFFERs by slot."""
     lin = linearize(ast)
     r = CRenderer(lin, name)
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
-    params = ", ".join(f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs)
-    head = PRELUDE + _vector_typedefs(ast) + "".join(r.helpers[k] for k in sorted(r.helpers))
-    return head + f"\nvoid {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n"
+    r.helpers.update(_vector_typedefs(ast))
+    params = ", ".join(
+        [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
+    )
+    return r.helpers, f"void {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n", bufs
+
+
+def render_c(ast: UOp, name: str) -> str:
+    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
+    hs, fn, _ = _render_function(ast, name)
+    return PRELUDE + "".join(hs[k] for k in sorted(hs)) + "\n" + fn
+
+
+# in a plan the bounds check records into the calling plan's own error array (per call, so threads never mix
+# their reports): each kernel gets it as a parameter named uopc_oob, and the macro passes it on
+_PLAN_OOB_CHECK = """static inline long long uopc_chk_(long long* oob, long long i, long long n, long long slot) {
+  if (i >= 0 && i < n) return i;
+  if (!oob[0]) { oob[1] = slot; oob[2] = i; oob[3] = n; oob[0] = 1; }
+  return 0;
+}
+#define uopc_chk(i, n, slot) uopc_chk_(uopc_oob, i, n, slot)
+"""
+_PLAN_TIMER = """static inline long long uopc_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+"""
+
+
+def render_plan(
+    kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", max_parts: int = 1, part_chars: int = 100_000
+) -> list[str]:
+    """All kernels of a plan, plus `void entry(void** bufs, long long* ns, long long* err)` that runs them in
+    order, as C translation units of at least `part_chars` characters of kernels, at most `max_parts` of them
+    (compiled in parallel and linked; the last holds the entry point).
+    Each kernel is (ast, name unique in the plan, index into bufs of each parameter).
+
+    `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
+    (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
+    """
+    check = bool(helpers.CHECK_OOB)
+    rendered, calls = [], []
+    for i, (ast, name, where) in enumerate(kernels):
+        khs, fn, bufs = _render_function(ast, name, "long long* restrict uopc_oob" if check else "")
+        rendered.append((khs, fn))
+        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
+        calls.append(f"  {name}({', '.join(args)});")
+        calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
+        if check:
+            calls.append(f"  if (err[0]) {{ err[4] = {i}; return; }}")
+    # contiguous groups of about equal source size; a kernel outside the entry's unit is declared there
+    total, groups, size = sum(len(fn) for _, fn in rendered), [[]], 0
+    parts = max(1, min(max_parts, total // part_chars))
+    for k in rendered:
+        if size >= total * len(groups) / max(1, parts) and len(groups) < parts:
+            groups.append([])
+        groups[-1].append(k)
+        size += len(k[1])
+    srcs = []
+    for gi, group in enumerate(groups):
+        last = gi == len(groups) - 1
+        hs: dict[str, str] = {}
+        for khs, _ in group:
+            hs.update(khs)
+        if check:
+            hs["~oob"] = _PLAN_OOB_CHECK
+        fns = [("static " if last else "") + fn for _, fn in group]
+        head = PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER
+        if not last:
+            srcs.append(head + "\n" + "\n".join(fns))
+            continue
+        decls = [fn.split(" {", 1)[0] + ";" for g in groups[:-1] for _, fn in g]
+        body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
+        srcs.append(
+            head + "\n" + "".join(d + "\n" for d in decls) + "\n".join(fns) + "\n" + body + "\n".join(calls) + "\n}\n"
+        )
+    return srcs

@@ -7,13 +7,15 @@
     prg(a)  # a == [1, 1, 1, 1]
 
 Compiled objects live in `helpers.cache_dir()` as `<key>.so` + `<key>.json` (size and sha256 of the .so); an entry
-that fails that check is rebuilt silently. OpenMP threads are set with `set_num_threads`.
+that fails that check is rebuilt silently. A hit touches the entry's mtime; past UOPC_CACHE_MAX_MB the least recently
+used entries are deleted (under a lock file, see `evict`). OpenMP threads are set with `set_num_threads`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import hashlib
 import json
 import os
@@ -38,6 +40,9 @@ __all__ = [
     "CompileError",
     "CompilerNotFoundError",
     "Program",
+    "ensure_threads",
+    "entry_ok",
+    "evict",
     "get_num_threads",
     "set_num_threads",
     "stats",
@@ -54,11 +59,12 @@ _DEFAULT_CFLAGS = [
     "-fassociative-math",
     "-fno-signed-zeros",
     "-fno-trapping-math",
-    "-fno-tree-loop-if-convert",
+    "-fno-math-errno",
 ]
-# -fno-tree-loop-if-convert: gcc 12.2's if-conversion + loop vectorization miscompiles a guarded (PAD) load in
-# a reduce nested under an invariant loop (tests/backend/test_lowering.py, padded window sum); GEMM inner loops
-# have no conditionals, so this costs them nothing.
+# -fno-math-errno: sqrtf never sets errno for us to read, so gcc may emit vsqrtps instead of a call per element; it
+# changes no result (NaN and inf are as before).
+# If-conversion stays on (every `?:` vectorizes): gcc 12.2 miscompiled a conditional PAD load in a reduce under an
+# invariant loop, so the renderer makes every load unconditional at a clamped index and gates only the value.
 # -ffast-math is deliberately absent: it implies -ffinite-math-only, which lets gcc drop the NaN/inf handling
 # that reductions and comparisons in generated code rely on.
 CFLAGS: list[str] = helpers.CFLAGS_ENV.split() if helpers.CFLAGS_ENV else list(_DEFAULT_CFLAGS)
@@ -159,7 +165,7 @@ def _command(cc_path: str, flags: list[str], out: str, src_file: str = "-") -> l
     return [cc_path, *flags, *_FIXED_FLAGS, "-o", out, *lang, src_file, *_LIBS]
 
 
-def _cache_key(src: str, cc_path: str, flags: list[str]) -> str:
+def _cache_key(src: str | tuple[str, ...], cc_path: str, flags: list[str]) -> str:
     """sha256 over the format version, compiler path and version, every flag (fixed ones included) and the source."""
     h = hashlib.sha256()
     parts = [f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *_command(cc_path, flags, "")]
@@ -168,7 +174,12 @@ def _cache_key(src: str, cc_path: str, flags: list[str]) -> str:
     for p in parts:
         # length-prefix every part so ("ab", "c") and ("a", "bc") cannot collide
         h.update(f"{len(p)}:".encode() + p.encode() + b"\0")
-    h.update(src.encode())
+    if isinstance(src, tuple):  # translation units of one object: each length-prefixed, after a marker
+        h.update(b"uopc-parts\0")
+        for p in src:
+            h.update(f"{len(p)}:".encode() + p.encode())
+    else:
+        h.update(src.encode())
     return h.hexdigest()
 
 
@@ -242,6 +253,11 @@ def _entry_ok(so_path: str, json_path: str) -> bool:
         return False
 
 
+def entry_ok(so_path: str, json_path: str) -> bool:
+    """Whether a cache entry's .so matches its json (size, then sha256), without loading it."""
+    return _entry_ok(so_path, json_path)
+
+
 def _save_failed_source(cache: str, key: str, src: str) -> str | None:
     """Keep the source of a failed compile under <cache>/failed/ so the user can rerun the compiler on it."""
     try:
@@ -254,34 +270,74 @@ def _save_failed_source(cache: str, key: str, src: str) -> str | None:
         return None  # reporting the compile error matters more than saving the copy
 
 
-def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> str:
-    """Run the compiler into a temp file, then move the .so and its json into place; return the .so path."""
-    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmpdir:
-        tmp = os.path.join(tmpdir, "k.so")
-        cmd = _command(cc_path, flags, tmp)
+def _compile_error(
+    rc: int, cmd: list[str], stderr: str, src: str, cc_path: str, flags: list[str], cache: str, key: str
+):
+    c_path = _save_failed_source(cache, key, src)
+    where = (
+        f"source saved to {c_path}; reproduce with:\n  "
+        + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
+        if c_path
+        else "(could not save the failing source)"
+    )
+    return CompileError(
+        f"uopc: C compiler failed (exit {rc})\ncommand: {shlex.join(cmd)}\n{stderr.rstrip()}\n{where}",
+        cmd,
+        stderr,
+        src,
+        c_path,
+    )
+
+
+def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str, tmpdir: str) -> str:
+    """Compile each translation unit to an object file, all at once (one compiler process per core), then link."""
+    procs, objs = [], []
+    for i, src in enumerate(srcs):
+        c_file, obj = os.path.join(tmpdir, f"part{i}.c"), os.path.join(tmpdir, f"part{i}.o")
+        with open(c_file, "w") as f:
+            f.write(src)
+        cmd = [cc_path, *flags, "-fPIC", "-c", "-o", obj, c_file]
         try:
-            proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
+            procs.append((cmd, src, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
         except OSError as e:
             raise _not_found(cc_path, f"could not be executed ({e})") from e
+        objs.append(obj)
+    failed = None
+    for cmd, src, proc in procs:
+        stderr = proc.communicate()[1].decode(errors="replace")
         stats["compiles"] += 1
-        stderr = proc.stderr.decode(errors="replace")
-        if proc.returncode != 0:
-            c_path = _save_failed_source(cache, key, src)
-            where = (
-                f"source saved to {c_path}; reproduce with:\n  "
-                + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
-                if c_path
-                else "(could not save the failing source)"
-            )
-            raise CompileError(
-                f"uopc: C compiler failed (exit {proc.returncode})\ncommand: {shlex.join(cmd)}\n"
-                f"{stderr.rstrip()}\n{where}",
-                cmd,
-                stderr,
-                src,
-                c_path,
-            )
+        if proc.returncode != 0 and failed is None:
+            failed = _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
+    if failed is not None:
+        raise failed
+    tmp = os.path.join(tmpdir, "k.so")
+    cmd = [cc_path, *flags, *_FIXED_FLAGS, "-o", tmp, *objs, *_LIBS]
+    proc = subprocess.run(cmd, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise _compile_error(proc.returncode, cmd, proc.stderr.decode(errors="replace"), "", cc_path, flags, cache, key)
+    return tmp
+
+
+def _compile(src: str | tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str) -> str:
+    """Run the compiler into a temp file, then move the .so and its json into place; return the .so path.
+
+    A tuple of sources is several translation units of one object (a big plan), compiled in parallel and linked.
+    """
+    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmpdir:
+        if isinstance(src, tuple):
+            tmp = _build_parts(src, cc_path, flags, cache, key, tmpdir)
+        else:
+            tmp = os.path.join(tmpdir, "k.so")
+            cmd = _command(cc_path, flags, tmp)
+            try:
+                proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
+            except OSError as e:
+                raise _not_found(cc_path, f"could not be executed ({e})") from e
+            stats["compiles"] += 1
+            if proc.returncode != 0:
+                stderr = proc.stderr.decode(errors="replace")
+                raise _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
         with open(tmp, "rb") as f:
             data = f.read()
     atomic_write(so_path, data, mode=0o700)
@@ -291,19 +347,60 @@ def _compile(src: str, cc_path: str, flags: list[str], cache: str, key: str) -> 
     return so_path
 
 
-def _compile_cached(src: str, cc_path: str, flags: list[str], key: str) -> str:
+def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], key: str) -> str:
     """Path of a verified .so for `src` in the cache directory, compiling or rebuilding it if needed."""
     cache = _check_cache_dir(helpers.cache_dir())
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
     if _entry_ok(so_path, json_path):
         stats["disk_hits"] += 1
+        try:
+            os.utime(so_path)  # the mtime is the entry's last use: eviction goes oldest first
+        except OSError:
+            pass
         return so_path
     if os.path.exists(so_path) or os.path.exists(json_path):
         stats["rebuilds"] += 1  # missing, truncated or altered entry: recompile over it
-    return _compile(src, cc_path, flags, cache, key)
+    so_path = _compile(src, cc_path, flags, cache, key)
+    evict(cache, keep=so_path)
+    return so_path
 
 
-def _resolve(src: str) -> tuple[str, list[str], str]:
+def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> int:
+    """Delete least recently used kernel entries until the cache's .so + .json files fit `max_bytes`
+    (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many entries were deleted.
+
+    Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
+    load is safe: a loaded .so stays mapped after unlink, and a load that finds it gone rebuilds it.
+    """
+    cap = helpers.CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
+    if cap <= 0:
+        return 0
+    with open(os.path.join(cache, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        entries, total = [], 0
+        for entry in os.scandir(cache):
+            if not entry.name.endswith(".so") or not entry.is_file(follow_symlinks=False):
+                continue
+            json_path = entry.path[:-3] + ".json"
+            try:
+                size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
+                entries.append((entry.stat().st_mtime, entry.path, size))
+            except OSError:
+                continue  # deleted meanwhile by a process that does not take the lock (clear)
+            total += size
+        n = 0
+        for _, so_path, size in sorted(entries):
+            if total <= cap:
+                break
+            if so_path == keep:
+                continue
+            _unlink_quiet(so_path[:-3] + ".json")  # json first: a .so without its json is never trusted
+            _unlink_quiet(so_path)
+            total, n = total - size, n + 1
+        return n
+
+
+def _resolve(src: str | tuple[str, ...]) -> tuple[str, list[str], str]:
     """Compiler path, flags and cache key for `src`; CC and CFLAGS are read now so they can change at run time."""
     cc_path, flags = _resolve_compiler(), list(CFLAGS)
     return cc_path, flags, _cache_key(src, cc_path, flags)
@@ -338,7 +435,7 @@ def _clear_memory_cache() -> None:
     _good_dirs.clear()
 
 
-def _load(src: str) -> tuple[ctypes.CDLL, str]:
+def _load(src: str | tuple[str, ...]) -> tuple[ctypes.CDLL, str]:
     """The loaded library for `src`: from memory, else from the disk cache, else freshly compiled."""
     cc_path, flags, key = _resolve(src)
     mkey = (helpers.cache_dir(), key)
@@ -366,9 +463,10 @@ def _load(src: str) -> tuple[ctypes.CDLL, str]:
 class Program:
     """A compiled C function; call it with C-contiguous NumPy arrays, each passed as a pointer to its data."""
 
-    def __init__(self, src: str, name: str):
+    def __init__(self, src: str | tuple[str, ...], name: str):
         self.src, self.name = src, name
         lib, self.lib_path = _load(src)
+        self._lib = lib
         try:
             # lib[name] is a fresh function pointer, so this Program's argtypes never affect another's
             self._fn: Any = lib[name]
@@ -385,6 +483,13 @@ class Program:
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {self.lib_path!r})"
+
+    def entry(self, argtypes: list[Any]) -> Any:
+        """A fresh ctypes function for this program's symbol with `argtypes`, for callers that pass raw pointers
+        (a plan passes one array of buffer pointers); call `ensure_threads()` before calling it."""
+        fn = self._lib[self.name]
+        fn.argtypes, fn.restype = argtypes, None
+        return fn
 
     def __call__(self, *args: np.ndarray) -> None:
         """Run the kernel on `args` (C-contiguous ndarrays)."""
@@ -474,6 +579,12 @@ def _apply_threads() -> None:
     if n > 1:
         _ran_parallel = True  # libgomp only starts its pool for regions with more than one thread
     _tls.applied = n
+
+
+def ensure_threads() -> None:
+    """Give the calling OS thread the target OpenMP thread count, if it does not have it yet."""
+    if _tls.applied != _target:
+        _apply_threads()
 
 
 def set_num_threads(n: int) -> None:

@@ -5,8 +5,11 @@ A node is materialized (computed by its own kernel into a buffer) if it is a roo
 between materialization points fuses into the kernel of its nearest materialized consumer.
 
     softmax(x (4, 8))   ->   r_4   [in 0]               -> tmp 0   (row max)
-                             r_4   [in 0, tmp 0]        -> tmp 1   (row sum of exp(x - max))
+                             r_4n1 [in 0, tmp 0]        -> tmp 1   (row sum of exp(x - max))
                              e_4_8 [in 0, tmp 0, tmp 1] -> out 0
+
+Two different kernels of one plan never share a name: a later one whose shape name is taken gets a suffix n1, n2..
+(identical kernels keep one name, so they share one C source and one compile).
 
 A Plan holds no UOps of the user's graph: kernels refer to buffers as Ref("in", i), Ref("tmp", j) or
 Ref("out", r), so one plan runs any inputs of the same structure (uopc.realize caches plans by structure).
@@ -14,7 +17,7 @@ Ref("out", r), so one plan runs any inputs of the same structure (uopc.realize c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from uopc.dtype import DType
@@ -23,7 +26,7 @@ from uopc.rangeify import checks_of, lower, lower_scatter
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base
 
-__all__ = ["Kernel", "Plan", "Ref", "make_plan", "stage_broadcast_compute", "strip_detach"]
+__all__ = ["Kernel", "Plan", "Ref", "make_plan", "plan_memory", "stage_broadcast_compute", "strip_detach"]
 
 
 class Ref(NamedTuple):
@@ -46,6 +49,8 @@ class Kernel:
     flops: int = 0
     opts: Any = None  # the Opts it was lowered with (printed at DEBUG>=3)
     checks: tuple[str, ...] = ()  # labels of its data-dependent index checks (GATHERs), by their number
+    nbytes: int = 0  # bytes it must move: every buffer it reads, once, plus its output
+    op: str = ""  # the Tensor-level operation it computes, derived from the graph ("sum", "matmul", "exp2 mul ...")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,57 @@ class Plan:
     temps: tuple[tuple[DType, int], ...]  # (dtype, elements) per temp
     outs: tuple[Any, ...]  # per root: a Ref("in"|"out") alias, or (dtype, elements) for a fresh buffer
     n_err: int = 0  # error records (one per kernel with index checks), zeroed before each run, read after
+    temp_offsets: tuple[int, ...] = ()  # byte offset of each temp in the one arena the temps share
+    arena_bytes: int = 0  # size of that arena (the memory planner's result)
+
+    @property
+    def temp_bytes(self) -> int:
+        """What the temps would take without sharing (each in its own array)."""
+        return sum(_padded(n * d.itemsize) for d, n in self.temps)
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64  # every temp starts on a cache line
+
+
+def plan_memory(kernels: list[Kernel], temps: list[tuple[DType, int]]) -> tuple[tuple[int, ...], int]:
+    """Place the temps in one arena: temps whose live ranges (first to last kernel using them) do not overlap
+    share storage. Returns each temp's byte offset and the arena size.
+
+    Ranges are inclusive: a kernel that reads one temp for the last time never writes another temp over it.
+    """
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for ki, k in enumerate(kernels):
+        for ref in k.refs:
+            if ref.kind == "tmp":
+                first.setdefault(ref.i, ki)
+                last[ref.i] = ki
+    slots: list[list[int]] = []  # [bytes, last kernel using it]
+    slot_of: list[int] = []
+    for t in sorted(range(len(temps)), key=lambda t: (first.get(t, -1), t)):
+        need = _padded(temps[t][1] * temps[t][0].itemsize)
+        start = first.get(t, -1)
+        free = [i for i, sl in enumerate(slots) if sl[1] < start]
+        fits = [i for i in free if slots[i][0] >= need]
+        if fits:  # the smallest free slot that fits, else grow the largest free one
+            i = min(fits, key=lambda i: slots[i][0])
+        elif free:
+            i = max(free, key=lambda i: slots[i][0])
+            slots[i][0] = need
+        else:
+            i = len(slots)
+            slots.append([need, 0])
+        slots[i][1] = last.get(t, start)
+        slot_of.append((t, i))
+    base_of, pos = [], 0
+    for sz, _ in slots:
+        base_of.append(pos)
+        pos += sz
+    offsets = [0] * len(temps)
+    for t, i in slot_of:
+        offsets[t] = base_of[i]
+    return tuple(offsets), pos
 
 
 def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
@@ -111,6 +167,49 @@ def kernel_name(body: UOp) -> str:
     return ("r_" if red else "e_") + "_".join(map(str, body.shape or (1,)))
 
 
+def kernel_op(body: UOp) -> str:
+    """A short description of what a kernel computes: the reduction (sum, max, matmul) and the elementwise ops."""
+    topo = body.toposort()
+    alu = list(dict.fromkeys(x.op.name.lower() for x in topo if x.op in ALU and x.op is not Ops.CAST))
+    red = [x for x in topo if x.op is Ops.REDUCE]
+    if not red:
+        return "elementwise " + " ".join(alu[:4]) + (" ..." if len(alu) > 4 else "") if alu else "copy"
+    r = red[-1]
+    src = r.src[0]
+    while src.op is Ops.CAST:
+        src = src.src[0]
+    # a sum of products of two broadcast operands is a contraction: the matmul of Tensor.__matmul__ / dot
+    contraction = r.arg[0] is Ops.ADD and src.op is Ops.MUL and all(_broadcast(s) for s in src.src)
+    what = "matmul" if contraction else {Ops.ADD: "sum", Ops.MAX: "max"}.get(r.arg[0], str(r.arg[0]))
+    inner = [a for a in alu if not (contraction and a in ("mul", "add"))]
+    return what + (f" ({' '.join(inner[:3])}{' ...' if len(inner) > 3 else ''})" if inner else "")
+
+
+def _broadcast(u: UOp) -> bool:
+    """Whether `u` reads buffers and every one is smaller than `u`: its values are broadcast (a matmul operand)."""
+    sizes = [prod(b.arg.shape) for b in u.toposort() if b.op is Ops.BUFFER]
+    return bool(sizes) and max(sizes) < prod(u.shape)
+
+
+def _nbytes(bufs: list[UOp], out: UOp) -> int:
+    """Bytes a kernel must move at least: each buffer it reads once, and its output once."""
+    return sum(prod(b.arg.shape) * b.dtype.itemsize for b in (*bufs, out))
+
+
+def _unique_names(names: list[str], asts: list[UOp]) -> list[str]:
+    """Suffix n1, n2 .. onto a name already used by a different kernel; identical ASTs keep one name."""
+    seen: dict[str, list[UOp]] = {}
+    out = []
+    for name, ast in zip(names, asts, strict=True):
+        taken = seen.setdefault(name, [])
+        i = next((j for j, a in enumerate(taken) if a is ast), None)
+        if i is None:
+            i = len(taken)
+            taken.append(ast)
+        out.append(name if i == 0 else f"{name}n{i}")
+    return out
+
+
 def _flops(body: UOp) -> int:
     """Rough FLOP count: one per element of every ALU node, plus one per reduced element."""
     topo = body.toposort()
@@ -154,7 +253,11 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
             k = _kernel(piece, ref[u], ph_ref, in_idx, piece_opt, n_err)
             n_err += any(r.kind == "err" for r in k.refs)
             kernels.append(k)
-    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err), inputs
+    names = _unique_names([k.name for k in kernels], [k.ast for k in kernels])
+    kernels = [k if k.name == n else replace(k, name=n) for k, n in zip(kernels, names, strict=True)]
+    # 6. plan memory: temps with disjoint live ranges share storage
+    offsets, arena = plan_memory(kernels, temps)
+    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err, offsets, arena), inputs
 
 
 def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], opt: Any, n_err: int) -> Kernel:
@@ -176,7 +279,9 @@ def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, i
     # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
     alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
-    return Kernel(name, ast, tuple(refs[s] for s in alive), _flops(body), opts, checks)
+    moved = _nbytes([b for b in bufs if local[b].arg.slot in alive], out)
+    op = "scatter_add" if body.op is Ops.SCATTER else kernel_op(body)
+    return Kernel(name, ast, tuple(refs[s] for s in alive), _flops(body), opts, checks, moved, op)
 
 
 def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):

@@ -135,7 +135,7 @@ _PLAIN = (type(None), int, str)
 def _argkey(arg: Any) -> Any:
     """A hashable key for an arg that tells apart everything that renders differently (0.0 vs -0.0, 1 vs 1.0)."""
     t = type(arg)
-    if t in _PLAIN or (t is tuple and all(type(a) is int for a in arg)):  # the common cases, as they are
+    if t in _PLAIN or t is ParamArg or (t is tuple and all(type(a) is int for a in arg)):  # common cases, as they are
         return arg
     if isinstance(arg, float):
         return (float, arg.hex())
@@ -565,15 +565,28 @@ def structure_key(roots: list[UOp]) -> tuple[tuple, list[UOp]]:
     and size, so graphs that differ only in which buffers they read share a key (inputs bind by position).
     Constants are kept: a different Python float is a different structure.
     """
-    ids: dict[UOp, int] = {}
+    # the walk of UOp(SINK, roots).toposort(), without building the SINK (hash-consing it costs more than the
+    # whole walk of a small graph: this runs on every realize, cached plan or not)
+    ids: dict[int, int] = {}
+    seen: set[int] = set()
     key = []
     inputs = []
-    for u in UOp(Ops.SINK, tuple(roots)).toposort():
-        ids[u] = len(ids)
-        if u.op is Ops.BUFFER:
-            inputs.append(u)
-            arg = ("buf", u.dtype.name, u.arg.shape)
-        else:
-            arg = _argkey(u.arg)
-        key.append((u.op, u.dtype, arg, tuple(ids[s] for s in u.src)))
+    stack: list[tuple[UOp, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        u, done = stack.pop()
+        if done:
+            ids[id(u)] = len(ids)
+            if u.op is Ops.BUFFER:
+                inputs.append(u)
+                arg = ("buf", u.dtype.name, u.arg.shape)
+            else:
+                arg = _argkey(u.arg)
+            key.append((u.op, u.dtype, arg, tuple([ids[id(s)] for s in u.src])))
+            continue
+        if id(u) in seen:
+            continue
+        seen.add(id(u))
+        stack.append((u, True))
+        stack.extend([(s, False) for s in reversed(u.src) if id(s) not in seen])
+    key.append((Ops.SINK, None, None, tuple([ids[id(r)] for r in roots])))
     return tuple(key), inputs

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uopc import helpers, runtime
+from uopc import helpers, realize, runtime
 from uopc.runtime import CacheDirError, CompileError, CompilerNotFoundError, Program
+from uopc.tensor import Tensor
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -484,3 +485,16 @@ def test_forked_child_runs_parallel_kernel(threads):
         time.sleep(0.01)
     assert os.waitstatus_to_exitcode(status) == 0
     assert runtime.get_num_threads() == 2 and run_par(prg)[1] == 2  # the parent is unaffected
+
+
+def test_plan_split_into_parallel_translation_units(monkeypatch):
+    """A big plan compiles as several C files in parallel, linked into one object; results are unchanged."""
+    monkeypatch.setattr(realize, "_PART_CHARS", 200)
+    monkeypatch.setattr(realize.os, "cpu_count", lambda: 2)
+    x = np.random.default_rng(0).standard_normal((24, 40)).astype(np.float32)
+    got = (Tensor(x).softmax(-1) * 3 - 1).exp2().sum(0).numpy()  # a structure used nowhere else: compiled here
+    cp = next(reversed(realize._plans.values()))
+    assert cp.src.count("void plan(") == 1 and cp.src.count("#include <math.h>") == 2
+    e = np.exp(x - x.max(-1, keepdims=True))
+    ref = np.exp2(e / e.sum(-1, keepdims=True) * 3 - 1).sum(0)
+    np.testing.assert_allclose(got, ref, rtol=1e-5)

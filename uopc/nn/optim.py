@@ -10,36 +10,45 @@ so the plan is reused rather than rebuilt and recompiled every step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
 
+from uopc.buffer import base_buffer, buffer_data
 from uopc.tensor import Tensor
 
 
-class _StepScalars:
-    """The scalars of one step as one-element buffers (data, not structure), one per (value, dtype), shared by all
-    parameters: a (1,) tensor broadcasts against any shape."""
-
-    def __init__(self, **values: float):
-        self.values, self.made = values, {}
-
-    def get(self, name: str, like: Tensor) -> Tensor:
-        key = (name, like.dtype)
-        if key not in self.made:
-            self.made[key] = Tensor(np.array([self.values[name]], like.dtype.np))
-        return self.made[key]
+def _state(value: float) -> Tensor:
+    """A one-element float64 state tensor (a (1,) tensor broadcasts against any shape): data, not structure."""
+    return Tensor(np.array([value], np.float64))
 
 
 class Optimizer:
-    """Holds the parameters and their state; `step(*extra)` realizes all updates and `extra` as one plan."""
+    """Holds the parameters and their state; `step(*extra)` realizes all updates and `extra` as one plan.
+
+    Values that change between steps (the learning rate, Adam's step count) live in one-element state tensors
+    that the plan reads and updates, never in Python floats: the plan is reused every step, and a TinyJit replay,
+    which runs no Python of the step, still sees a changed `lr` and advances the step count.
+    """
 
     def __init__(self, params: Iterable[Tensor], lr: float):
         self.params: list[Tensor] = list({id(p): p for p in params}.values())  # a shared weight is stepped once
         for p in self.params:
             if not p.requires_grad:  # registered, so loss.backward() without a list finds it too
                 p.requires_grad_()
-        self.lr = lr
+        self._lr = _state(lr)
+        self._lr_value = float(lr)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate; setting it writes the state tensor the plan reads (a schedule may set it each step)."""
+        return self._lr_value
+
+    @lr.setter
+    def lr(self, value: float) -> None:
+        self._lr_value = float(value)
+        buffer_data(base_buffer(self._lr.uop))[0] = value
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -54,7 +63,9 @@ class Optimizer:
 
     def step(self, *extra: Tensor) -> None:
         """Apply one update to every parameter that has a gradient; compute `extra` (e.g. the loss) alongside."""
-        Tensor.realize_all(*self._updates(), *extra)
+        # extra first: the loss kernel then runs before the updates, so no parameter is read after it is
+        # written and every update can go in place under TinyJit
+        Tensor.realize_all(*extra, *self._updates())
 
 
 class SGD(Optimizer):
@@ -73,7 +84,7 @@ class SGD(Optimizer):
         self.buf = [self._zeros_like(p) for p in self.params] if momentum else []
 
     def _updates(self) -> list[Tensor]:
-        out, sc = [], _StepScalars(lr=self.lr)
+        out = []
         for i, p in enumerate(self.params):
             if p.grad is None:
                 continue
@@ -82,7 +93,7 @@ class SGD(Optimizer):
                 b = self.buf[i].assign(self.buf[i] * self.momentum + g)
                 out.append(b)
                 g = g + b * self.momentum if self.nesterov else b
-            out.append(p.assign(p.detach() - g * sc.get("lr", p)))
+            out.append(p.assign(p.detach() - g * self._lr.cast(p.dtype)))
         return out
 
 
@@ -102,16 +113,29 @@ class AdamW(Optimizer):
     ):
         super().__init__(params, lr)
         self.b1, self.b2, self.eps, self.wd = b1, b2, eps, weight_decay
-        self.t = 0
+        self._t = _state(0)  # steps taken, updated inside the plan
         self.m = [self._zeros_like(p) for p in self.params]
         self.v = [self._zeros_like(p) for p in self.params]
 
+    @property
+    def t(self) -> int:
+        """The number of steps taken (read from the state tensor)."""
+        return int(self._t.item())
+
     def _updates(self) -> list[Tensor]:
-        self.t += 1
-        # the bias corrections change every step: as Python floats they would be CONSTs in the graph and every
-        # step would compile a new plan, so they (and lr, which a schedule may change) travel as buffers
-        c1, c2 = 1 - self.b1**self.t, 1 - self.b2**self.t
-        sc = _StepScalars(lr_c1=self.lr / c1, c2=1 / c2, keep=1 - self.lr * self.wd)
+        # the step count and the bias corrections are computed in the plan, in float64 (b**t = exp(t * ln b)), so
+        # neither a new plan per step nor a frozen value under replay; lr too, from its state tensor
+        t = self._t.assign(self._t + 1)
+        c1 = 1 - (t * math.log(self.b1)).exp()
+        c2 = 1 - (t * math.log(self.b2)).exp()
+        scalars = {"lr_c1": self._lr / c1, "c2": c2.reciprocal(), "keep": 1 - self._lr * self.wd}
+        made: dict[tuple, Tensor] = {}
+
+        def sc(name: str, p: Tensor) -> Tensor:
+            if (name, p.dtype) not in made:
+                made[(name, p.dtype)] = scalars[name].cast(p.dtype)
+            return made[(name, p.dtype)]
+
         out = []
         for p, m, v in zip(self.params, self.m, self.v, strict=True):
             if p.grad is None:
@@ -121,12 +145,12 @@ class AdamW(Optimizer):
                 g = g + p.detach() * self.wd
             m.assign(m * self.b1 + g * (1 - self.b1))
             v.assign(v * self.b2 + g.square() * (1 - self.b2))
-            upd = m * sc.get("lr_c1", p) / ((v * sc.get("c2", p)).sqrt() + self.eps)
+            upd = m * sc("lr_c1", p) / ((v * sc("c2", p)).sqrt() + self.eps)
             keep = p.detach()
             if self.wd and self.decoupled:
-                keep = keep * sc.get("keep", p)
+                keep = keep * sc("keep", p)
             out += [p.assign(keep - upd), m, v]
-        return out
+        return out + [t]
 
 
 class Adam(AdamW):

@@ -35,6 +35,16 @@ from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp
 
 
+def _owners(todo: list[Tensor], roots: list[UOp]) -> list[tuple[Tensor, UOp | None] | None]:
+    """Per unique root (the order realize sees them): the tensor assigned to it and the buffer the assign replaced
+    (None if it was not a buffer); None for a root that is no assign."""
+    first = {}
+    for t in todo:
+        if t._assigned:
+            first.setdefault(t.uop, (t, t._prev))
+    return [first.get(r) for r in dict.fromkeys(roots)]
+
+
 class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMixin):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
@@ -53,6 +63,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
         # the graph a realized tensor came from, kept while it tracks gradients (loss.item(); loss.backward())
         self._graph: UOp | None = None
         self._leaf = True  # created from data (or assign): realize never keeps a leaf's graph
+        self._prev: UOp | None = None  # the buffer a pending assign replaces, until it is realized
+        self._assigned = False  # an assign is pending
         if isinstance(data, Tensor):
             data = data.uop
         if isinstance(data, UOp):
@@ -151,7 +163,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
             return
         roots = [t.uop for t in todo]
         bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt())
+        calls = realize.capturing()
+        if calls:  # TinyJit: which tensor each root belongs to, and the buffer an assign replaced
+            calls[-1].owners = _owners(todo, roots)
         for t, buf in zip(todo, bufs, strict=True):
+            t._prev, t._assigned = None, False
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.uop = buf.reshape(t.shape)  # drop the graph: its intermediates can be freed
 
@@ -188,6 +204,11 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
             raise TypeError(f"assign: dtype {x.dtype!r} does not match the tensor's {self.dtype!r}")
         if broadcast_shape(self.shape, x.shape) != self.shape:
             raise ValueError(f"assign: shape {x.shape} cannot be broadcast to the tensor's shape {self.shape}")
+        if is_contiguous_buffer(x.uop):  # a copy, never a shared buffer: a later in-place write would change both
+            x = x.contiguous()
+        if self._prev is None and is_contiguous_buffer(self.uop):
+            self._prev = base_buffer(self.uop)  # the storage this assign replaces (TinyJit writes it in place)
+        self._assigned = True
         self.uop = x._broadcast_to(self.shape, keep_const=False).uop
         self._graph, self._leaf = None, True
         return self

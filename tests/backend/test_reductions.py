@@ -1,0 +1,96 @@
+"""Float sums accumulate in levels (a tree of short serial chains), so their error grows like log n, not n.
+
+Each target comes from the correctness issue's table; the references are exact sums or NumPy in float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import buf, render_graph, run
+from uopc import Tensor
+from uopc.rangeify import Opts, _levels
+from uopc.uop import Ops
+
+F01 = float(np.float32(0.1))
+
+
+@pytest.fixture(params=[0, 1, 2], ids=["OPT0", "OPT1", "OPT2"])
+def opt(request, context):
+    context(OPT=request.param)
+    return request.param
+
+
+def test_sum_of_2_24_tenths(opt):
+    # regression: one accumulator per vector lane gave 1694269.5 (1% off). reference: exact; rtol 1e-6
+    got = Tensor(np.full(2**24, 0.1, np.float32)).sum().item()
+    assert abs(got - 2**24 * F01) <= 1e-6 * 2**24 * F01, got
+
+
+def test_sum_of_a_million_tenths(opt):
+    # regression: 100060.0 before. reference: exact (100000 up to float32's 0.1); rtol 1e-6
+    got = Tensor(np.full(10**6, 0.1, np.float32)).sum().item()
+    assert abs(got - 10**6 * F01) <= 1e-6 * 10**6 * F01, got
+
+
+def test_var_and_mean_far_from_zero():
+    # regression: var was 93.09 (the mean was off by ~10). reference: NumPy float64; rtol 1e-4
+    x = np.random.default_rng(0).standard_normal((4096, 4096)).astype(np.float32)
+    x64 = x.astype(np.float64) + 1000
+    np.testing.assert_allclose((Tensor(x) + 1000).var().item(), x64.var(ddof=1), rtol=1e-4)
+    np.testing.assert_allclose((Tensor(x) + 1000).mean().item(), x64.mean(), rtol=1e-4)
+
+
+def test_row_sums_and_odd_sizes(context):
+    # sizes that do not split evenly (a prime, a prime times a power of two), several axes, rows with upcast copies;
+    # reference: NumPy float64; rtol 1e-6
+    rng = np.random.default_rng(1)
+    for shape, axis in [((10007,), None), ((3, 2 * 4099), 1), ((8, 1000, 7), (1, 2)), ((64, 3000), 1), ((517, 9), 0)]:
+        a = (rng.standard_normal(shape) + 3).astype(np.float32)
+        ref = a.astype(np.float64).sum(axis=axis)
+        np.testing.assert_allclose(Tensor(a).sum(axis=axis).numpy(), ref, rtol=1e-6, err_msg=str(shape))
+
+
+def test_float16_sums_accumulate_in_float32():
+    # 20000 x float16(0.1): a float16 accumulator stalls at 256. reference: NumPy float64, rounded to float16
+    a = np.full(20000, 0.1, np.float16)
+    got = Tensor(a).sum()
+    np.testing.assert_allclose(float(got.item()), a.astype(np.float64).sum(), rtol=1e-3)
+
+
+def test_levels_split_every_reduce_axis():
+    # the innermost level holds <= 256 iterations, each level above <= 16; the pieces multiply back to the shape
+    for rshape in [(2**24,), (10**6,), (4096, 4096), (10007,), (7, 1000), (3, 5, 7, 11)]:
+        levels = _levels(rshape)
+        sizes = {}
+        for lv in levels:
+            for k, d in lv:
+                sizes[k] = sizes.get(k, 1) * d
+        assert all(sizes.get(k, 1) == s for k, s in enumerate(rshape)), (rshape, levels)
+        assert np.prod([d for _, d in levels[0]]) <= 256 or len(levels[0]) == 1
+
+
+def test_whole_sum_runs_its_outer_level_on_threads(context):
+    # a full reduction has no output loop: its outermost level is the parallel loop, partials summed after it
+    src = render_graph(buf(0, 2**20).reduce(Ops.ADD, 1), 1)
+    assert "#pragma omp parallel for" in src
+    a = np.random.default_rng(2).standard_normal(2**20).astype(np.float32)
+    np.testing.assert_allclose(run(buf(0, 2**20).reduce(Ops.ADD, 1), [a]), a.astype(np.float64).sum(), rtol=1e-5)
+
+
+def test_sums_under_the_bounds_checker(context):
+    # UOPC_CHECK_OOB=1: the partials array and the level indices stay in range; the checked loads keep gcc from
+    # vectorizing, so the leaf level is 16 long there too. reference: exact; rtol 1e-6
+    context(CHECK_OOB=1)
+    for n in (10**6, 2**24):
+        got = Tensor(np.full(n, 0.1, np.float32)).sum().item()
+        assert abs(got - n * F01) <= 1e-6 * n * F01, (n, got)
+
+
+@pytest.mark.parametrize("opts", [Opts(unroll=4), Opts(ktile=1000)], ids=["unroll", "ktile"])
+def test_levels_win_over_unroll_and_ktile(opts):
+    # regression: under OPT=2 the search may pick unroll or ktile for a long sum, which kept one serial chain.
+    # reference: exact; rtol 1e-6
+    got = run(buf(0, 10**6).reduce(Ops.ADD, 1), [np.full(10**6, 0.1, np.float32)], opts=opts)
+    assert abs(float(got) - 10**6 * F01) <= 1e-6 * 10**6 * F01, got

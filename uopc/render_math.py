@@ -1,0 +1,126 @@
+"""float32 exp2, log2 and sin as C the renderer includes: branch-free inline functions gcc vectorizes.
+
+    data1[ridx0] = uopc_exp2f(val1);      /* instead of exp2f(val1), a libm call per element */
+
+Range reduction and polynomial run in double, so one final rounding gives <= 1 ulp (tests/backend/test_transcendental.py
+sweeps each over the float32 range); double also holds every 2^n a float result needs, so overflow to inf and underflow
+through the subnormals to 0 are that final rounding too. NaN compares false everywhere and so stays NaN. sin reduces
+|x| >= 0.5 by pi/2 with a table of 2/pi's bits per exponent (Payne-Hanek, in integers): exact enough for the float
+nearest a multiple of pi/2, however large. float64 keeps libm; float16 goes through float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+from uopc.uop import Ops
+
+__all__ = ["F32_BITS", "F32_MATH"]
+
+
+def _horner(var: str, coeffs: list[float]) -> str:
+    """c0 + var*(c1 + var*(c2 + ...)) with exact Python float reprs."""
+    return (" + " + var + "*(").join(repr(c) for c in coeffs) + ")" * (len(coeffs) - 1)
+
+
+def _two_over_pi(bits: int) -> int:
+    """floor(2/pi * 2^bits), from Machin's formula in integers."""
+
+    def atan_inv(n: int, b: int) -> int:  # atan(1/n) * 2^b
+        s, t, k = 0, (1 << b) // n, 0
+        while t:
+            s += t // (2 * k + 1) if k % 2 == 0 else -(t // (2 * k + 1))
+            t //= n * n
+            k += 1
+        return s
+
+    pi = 16 * atan_inv(5, bits + 16) - 4 * atan_inv(239, bits + 16)  # pi * 2^(bits+16), good to ~2^-bits
+    return (1 << (2 * bits + 17)) // pi
+
+
+# sin's reduction is integer arithmetic (-fassociative-math may regroup float sums, never integer ones): for
+# x = M * 2^E (M the 24-bit integer significand), a table row holds (2^E * 2/pi) mod 4 as a fixed-point number with 2
+# integer and 94 fractional bits in three 32-bit words; M times it, kept to 62 fractional bits, is x * 2/pi mod 4.
+_E0, _E1 = -24, 104  # |x| >= 0.5 .. the largest float
+
+
+def _sin_table() -> list[tuple[int, int, int]]:
+    g = _two_over_pi(400)
+    rows = []
+    for e in range(_E0, _E1 + 1):
+        v = (g >> (400 - e - 94)) % (1 << 96)
+        rows.append((v >> 64, (v >> 32) & 0xFFFFFFFF, v & 0xFFFFFFFF))
+    return rows
+
+
+_EXP2 = _horner("f", [math.log(2) ** k / math.factorial(k) for k in range(8)])
+_LOG2 = _horner("s2", [2 / (k * math.log(2)) for k in (1, 3, 5, 7, 9, 11)])
+_SIN = _horner("r2", [(-1) ** k / math.factorial(2 * k + 1) for k in range(6)])
+_COS = _horner("r2", [(-1) ** k / math.factorial(2 * k) for k in range(7)])
+_TAB = ",\n".join(f"  {{{a}u, {b}u, {c}u}}" for a, b, c in _sin_table())
+
+F32_BITS = """static inline double uopc_as_f64(uint64_t i) { double d; __builtin_memcpy(&d, &i, 8); return d; }
+static inline uint64_t uopc_as_u64(double d) { uint64_t i; __builtin_memcpy(&i, &d, 8); return i; }
+static inline uint32_t uopc_as_u32(float f) { uint32_t i; __builtin_memcpy(&i, &f, 4); return i; }
+"""
+
+EXP2F = f"""static inline float uopc_exp2f(float x) {{
+  double d = x > 129.0f ? 129.0 : x < -151.0f ? -151.0 : (double)x;  /* beyond these the result is inf or 0 */
+  double n = __builtin_rint(d);
+  double f = d - n;  /* in [-0.5, 0.5]: 2^f by its Taylor series to f^7 (truncation < 1e-8 relative) */
+  double p = {_EXP2};
+  /* 2^n from its exponent bits; n + 1.5*2^52 puts n in the low bits, so no int64 conversion (none in AVX2) */
+  uint64_t e = uopc_as_u64((n == n ? n : 0.0) + 6755399441055744.0) + 1023;
+  return (float)(p * uopc_as_f64(e << 52));
+}}
+"""
+
+LOG2F = f"""static inline float uopc_log2f(float x) {{
+  uint64_t i = uopc_as_u64((double)x);  /* float subnormals are normal doubles */
+  double e = uopc_as_f64((i >> 52) | 0x4330000000000000ull) - 4503599627371519.0;  /* exponent - 1023, via 2^52 */
+  double m = uopc_as_f64((i & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  /* x = m * 2^e, m in [1, 2) */
+  int big = m > 1.4142135623730951;
+  m = big ? m * 0.5 : m;
+  e = big ? e + 1.0 : e;
+  double s = (m - 1.0) / (m + 1.0);  /* log2(m) = 2/ln2 * atanh(s), |s| < 0.172 */
+  double s2 = s * s;
+  double r = e + s * ({_LOG2});
+  r = x == 0.0f ? -INFINITY : r;
+  r = x < 0.0f ? NAN : r;
+  r = x == INFINITY ? INFINITY : r;
+  return x != x ? x : (float)r;
+}}
+"""
+
+SINF = f"""static const uint32_t uopc_two_over_pi[{_E1 - _E0 + 1}][3] = {{
+{_TAB}
+}};
+static inline float uopc_sinf(float x) {{
+  float ax = __builtin_fabsf(x);
+  uint32_t bits = uopc_as_u32(ax);
+  int e = (int)(bits >> 23) - 150;  /* ax = m * 2^e */
+  int row = e - {_E0};  /* clamped as plain min/max: branches would let PRE make the table loads conditional */
+  row = row < 0 ? 0 : row;
+  row = row > {_E1 - _E0} ? {_E1 - _E0} : row;
+  uint64_t m = (bits & 0x7fffffu) | 0x800000u;
+  uint64_t p2 = m * uopc_two_over_pi[row][2];
+  uint64_t p1 = m * uopc_two_over_pi[row][1] + (p2 >> 32);
+  uint64_t p0 = m * uopc_two_over_pi[row][0] + (p1 >> 32);
+  uint64_t t = (p0 << 32) | (p1 & 0xffffffffu);  /* ax * 2/pi mod 4, 62 fractional bits */
+  uint64_t k = (t + (1ull << 61)) >> 62;  /* the nearest multiple of pi/2, mod 4 (a carry out is 4 = 0) */
+  double r = (double)(int64_t)(t - (k << 62)) * {math.pi / 2 / 2.0**62!r};  /* ax - k*pi/2 in [-pi/4, pi/4] */
+  /* |x| < 0.5 is its own reduction, blended in by arithmetic so that no table load depends on a condition
+     (gcc cannot vectorize a masked gather) */
+  double small = (double)(ax < 0.5f);
+  r = r * (1.0 - small) + (double)ax * small;
+  int q = (int)(k & 3u) & ((int)small - 1);
+  double r2 = r * r;
+  double v = (q & 1) ? {_COS} : r * ({_SIN});
+  v = (q & 2) ? -v : v;
+  v = x < 0.0f ? -v : v;
+  return (ax == INFINITY) | (x != x) ? NAN : (float)v;
+}}
+"""
+
+# op -> (C function name, its definition)
+F32_MATH = {Ops.EXP2: ("uopc_exp2f", EXP2F), Ops.LOG2: ("uopc_log2f", LOG2F), Ops.SIN: ("uopc_sinf", SINF)}

@@ -1,0 +1,258 @@
+"""The one benchmark harness: interleaved rounds, medians, ratios, and probes of what this machine can do.
+
+    runners = {"uopc": timed(lambda: f().realize()), "numpy": timed(lambda: g())}
+    times = interleave(runners, rounds=5)      # round r runs every side once, so drifting load hits all of them
+    med = medians(times); ratio(med, "uopc", "numpy")
+
+`machine()` reports the CPU (model, cores, vector ISA from /proc/cpuinfo) and two measured peaks: FMA GFLOP/s from a
+generated C kernel of independent fused multiply-add chains, and streaming GB/s from a C triad loop, both compiled
+with uopc.runtime.Program and run on uopc's threads. The measurements are cached in the uopc cache directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from uopc import helpers
+from uopc.helpers import atomic_write
+from uopc.runtime import Program, compiler_identity, get_num_threads
+
+__all__ = [
+    "calibrate",
+    "interleave",
+    "machine",
+    "medians",
+    "ratio",
+    "time_n",
+    "timed",
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+
+
+def calibrate(fn: Callable[[], object], min_time: float) -> int:
+    """How many calls of `fn` take at least `min_time` seconds (at least 1), found by doubling."""
+    n = 1
+    while True:
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if time.perf_counter() - t >= min_time or n >= 1 << 20:
+            return n
+        n *= 2
+
+
+def time_n(fn: Callable[[], object], n: int) -> float:
+    """Seconds per call over `n` back-to-back calls."""
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / max(1, n)
+
+
+def timed(fn: Callable[[], object], min_time: float = 0.05) -> Callable[[], float]:
+    """A round runner: calls `fn` enough times to last about `min_time` s and returns seconds per call.
+
+    The call count is fixed on the first round (after one warm-up call), so every round does the same work.
+    """
+    state: dict[str, int] = {}
+
+    def run() -> float:
+        if "n" not in state:
+            fn()  # warm-up: compile, first-touch pages
+            state["n"] = calibrate(fn, min_time)
+        return time_n(fn, state["n"])
+
+    return run
+
+
+def interleave(
+    runners: dict[str, Callable[[], float]],
+    rounds: int,
+    on_round: Callable[[int, dict[str, list[float]]], None] | None = None,
+) -> dict[str, list[float]]:
+    """Run each runner once per round, alternating, and collect what each returns (seconds per call) per round."""
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for r in range(rounds):
+        for name, run in runners.items():
+            times[name].append(run())
+        if on_round is not None:
+            on_round(r, times)
+    return times
+
+
+def medians(times: dict[str, list[float]]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in times.items() if v}
+
+
+def ratio(med: dict[str, float], a: str, b: str) -> float | None:
+    """med[a] / med[b] (below 1: a is faster), or None when either is missing."""
+    return med[a] / med[b] if a in med and b in med and med[b] > 0 else None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the machine
+
+
+def cpu_info() -> dict:
+    """CPU model, logical cores (this process may use), and the widest vector ISA the flags list."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k in ("model name", "Model") and model in ("", platform.processor(), platform.machine()):
+                    model = v.strip()
+                elif k in ("flags", "Features"):
+                    flags = set(v.split())
+                    break
+    except OSError:
+        pass
+    isa = [f for f in ("avx512f", "avx2", "fma", "avx", "sse4_2", "neon", "asimd", "sve") if f in flags]
+    width = 64 if "avx512f" in flags else 32 if "avx2" in flags or "avx" in flags else 16
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"model": model, "cores": cores, "isa": isa, "vector_bytes": width, "threads": get_num_threads()}
+
+
+_FMA_SRC = """
+#include <omp.h>
+#include <time.h>
+typedef float vf __attribute__((vector_size({width})));
+static double cpu_now(void) {{
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec + 1e-9 * t.tv_nsec;
+}}
+void fma_peak(float* out, long long* iters) {{
+  #pragma omp parallel
+  {{
+    vf a[{chains}];
+    vf m = (vf){{0}} + 0.999999f, c = (vf){{0}} + 1e-7f;
+    for (int j = 0; j < {chains}; j++) a[j] = (vf){{0}} + (float)(j + 1);
+    double t0 = cpu_now();
+    for (long long i = 0; i < iters[0]; i++) {{
+      #pragma GCC unroll {chains}
+      for (int j = 0; j < {chains}; j++) a[j] = a[j] * m + c;
+    }}
+    double t1 = cpu_now();
+    float s = 0.0f;
+    for (int j = 0; j < {chains}; j++) for (int l = 0; l < {lanes}; l++) s += a[j][l];
+    int tid = omp_get_thread_num();
+    out[tid] = (float)(t1 - t0);  /* this thread's CPU time: other processes' time slices are not counted */
+    out[128 + tid] = s;           /* keeps the chains alive */
+    if (tid == 0) out[255] = (float)omp_get_num_threads();
+  }}
+}}
+"""
+
+_TRIAD_SRC = """
+#include <omp.h>
+#include <time.h>
+void triad(float* restrict a, const float* restrict b, const float* restrict c, long long* n, double* secs) {
+  const long long N = n[0];
+  #pragma omp parallel
+  {
+    int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    long long lo = N * t / nt, hi = N * (t + 1) / nt;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (long long i = lo; i < hi; i++) a[i] = b[i] + 3.0f * c[i];
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    secs[t] = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    if (t == 0) secs[255] = nt;
+  }
+}
+"""
+
+
+def _best(fn: Callable[[], object], reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return min(ts)  # a peak: the least disturbed run
+
+
+def probe_fma(vector_bytes: int, iters: int = 1_000_000, reps: int = 10) -> float:
+    """Measured GFLOP/s of independent vector FMA chains on every uopc thread (2 FLOPs per lane per FMA).
+
+    Each thread times itself in CPU time, so on a shared machine the peak is what the cores can do, not the share
+    of them this process got; the rates of the threads add up (one thread per core).
+    """
+    chains, lanes = 12, vector_bytes // 4  # 12 chains hide the FMA latency (4-5 cycles x 2 ports)
+    prg = Program(_FMA_SRC.format(width=vector_bytes, chains=chains, lanes=lanes), "fma_peak")
+    out, n = np.zeros(256, np.float32), np.array([iters], np.int64)
+    best = 0.0
+    for _ in range(reps + 1):  # the first run warms up (thread pool, clocks)
+        prg(out, n)
+        threads = int(out[255]) or 1
+        best = max(best, sum(iters * chains * lanes * 2 / max(float(t), 1e-9) for t in out[:threads]) / 1e9)
+    return best
+
+
+def probe_bandwidth(mbytes: int = 64, reps: int = 10) -> float:
+    """Measured streaming GB/s of a triad a = b + 3c over arrays larger than the caches (3 arrays counted).
+
+    Timed per thread in CPU time (the slowest thread counts), so other processes' time slices are not counted.
+    """
+    n = mbytes * (1 << 20) // 4
+    a, b, c = np.zeros(n, np.float32), np.ones(n, np.float32), np.ones(n, np.float32)
+    prg = Program(_TRIAD_SRC, "triad")
+    nn, secs = np.array([n], np.int64), np.zeros(256, np.float64)
+    best = 0.0
+    for _ in range(reps + 1):  # the first run touches the pages
+        prg(a, b, c, nn, secs)
+        t = max(secs[: int(secs[255]) or 1])
+        best = max(best, 3 * n * 4 / max(t, 1e-9) / 1e9)
+    return best
+
+
+def _probe_path() -> str:
+    return os.path.join(helpers.cache_dir(), "probes.json")
+
+
+def _probe_key(cpu: dict) -> str:
+    ident = compiler_identity() + f"\nthreads={cpu['threads']}\nvector={cpu['vector_bytes']}"
+    return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def machine(refresh: bool = False) -> dict:
+    """CPU facts plus the measured FMA peak and streaming bandwidth (cached per compiler, flags, CPU and threads)."""
+    cpu = cpu_info()
+    key, path = _probe_key(cpu), _probe_path()
+    cached: dict = {}
+    try:
+        with open(path) as f:
+            cached = json.load(f)
+    except (OSError, ValueError):
+        pass
+    entry = cached.get(key) if isinstance(cached, dict) else None
+    if refresh or not isinstance(entry, dict) or "peak_gflops" not in entry:
+        entry = {"peak_gflops": probe_fma(cpu["vector_bytes"]), "bandwidth_gbs": probe_bandwidth()}
+        cached = cached if isinstance(cached, dict) else {}
+        cached[key] = entry
+        atomic_write(path, json.dumps(cached, indent=1).encode())
+        entry = {**entry, "measured_now": True}
+    return {**cpu, **entry}
+
+
+def format_machine(m: dict) -> str:
+    """The machine in two lines, as `uopc bench` and `uopc profile` print it."""
+    src = "measured now" if m.get("measured_now") else "cached probe"
+    return (
+        f"machine: {m['model']}, {m['cores']} cores, uopc threads {m['threads']}, ISA {' '.join(m['isa']) or '?'} "
+        f"({m['vector_bytes'] * 8}-bit vectors)\n"
+        f"peaks:   FMA {m['peak_gflops']:.1f} GFLOP/s, stream triad {m['bandwidth_gbs']:.1f} GB/s ({src})"
+    )
