@@ -66,8 +66,8 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
 }
 """
 # a vector access checks its whole span [i, i+w); uopc_oob is the global above, or in a plan the kernel's parameter
-_OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long i, long long w, long long n, long long s)
-{
+_OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long i, long long w,
+                                     long long n, long long s) {
   if (i >= 0 && i + w <= n) return i;
   if (!oob[0]) { oob[1] = s; oob[2] = i < 0 ? i : i + w - 1; oob[3] = n; oob[0] = 1; }
   return 0;
