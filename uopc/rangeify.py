@@ -359,7 +359,9 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     start = UOp.const(identity_element(rop, u.dtype), u.dtype)
     if chunked:  # later chunks continue from the partial result already stored in the output
         _, kc, _, out, oshape = ctx.kchunk
-        start = (kc < 1).where(start, out.index(ravel(idx, oshape)).load())
+        # the load is AFTER the chunk loop: its index does not depend on kc, and hoisted out of the loop it would
+        # read the output once, before any chunk stored into it (16x784 @ 784x32 was off by 78)
+        start = (kc < 1).where(start, out.after(kc).index(ravel(idx, oshape)).load())
     init = acc0.index(0).store(start)
     accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))

@@ -157,6 +157,8 @@ SHAPES = [
     (97, 131, 67),
     (MR + 1, NR + W + 3, 300),
     (128, 128, 784),
+    (16, 32, 784),  # K in chunks (ktile): later chunks load the output; that load must stay inside the chunk loop
+    (128, 10, 128),  # the MNIST MLP's second layer
 ]
 
 
