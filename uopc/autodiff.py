@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from uopc.dtype import DType
 from uopc.helpers import argsort
-from uopc.uop import Ops, UOp
+from uopc.uop import MOVEMENT, Ops, UOp
 
 # ---------------------------------------------------------------------------------------------------
 # small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)
@@ -40,10 +40,11 @@ def _keep_dims(x: UOp, shape: tuple[int, ...]) -> UOp:
     return x.reshape(x.shape + (1,) * n).expand(shape)
 
 
-def _max_weight(a: UOp, b: UOp) -> UOp:
-    """d max(a, b) / da: 1 where a wins, 0 where b wins, 0.5 at a tie (the gradient is split evenly)."""
-    dt = a.dtype
-    return _where(b.alu(Ops.CMPLT, a), _c(1.0, dt), _where(a.alu(Ops.CMPNE, b), _c(0.0, dt), _c(0.5, dt)))
+def _max_grad(g: UOp, a: UOp, b: UOp) -> UOp:
+    """The part of g that max(a, b) sends to a: g where a wins, 0 where b wins, g / 2 at a tie. Selects, not a
+    weight times g: the loser gets 0 even where g is inf or NaN (as PyTorch's masked gradient)."""
+    zero = _c(0.0, g.dtype)
+    return _where(b.alu(Ops.CMPLT, a), g, _where(a.alu(Ops.CMPNE, b), zero, g * _c(0.5, g.dtype)))
 
 
 def _reduce_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
@@ -52,10 +53,24 @@ def _reduce_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
     rop, _n = x.arg
     if rop is Ops.ADD:
         return (_keep_dims(g, a.shape),)
-    dt = a.dtype
+    dt, n = a.dtype, len(a.shape) - len(x.shape)
+    if not _stored(a):
+        # a computed value is recomputed in every kernel that reads it, and gcc may round it differently in each
+        # (FMA contraction, reassociation): compared with the max kernel's result, no element might match (ties = 0,
+        # gradient NaN). Materialize it once and take the max of those stored values, which one of them equals.
+        a = UOp(Ops.STAGE, (a,))
+        x = a.reduce(Ops.MAX, n)
     is_max = _where(a.alu(Ops.CMPNE, _keep_dims(x, a.shape)), _c(0.0, dt), _c(1.0, dt))
-    ties = is_max.reduce(Ops.ADD, len(a.shape) - len(x.shape))
+    ties = is_max.reduce(Ops.ADD, n)
     return (is_max * _keep_dims(g * ties.alu(Ops.RECIP), a.shape),)
+
+
+def _stored(u: UOp) -> bool:
+    """A value read straight from a buffer (through views; a constant, a contiguous()): every kernel reads the same
+    numbers."""
+    while u.op in MOVEMENT:
+        u = u.src[0]
+    return u.op in (Ops.BUFFER, Ops.CONST) or (u.op is Ops.STAGE and u.arg != "detach")
 
 
 def _expand_grad(g: UOp, x: UOp) -> tuple[UOp]:
@@ -101,7 +116,7 @@ GRAD_RULES: dict[Ops, GradRule] = {
     Ops.LOG2: lambda g, x: (g * (x.src[0] * _c(LN2, x.dtype)).alu(Ops.RECIP),),  # d log2(a) = da / (a ln2)
     # cos(a) = sin(pi/2 - a): the IR has no COS
     Ops.SIN: lambda g, x: (g * (_c(math.pi / 2, x.dtype) - x.src[0]).alu(Ops.SIN),),
-    Ops.MAX: lambda g, x: (g * _max_weight(x.src[0], x.src[1]), g * _max_weight(x.src[1], x.src[0])),
+    Ops.MAX: lambda g, x: (_max_grad(g, x.src[0], x.src[1]), _max_grad(g, x.src[1], x.src[0])),
     # the condition gets nothing; each branch gets g where it was chosen
     Ops.WHERE: lambda g, x: (None, _where(x.src[0], g, _c(0.0, g.dtype)), _where(x.src[0], _c(0.0, g.dtype), g)),
     Ops.CAST: lambda g, x: (g.cast(x.src[0].dtype),),  # the gradient goes back in the source's dtype
@@ -184,7 +199,8 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp,
     grads: dict[UOp, UOp] = {root: root_grad}
     for x in reversed(topo):
         g = grads.get(x)
-        if g is None or x not in on_path or not x.src:
+        # a size-0 value carries no gradient (its reductions over nothing would be kernels that write nothing)
+        if g is None or x not in on_path or not x.src or x.size == 0:
             continue
         rule = GRAD_RULES.get(x.op)
         if rule is None:

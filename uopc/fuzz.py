@@ -1,9 +1,15 @@
 """Differential fuzzing: random valid Tensor programs, run by uopc and by NumPy, must agree.
 
     python -m uopc.fuzz --n 10000 --seed 0        # a long run; prints the seed and a reproduction on a mismatch
+    python -m uopc.fuzz --n 2000 --grad           # gradients of each program against PyTorch autograd
+    python -m uopc.fuzz --n 2000 --threads 4      # 4 Python threads running programs concurrently, each checked
 
 Program i runs under one of four modes (OPT=0 or 1, fuse_reduce off or on), cycling, so every mode sees
 every kind of program. Shapes include 1, 0-size and broadcast dims; dtypes int32, float32 and bool.
+With --grad, the gradient of sum(last float value * W) with respect to every float input is compared with PyTorch's
+(the program's lines replayed on torch tensors through `_TorchT`, which speaks uopc's method names); programs without
+a float value are counted as skipped. With --threads, the settings are global, so the programs of one mode run
+together: the main thread sets the mode, N threads run that mode's seeds, and the next mode starts after they join.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import argparse
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +36,7 @@ class Val:
     t: Tensor
     a: np.ndarray
     name: str
+    leaf: bool = False  # a fresh input (a gradient target in --grad mode)
 
 
 class FuzzProgram:
@@ -48,7 +56,7 @@ class FuzzProgram:
             a = rng.random(shape) < 0.5
         name = f"x{self.n}"
         self.lines.append(f"{name} = Tensor(np.array({a.tolist()!r}, dtype=np.{a.dtype.name}).reshape({shape}))")
-        return self.add(Val(Tensor(a), a, name))
+        return self.add(Val(Tensor(a), a, name, leaf=True))
 
     def add(self, v: Val) -> Val:
         self.n += 1
@@ -260,16 +268,28 @@ def generate(seed: int) -> FuzzProgram:
     return p
 
 
-def check(seed: int) -> str | None:
-    """Run program `seed` in its mode; None if uopc and NumPy agree, else a report with a reproduction."""
-    opt, fuse = MODES[seed % len(MODES)]
-    old_fuse = Tensor.fuse_reduce
-    Tensor.fuse_reduce = fuse  # a Tensor class setting, not a helpers one: Context does not cover it
-    try:
-        with Context(OPT=opt):
-            return _run(seed)
-    finally:
-        Tensor.fuse_reduce = old_fuse
+class _Mode:
+    """Program `seed`'s mode (OPT and fuse_reduce) for the duration of a `with` block."""
+
+    def __init__(self, seed: int):
+        self.opt, self.fuse = MODES[seed % len(MODES)]
+
+    def __enter__(self):
+        self.old_fuse = Tensor.fuse_reduce
+        Tensor.fuse_reduce = self.fuse  # a Tensor class setting, not a helpers one: Context does not cover it
+        self.ctx = Context(OPT=self.opt)
+        self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        self.ctx.__exit__(*exc)
+        Tensor.fuse_reduce = self.old_fuse
+
+
+def check(seed: int, grad: bool = False) -> str | None:
+    """Run program `seed` in its mode; None if uopc agrees with NumPy (with PyTorch's gradients if `grad`), else a
+    report with a reproduction."""
+    with _Mode(seed):
+        return _run_grad(seed) if grad else _run(seed)
 
 
 def _run(seed: int) -> str | None:
@@ -300,32 +320,229 @@ def _run(seed: int) -> str | None:
     return None
 
 
-def _report(seed: int, p: FuzzProgram, what: str, outs: list[Val] | None = None) -> str:
+def _report(
+    seed: int, p: FuzzProgram, what: str, outs: list[Val] | None = None, grad_of: list[str] | None = None
+) -> str:
     opt, fuse = MODES[seed % len(MODES)]
     names = ", ".join(v.name for v in outs or [p.vals[-1]])
+    if grad_of:  # the gradients of sum(out * W), W as _run_grad draws it
+        last = (outs or [p.vals[-1]])[0].name
+        run = (
+            f"    w = np.random.default_rng({seed + 1}).standard_normal({last}.shape).astype(np.float32)\n"
+            f"    print([g.numpy() for g in ({last} * Tensor(w)).sum().gradient({', '.join(grad_of)})])\n"
+        )
+    else:
+        run = f"    Tensor.realize_all({names})\n    print([t.numpy() for t in ({names},)])\n"
     return (
         f"MISMATCH seed={seed} (OPT={opt}, fuse_reduce={fuse}): {what}\n--- reproduction ---\n"
         "import numpy as np\nfrom uopc import dtypes\n"
         "from uopc.helpers import Context\nfrom uopc.tensor import Tensor\n"
         f"Tensor.fuse_reduce = {fuse}\n" + "\n".join(p.lines) + "\n"
-        f"with Context(OPT={opt}):\n    Tensor.realize_all({names})\n    print([t.numpy() for t in ({names},)])\n"
+        f"with Context(OPT={opt}):\n" + run
     )
 
 
+# ---------------------------------------------------------------- gradients against PyTorch autograd
+
+SKIPPED = "skipped"  # _run_grad's answer for a program with no float value to differentiate
+
+
+class _TorchT:
+    """A torch tensor behind the uopc method names the generated lines use, so the lines replay under autograd."""
+
+    def __init__(self, t):
+        self.t = t
+
+    @staticmethod
+    def _u(x):
+        return x.t if isinstance(x, _TorchT) else x
+
+    def __getattr__(self, name):  # methods whose names and meaning agree: call torch's, wrap the result
+        f = getattr(self.t, name)
+        return lambda *a, **k: _TorchT(f(*map(self._u, a), **{n: self._u(v) for n, v in k.items()}))
+
+    def __add__(self, o):
+        return _TorchT(self.t + self._u(o))
+
+    __radd__ = __add__
+
+    def __sub__(self, o):  # torch refuses `-` on a bool tensor even beside a float one; uopc promotes it
+        a, b = self.t, self._u(o)
+        if a.dtype is _torch().bool and isinstance(b, _torch().Tensor):
+            a = a.to(b.dtype)
+        if isinstance(b, _torch().Tensor) and b.dtype is _torch().bool:
+            b = b.to(a.dtype)
+        return _TorchT(a - b)
+
+    def __rsub__(self, o):
+        return _TorchT(self._u(o) - self.t)
+
+    def __mul__(self, o):
+        return _TorchT(self.t * self._u(o))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o):
+        return _TorchT(self.t // self._u(o))
+
+    def __mod__(self, o):
+        return _TorchT(self.t % self._u(o))
+
+    def __matmul__(self, o):
+        return _TorchT(self.t @ self._u(o))
+
+    def __lt__(self, o):
+        return _TorchT(self.t < self._u(o))
+
+    def __eq__(self, o):  # type: ignore[override]
+        return _TorchT(self.t == self._u(o))
+
+    def __neg__(self):
+        return _TorchT(-self.t)
+
+    def __getitem__(self, idx):  # negative steps: torch slices forward only, so flip first
+        t = self.t
+        for ax, sl in enumerate(idx if isinstance(idx, tuple) else (idx,)):
+            if isinstance(sl, slice) and sl.step is not None and sl.step < 0:
+                t = t.flip(ax)[(slice(None),) * ax + (slice(None, None, -sl.step),)]
+            elif sl != slice(None):
+                t = t[(slice(None),) * ax + (sl,)]
+        return _TorchT(t)
+
+    def where(self, a, b):
+        return _TorchT(_torch().where(self.t, self._u(a), self._u(b)))
+
+    def maximum(self, o):
+        return _TorchT(_torch().maximum(self.t, self._u(o)))
+
+    def minimum(self, o):
+        return _TorchT(_torch().minimum(self.t, self._u(o)))
+
+    def pad(self, pads):
+        flat = [n for lo_hi in reversed(pads) for n in lo_hi]
+        return _TorchT(_torch().nn.functional.pad(self.t, flat))
+
+    def shrink(self, bounds):
+        return _TorchT(self.t[tuple(slice(lo, hi) for lo, hi in bounds)])
+
+    def max(self, axes, keepdim=False):
+        return _TorchT(self.t.amax(axes, keepdim))
+
+    def cast(self, dt):
+        return _TorchT(self.t.to(dt))
+
+
+def _torch():
+    import torch  # PyTorch is a test dependency, needed only by --grad
+
+    return torch
+
+
+def _torch_tensor(arr: np.ndarray) -> _TorchT:
+    return _TorchT(_torch().tensor(arr, requires_grad=arr.dtype == np.float32))
+
+
+def _torch_dtypes():
+    torch = _torch()
+    return type("dtypes", (), {"float32": torch.float32, "int32": torch.int32, "bool": torch.bool})
+
+
+def _run_grad(seed: int) -> str | None:
+    """Build program `seed`; compare d sum(out * W) / d input for its float inputs with PyTorch autograd."""
+    try:
+        p = generate(seed)
+    except Exception:
+        return f"MISMATCH seed={seed}: building the program raised:\n{traceback.format_exc()}"
+    outs = [v for v in p.vals if v.t.dtype is dtypes.float32 and v.a.size]
+    leaves = [v for v in p.vals if v.leaf and v.t.dtype is dtypes.float32]
+    if not outs or not leaves:
+        return SKIPPED
+    out = outs[-1]
+    w = np.random.default_rng(seed + 1).standard_normal(out.a.shape).astype(np.float32)
+    try:
+        grads = (out.t * Tensor(w)).sum().gradient(*(v.t for v in leaves))
+        Tensor.realize_all(*grads)
+        got = [g.numpy() for g in grads]
+    except Exception:
+        return _report(seed, p, f"uopc's gradient raised:\n{traceback.format_exc()}", [out])
+    torch = _torch()
+    env = {"Tensor": _torch_tensor, "np": np, "dtypes": _torch_dtypes()}
+    try:
+        for line in p.lines:
+            exec(line, env)
+        tout = env[out.name].t
+        targets = [env[v.name].t for v in leaves]
+        if tout.requires_grad:
+            tg = torch.autograd.grad((tout * torch.tensor(w)).sum(), targets, allow_unused=True)
+        else:
+            tg = [None] * len(targets)
+    except Exception:
+        return _report(seed, p, f"the PyTorch replay raised:\n{traceback.format_exc()}", [out])
+    for v, g, t in zip(leaves, got, tg, strict=True):
+        ref = np.zeros(v.a.shape, np.float32) if t is None else t.numpy()
+        if g.shape != ref.shape or not np.allclose(g, ref, rtol=1e-3, atol=1e-4, equal_nan=True):
+            what = f"d {out.name} / d {v.name} differs:\nuopc  {g!r}\ntorch {ref!r}"
+            return _report(seed, p, what, [out], grad_of=[v.name for v in leaves])
+    return None
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def _sequential(seeds: list[int], grad: bool) -> list[str | None]:
+    return [check(s, grad) for s in seeds]
+
+
+def _threaded(seeds: list[int], grad: bool, n_threads: int) -> list[str | None]:
+    """The seeds of each mode run together on n_threads threads (settings are global, so modes take turns)."""
+    results: dict[int, str | None] = {}
+    for m in range(len(MODES)):
+        group = [s for s in seeds if s % len(MODES) == m]
+        if not group:
+            continue
+        with _Mode(group[0]), ThreadPoolExecutor(n_threads) as pool:
+            run = _run_grad if grad else _run
+            for s, r in zip(group, pool.map(_guarded(run), group), strict=True):
+                results[s] = r
+    return [results[s] for s in seeds]
+
+
+def _guarded(run):
+    def go(seed: int) -> str | None:
+        try:
+            return run(seed)
+        except Exception:  # a crash in one thread is a finding, not the end of the run
+            return f"MISMATCH seed={seed}: the thread raised:\n{traceback.format_exc()}"
+
+    return go
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="differential fuzzing of uopc against NumPy")
+    ap = argparse.ArgumentParser(description="differential fuzzing of uopc against NumPy (and PyTorch autograd)")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0, help="first seed; program i uses seed + i")
+    ap.add_argument("--grad", action="store_true", help="check gradients against PyTorch autograd")
+    ap.add_argument("--threads", type=int, default=0, help="run programs on this many Python threads at once")
     args = ap.parse_args(argv)
-    bad, t0 = 0, time.perf_counter()
-    for i in range(args.n):
-        rep = check(args.seed + i)
-        if rep:
-            bad += 1
-            print(rep, flush=True)
-        if (i + 1) % 100 == 0:
-            print(f"  {i + 1}/{args.n} programs, {bad} mismatches, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    print(f"fuzz: {args.n} programs (seeds {args.seed}..{args.seed + args.n - 1}), {bad} mismatches")
+    bad, skipped, done, t0 = 0, 0, 0, time.perf_counter()
+    seeds = list(range(args.seed, args.seed + args.n))
+    for start in range(0, args.n, 100):
+        chunk = seeds[start : start + 100]
+        reps = _threaded(chunk, args.grad, args.threads) if args.threads else _sequential(chunk, args.grad)
+        for rep in reps:
+            if rep == SKIPPED:
+                skipped += 1
+            elif rep:
+                bad += 1
+                print(rep, flush=True)
+        done += len(chunk)
+        print(f"  {done}/{args.n} programs, {bad} mismatches, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    how = (" gradients vs PyTorch" if args.grad else "") + (f", {args.threads} threads" if args.threads else "")
+    print(
+        f"fuzz{how}: {args.n} programs (seeds {args.seed}..{args.seed + args.n - 1}), {bad} mismatches"
+        + (f", {skipped} without a float value to differentiate" if args.grad else "")
+        + f", {time.perf_counter() - t0:.0f} s"
+    )
     return 1 if bad else 0
 
 

@@ -256,10 +256,12 @@ def test_backward_without_params_finds_requires_grad_tensors():
     a = Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
     b = Tensor(np.array([3.0, 4.0], np.float32), requires_grad=True)
     unused = Tensor(np.array([1.0], np.float32), requires_grad=True)
-    const = Tensor(np.array([5.0, 6.0], np.float32))
-    (a * b + const).sum().backward()
+    const = Tensor(np.array([5.0, 6.0], np.float32), requires_grad=False)
+    undecided = Tensor(np.array([7.0, 8.0], np.float32))  # requires_grad None: filled when backward reaches it
+    (a * b + const + undecided).sum().backward()
     np.testing.assert_allclose(a.grad.numpy(), [3.0, 4.0])
     np.testing.assert_allclose(b.grad.numpy(), [1.0, 2.0])
+    np.testing.assert_allclose(undecided.grad.numpy(), [1.0, 1.0])
     assert unused.grad is None and const.grad is None
 
 

@@ -239,19 +239,22 @@ class ElementwiseMixin:
         return -((-a).maximum(-b)) if a.dtype.is_float else (a < b).where(a, b)
 
     def clip(self, min: Any = None, max: Any = None) -> Self:
-        """Limit values to [min, max]; either bound may be None."""
+        """Limit values to [min, max]; either bound may be None. Selects, as PyTorch: the gradient is 1 on the bounds
+        (maximum would split it there), NaN stays NaN, and min > max gives max."""
         if min is None and max is None:
             raise ValueError("clip needs at least one of min and max")
-        x = self if min is None else self.maximum(min)
-        return x if max is None else x.minimum(max)
+        x = self if min is None else (self < min).where(min, self)
+        return x if max is None else (x > max).where(max, x)
 
     clamp = clip
 
     def abs(self) -> Self:
-        """|x| as a select, so NaN stays NaN and the gradient is a clean sign."""
+        """|x| as a select, so NaN stays NaN and the gradient is sign(x) (0 at 0, as PyTorch)."""
         if self.dtype.is_bool or self.dtype.is_unsigned:
             return self
-        return (self < 0).where(-self, self)
+        if not self.dtype.is_float:
+            return (self < 0).where(-self, self)
+        return (self < 0).where(-self, (0 < self).where(self, self * 0))  # x * 0 keeps NaN, and has gradient 0
 
     def sign(self) -> Self:
         """-1, 0 or 1 (in self's dtype)."""
@@ -316,12 +319,30 @@ class ElementwiseMixin:
         return (t < self).where(t + 1, t)
 
     def sigmoid(self) -> Self:
-        """1 / (1 + e^-x): saturates cleanly to 0 and 1 (exp overflow gives 1/inf = 0)."""
-        return (1 + (-self._to_float()).exp()).reciprocal()
+        """1 / (1 + z) for x >= 0 and z / (1 + z) below, z = e^-|x| in (0, 1]: nothing overflows, so the value and
+        the gradient are finite everywhere (e^-x would be inf at x = -300, and its gradient 0 * inf = NaN)."""
+        x = self._to_float()
+        neg = x < 0
+        z = neg.where(x, -x).exp()  # -|x| as a select that puts 0 on the -x side: the gradient at 0 is 1/4
+        r = (1 + z).reciprocal()
+        return neg.where(z * r, r)
 
     def tanh(self) -> Self:
-        """tanh x = 2 sigmoid(2x) - 1."""
-        return 2 * (2 * self._to_float()).sigmoid() - 1
+        """sign(x) (1 - z) / (1 + z), z = e^-2|x| in (0, 1] (finite value and gradient everywhere); below |x| = 0.04,
+        where 1 - z cancels, the odd Taylor polynomial x - x^3/3 + 2x^5/15 - 17x^7/315."""
+        x = self._to_float()
+        neg = x < 0
+        z = (2 * neg.where(x, -x)).exp()
+        t = (1 - z) * (1 + z).reciprocal()
+        near0 = (-0.04 < x) & (x < 0.04)
+        xs = near0.where(x, 0)  # the polynomial sees only small x: x^2 of 1e30 would make its gradient 0 * inf
+        x2 = xs * xs
+        small = xs * (1 + x2 * (-1 / 3 + x2 * (2 / 15 - x2 * (17 / 315))))
+        return near0.where(small, neg.where(-t, t))
+
+    def logsigmoid(self) -> Self:
+        """log(sigmoid(x)) = -softplus(-x): finite for every x (log of a sigmoid that underflowed would be -inf)."""
+        return -(-self._to_float()).softplus()
 
     def relu(self) -> Self:
         # NOTE: not maximum(x, 0): its gradient at 0 would be split between the operands
@@ -334,15 +355,22 @@ class ElementwiseMixin:
     def gelu(self) -> Self:
         """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
         x = self._to_float()
-        return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        xf = x.float() if x.dtype is dtypes.float16 else x  # x^3 overflows half at |x| > 40: compute in float
+        return (0.5 * xf * (1 + (math.sqrt(2 / math.pi) * (xf + 0.044715 * xf * xf * xf)).tanh())).cast(x.dtype)
 
     def silu(self) -> Self:
         """x * sigmoid(x) (also called swish)."""
         return self * self.sigmoid()
 
     def softplus(self) -> Self:
-        """log(1 + e^x), computed as relu(x) + log(1 + e^-|x|) so large x does not overflow."""
-        return self.relu() + (1 + (-self.abs()).exp()).log()
+        """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^-|x| never overflows; the tie at 0 goes to the x side so the
+        gradient there is 1 - 1/2, as PyTorch's sigmoid(0)."""
+        x = self._to_float()
+        neg = x < 0
+        e = neg.where(x, -x).exp()  # e^-|x| in (0, 1]
+        # log(1 + e) loses e below float precision: a cubic is exact to 2.5e-10 relative for e < 1e-3
+        log1p = (e < 1e-3).where(e * (1 + e * (-0.5 + e * (1 / 3))), (1 + e).log())
+        return neg.where(0, x) + log1p
 
     def pow(self, exponent: Any, reverse: bool = False) -> Self:
         """self ** exponent (or exponent ** self if reverse); small integer powers are exact multiplies."""
@@ -370,7 +398,8 @@ class ElementwiseMixin:
                 raise ValueError(
                     f"integers to negative integer powers are not allowed (dtype {self.dtype!r}, power {n})"
                 )
-            return self._int_pow(-n).reciprocal()
+            # (1/x)^n, not 1/x^n: at x = 0 the gradient is n * inf * -inf = -inf, as PyTorch's, not -inf * 0 = NaN
+            return self.reciprocal()._int_pow(-n)
         out, sq = None, self
         while n:
             if n & 1:
@@ -381,17 +410,44 @@ class ElementwiseMixin:
         return out if out is not None else self.ones_like()
 
     def _pow_general(self, y: Self) -> Self:
-        """x ** y = exp2(y * log2|x|), with the sign of a negative base fixed up for integer y (NaN otherwise)."""
-        mag = (y * self.abs().log2()).exp2()
-        if y.uop.op is Ops.CONST:  # a scalar exponent: decide integer/odd in Python
-            e = y.uop.arg
-            if not float(e).is_integer():
-                return (self < 0).where(math.nan, mag)
-            return (self < 0).where(-mag, mag) if int(e) % 2 else mag
+        """x ** y with PyTorch's (C pow's) special cases, values and gradients: exp2(y log2|x|), signed for a negative
+        base and an integer y (NaN otherwise, but (-inf) ** y = inf ** y); 0 ** y, 1 ** y and the like as their own
+        branches whose inputs are gated, so that no branch that is not taken can put an inf or NaN into a gradient."""
+        x = self
+        zero, neg = x == 0, x < 0
+        ax = x.abs()
+        # d/dy at a negative base is x^y log(x) = NaN in PyTorch, while the magnitude's own y-gradient is finite
+        mag = (y._nan_grad_where(neg) * zero.where(1, ax).log2()).exp2()
         is_int = y.trunc() == y
         odd = (y * 0.5).trunc() != y * 0.5
-        neg = is_int.where(odd.where(-mag, mag), math.nan)
-        return (y == 0).where(1, (self < 0).where(neg, mag))  # 0 ** 0 == nan ** 0 == 1
+        # a sign factor (NaN only at the negative bases it applies to), not a select between -mag, mag and mag * NaN:
+        # an untaken branch gets a zero gradient, and 0 * NaN would poison mag's gradient at every element
+        sign = neg.where(is_int.where(odd.where(-1.0, 1.0), (ax == math.inf).where(1.0, math.nan)), 1.0)
+        out = zero.where(x._pow_zero(y, zero), mag * sign.cast(mag.dtype))
+        nonfinite_y = (y != y) | (y.abs() == math.inf)
+        one = (
+            ((y == 0) & ((x != x) | (ax == math.inf))) | ((x == 1) & nonfinite_y) | ((x == -1) & (y.abs() == math.inf))
+        )
+        return one.where(1, out)  # NaN ** 0 == inf ** 0 == 1 ** NaN == (-1) ** inf == 1
+
+    def _pow_zero(self, y: Self, zero: Self) -> Self:
+        """0 ** y: 0 (y > 0), 1 (y = 0), inf (y < 0), NaN (NaN), with PyTorch's gradients there: d/dx is 0 for y > 1,
+        1 for y = 1, inf for 0 < y < 1 (a sqrt of x) and -inf for y < 0 (a reciprocal); d/dy is -inf for y < 0."""
+        x = self
+        frac = zero & (0 < y) & (y < 1)
+        negy = zero & (y < 0)
+        # sqrt(y_d - y) is 0 with gradient -inf: added to the inf of 1/0 it gives d/dy = inf * log(0) = -inf
+        dyok = negy & (y != -math.inf)  # -inf - -inf would be NaN
+        dy = dyok.where(y.detach() - y, 1).sqrt() - dyok.where(0, 1)
+        pos = (y == 1).where(x, (y < 1).where(frac.where(x, 1).sqrt(), 0))
+        rest = (y == 0).where(1.0, math.nan).cast(x.dtype)
+        return (0 < y).where(pos, (y < 0).where(negy.where(x, 1).reciprocal() + dy, rest))
+
+    def _nan_grad_where(self, mask: Self) -> Self:
+        """self's value, with a NaN gradient where `mask`: the branch a select does not take gets a zero gradient,
+        and 0 * NaN is NaN, so (y * c) with c = NaN under the mask (0 elsewhere) poisons exactly those elements."""
+        c = mask.where(math.nan, 0.0).cast(self.dtype)
+        return self + (c != 1).where(0, self * c)
 
     def _pow_tensor(self, y: Self) -> Self:
         """Elementwise x ** y of two same-dtype tensors; ints go through float64 and round back."""

@@ -77,8 +77,10 @@ class ReduceMixin:
         return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) * (1 / d if d else math.inf)
 
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:
-        """sqrt(var)."""
-        return self.var(axis, keepdim, correction).sqrt()
+        """sqrt(var); where var is 0 the gradient is 0 (as PyTorch), not sqrt's 1 / 0 times a zero deviation."""
+        v = self.var(axis, keepdim, correction)
+        zero = v == 0
+        return zero.where(0, zero.where(1, v).sqrt())
 
     def prod(self, axis: Axis = None, keepdim: bool = False) -> Self:
         """Product over `axis`, as exp(sum(log|x|)) with the sign and zeros fixed up (floats only, approximate)."""
@@ -108,21 +110,22 @@ class ReduceMixin:
         return self._order_flip().argmax(axis, keepdim)
 
     def softmax(self, axis: int = -1) -> Self:
-        """exp(x - max) / sum(exp(x - max)): three kernels (max, sum, elementwise)."""
+        """exp(x - max) / sum(exp(x - max)): three kernels (max, sum, elementwise). The shift is detached: its
+        gradient is 0 in exact arithmetic, and differentiating a max of recomputed values is fragile (see autodiff)."""
         x = self._to_float()
-        e = (x - x.max(axis, keepdim=True)).exp()
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> Self:
         """x - max - log(sum(exp(x - max))): no overflow for large x."""
         x = self._to_float()
-        s = x - x.max(axis, keepdim=True)
+        s = x - x.max(axis, keepdim=True).detach()  # a constant shift, as in softmax
         return s - s.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis: Axis = None, keepdim: bool = False) -> Self:
         """log(sum(exp(x))) over `axis`, shifted by the max so it does not overflow."""
         x = self._to_float()
-        m = x.max(axis, keepdim=True)
+        m = x.max(axis, keepdim=True).detach()  # a constant shift: the gradient is softmax(x) without it
         m = (m.abs() == math.inf).where(0, m)  # an all -inf (or +inf) row: inf - inf would be NaN, shift by 0 instead
         out = (x - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.reshape(reduced_shape(x.shape, norm_axes(axis, x.shape), False))

@@ -51,8 +51,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
     fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
-    # tensors created with requires_grad=True, so that loss.backward() without a parameter list can find them
-    # id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
+    # tensors that loss.backward() without a parameter list may fill: those made requires_grad=True, and float ones
+    # created from data with requires_grad None ("not decided", as tinygrad: they get a gradient when backward
+    # reaches them); id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
     _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool | None = None):
@@ -75,6 +76,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
             self.uop = full_uop(0, dt, arr.shape)
         else:
             self.uop = new_buffer(dt, arr.size, arr).reshape(arr.shape)
+        if requires_grad is None and dt.is_float:
+            Tensor._grad_tensors[id(self)] = self
 
     def _new(self, uop: UOp, *others: Tensor) -> Tensor:
         """A tensor computed from self (and others): it tracks gradients if any input does."""
@@ -84,9 +87,9 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
         return out
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
-        """Mark this tensor as one whose gradient backward() computes (returns self)."""
+        """Mark this tensor as one whose gradient backward() computes (False: never; returns self)."""
         self.requires_grad = requires_grad
-        if requires_grad:
+        if requires_grad is not False:
             Tensor._grad_tensors[id(self)] = self
         return self
 
@@ -193,8 +196,8 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
         return self._new(UOp(Ops.STAGE, (self.uop,)))
 
     def detach(self) -> Tensor:
-        """The same values with gradients stopped (a STAGE("detach") that execution ignores)."""
-        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"))
+        """The same values with gradients stopped (a STAGE("detach") that execution ignores); requires_grad False."""
+        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"), requires_grad=False)
 
     def assign(self, x: Any) -> Tensor:
         """Rebind this tensor to x's graph (lazily): x must broadcast to self's shape and have self's dtype."""
@@ -216,8 +219,17 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
     # ---------------------------------------------------------------- gradients (the rules are in uopc/autodiff.py)
 
     def backward(self, params: list[Tensor] | None = None) -> None:
-        """Accumulate d(self)/d(p) into p.grad for `params`, or for every requires-grad tensor self depends on."""
-        params = self._registered_in(self._loss_graph()) if params is None else list(params)
+        """Accumulate d(self)/d(p) into p.grad for `params`, or for every tensor self depends on that may receive
+        one: requires_grad True, or None for a float tensor created from data; never False (RuntimeError if none)."""
+        if params is None:
+            params = self._registered_in(self._loss_graph())
+            if not params:
+                raise RuntimeError(
+                    "backward: nothing in this graph can receive a gradient (no float tensor with requires_grad True "
+                    "or None reaches the loss; a realized loss keeps its graph only if something upstream requires it)"
+                )
+        else:
+            params = list(params)
         for p, g in zip(params, self.gradient(*params), strict=True):
             # accumulate until cleared (p.grad = None), as PyTorch does
             p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)
@@ -252,10 +264,15 @@ class Tensor(CreationMixin, ElementwiseMixin, ReduceMixin, MovementMixin, LossMi
 
     @staticmethod
     def _registered_in(root: UOp) -> list[Tensor]:
-        """Every requires-grad tensor whose current graph (or graph before a realize) appears in the loss graph."""
+        """Every tensor that may receive a gradient (requires_grad not False, float) whose current graph (or graph
+        before a realize) appears in the loss graph."""
         nodes = set(root.toposort())
         tensors = list(Tensor._grad_tensors.values())
-        return [t for t in tensors if t.requires_grad and any(u in nodes for u in t._target_nodes())]
+        return [
+            t
+            for t in tensors
+            if t.requires_grad is not False and t.dtype.is_float and any(u in nodes for u in t._target_nodes())
+        ]
 
     # ---------------------------------------------------------------- dtypes
 
