@@ -14,7 +14,7 @@ import numpy as np
 
 @dataclass(frozen=True, eq=False)
 class DType:
-    """A scalar type. `count` is the vector width (1 today; room for SIMD types later)."""
+    """A scalar type, or with `count` > 1 a SIMD vector of it (made by `vec`)."""
 
     name: str
     itemsize: int
@@ -55,10 +55,33 @@ class DType:
         return True if self.is_bool else int(np.iinfo(self.np).max)
 
     def __repr__(self) -> str:
+        if self.count > 1:
+            return f"{self.scalar()!r}.vec({self.count})"
         return f"dtypes.{_SHORT.get(self.name, self.name)}"
 
     def __reduce__(self):  # pickling/copying keeps the singleton
+        if self.count > 1:
+            return (DType.vec, (self.scalar(), self.count))
         return (getattr, (dtypes, self.name))
+
+    def vec(self, n: int) -> DType:
+        """The SIMD vector of `n` elements of this scalar type (one object per (type, n), so `is` compares them):
+        `dtypes.f32.vec(16)` renders as a gcc vector type `float16` of 64 bytes."""
+        if self.count != 1:
+            raise ValueError(f"vec: {self!r} is already a vector; vectors of vectors do not exist")
+        if n < 1 or n & (n - 1):
+            raise ValueError(f"vec: width {n} must be a power of two >= 1 (gcc vector sizes are)")
+        if n == 1:
+            return self
+        key = (self.name, n)
+        if key not in _VECS:
+            _VECS[key] = DType(f"{self.name}x{n}", self.itemsize * n, self.kind, f"{_VEC_CNAME[self.name]}{n}", n)
+            _SCALAR[_VECS[key]] = self
+        return _VECS[key]
+
+    def scalar(self) -> DType:
+        """The element type of a vector (a scalar is its own)."""
+        return _SCALAR.get(self, self)
 
 
 class dtypes:
@@ -116,6 +139,12 @@ _NP_NAMES = {n: n for n in ("bool", "int8", "int16", "int32", "int64", "uint8", 
 _NP_NAMES.update(float16="float16", float32="float32", float64="float64")
 _BY_NAME = {n: getattr(dtypes, n) for n in _NP_NAMES}  # the NumPy-backed dtypes (not bfloat16)
 _NP_NAMES["bfloat16"] = "uint16"  # NumPy has no bfloat16: its buffers hold the bit patterns
+_VECS: dict[tuple[str, int], DType] = {}
+_SCALAR: dict[DType, DType] = {}
+# C names of vector types (typedefs the renderer emits), OpenCL style: float16 is 16 floats (half is _Float16)
+_VEC_CNAME = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "uint32": "uint"}
+_VEC_CNAME.update(float16="half", int8="char", uint8="uchar", int16="short", uint16="ushort", uint64="ulong")
+_VEC_CNAME.update(bool="bool")
 _SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64", "bfloat16": "bf16"}
 
 

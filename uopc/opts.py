@@ -22,6 +22,7 @@ class Opts:
     unroll: int = 1  # unroll factor of the innermost reduce axis
     tile: dict[int, int] = field(default_factory=dict)  # output axis -> cache block size
     ktile: int = 0  # chunk of the innermost reduce axis, looped outside the register tiles of a cache block
+    vec: int = 0  # SIMD width in elements: upcast copies at consecutive addresses become vector ops (0: none)
     gpu: bool = False  # output axes become GLOBAL ranges (not implemented on the CPU backend)
     local: dict[int, int] = field(default_factory=dict)  # output axis -> threads per block (LOCAL)
 

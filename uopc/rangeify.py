@@ -14,12 +14,15 @@ the linearizer places them, not by a separate pass.
 
 from __future__ import annotations
 
+import itertools
+
 from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.helpers import deep_recursion, prod
 from uopc.opts import Opts
 from uopc.symbolic import simplify
 from uopc.uop import ALU, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
+from uopc.vectorize import vectorize
 
 __all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "lower_scatter", "merge_ends", "ranges_in", "ravel"]
 
@@ -356,7 +359,9 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     start = UOp.const(identity_element(rop, u.dtype), u.dtype)
     if chunked:  # later chunks continue from the partial result already stored in the output
         _, kc, _, out, oshape = ctx.kchunk
-        start = (kc < 1).where(start, out.index(ravel(idx, oshape)).load())
+        # the load is AFTER the chunk loop: its index does not depend on kc, and hoisted out of the loop it would
+        # read the output once, before any chunk stored into it (16x784 @ 784x32 was off by 78)
+        start = (kc < 1).where(start, out.after(kc).index(ravel(idx, oshape)).load())
     init = acc0.index(0).store(start)
     accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))
@@ -377,29 +382,54 @@ def merge_ends(root: UOp) -> UOp:
         root = root.substitute({e: merged for e in dup})
 
 
-def _output_parts(ctx: Ctx, shape: tuple[int, ...], kchunk: tuple | None = None) -> list[tuple[UOp, int]]:
-    """The loops of the output axes: THREAD first, cache-block loops outside the loops within a block."""
+def _output_parts(
+    ctx: Ctx, shape: tuple[int, ...], full: tuple[int, ...], ups: dict[int, int], kchunk: tuple | None = None
+) -> list[tuple[UOp, int]]:
+    """The loops of the output axes of one region (`shape`, inside the output's `full` shape): THREAD first,
+    cache-block loops outside the loops within a block, `ups` copies per axis."""
     o = ctx.opts
     kind = {k: AxisType.THREAD if k == o.thread else AxisType.LOOP for k in range(len(shape))}
     order = ([o.thread] if o.thread is not None else []) + [k for k in range(len(shape)) if k != o.thread]
     tiled = {
         k: t
         for k, t in o.tile.items()
-        if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % o.upcast.get(k, 1) == 0
+        if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % ups.get(k, 1) == 0
     }
     # a block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache
     outer = {k: ctx.rng(shape[k] // tiled[k], kind[k]) for k in order if k in tiled}
     if kchunk is not None:  # ktile: the reduce-chunk loop sits between the block loops and the tiles
-        ctx.kchunk = (kchunk[0], ctx.rng(kchunk[1] // kchunk[2]), kchunk[2], kchunk[3], shape)
+        ctx.kchunk = (kchunk[0], ctx.rng(kchunk[1] // kchunk[2]), kchunk[2], kchunk[3], full)
     parts: dict[int, tuple[UOp, int]] = {}
     for k in order:
-        f = o.upcast.get(k, 1)
+        f = ups.get(k, 1)
         if k in tiled:
             inner = tiled[k] // f
             parts[k] = (outer[k] * inner + ctx.rng(inner) if inner > 1 else outer[k], f)
         else:
             parts[k] = _axis_parts(ctx, shape[k], f, kind[k])
     return [parts[k] for k in range(len(shape))]
+
+
+def _regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> list[tuple[tuple, tuple, dict]]:
+    """The output as regions (offsets, sizes, copies per axis): an axis its upcast factor does not divide splits
+    into whole tiles and a remainder (no padding of the output). On the last axis under SIMD (`vec`), the
+    remainder is whole vectors first, then single elements."""
+    per_axis: list[list[tuple[int, int, int]]] = []
+    for k, s in enumerate(shape):
+        f = upcast.get(k, 1)
+        parts, start = [], 0
+        steps = (f, vec, 1) if k == len(shape) - 1 and 1 < vec < f else (f, 1)
+        for step in steps:
+            n = (s - start) // step * step
+            if n:
+                parts.append((start, n, step))
+                start += n
+        per_axis.append(parts or [(0, s, 1)])
+    out = []
+    for combo in itertools.product(*per_axis):
+        ups = {k: f for k, (_, _, f) in enumerate(combo) if f > 1}
+        out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups))
+    return out
 
 
 def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
@@ -413,15 +443,23 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
         raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     _setup_checks(ctx, root, out)
-    plist = _output_parts(ctx, root.shape, _kchunk(root, out, ctx.opts))
-    stores = []
-    for idx in _combos(plist):
-        val = rangeify(root, idx, ctx)
-        flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
-        stores.append(out.index(flat).store(val))
-    loops = ranges_in(*(b for b, _ in plist), *([ctx.kchunk[1]] if ctx.kchunk else []))
-    body = stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))
-    return simplify(merge_ends(sink(body.end(*loops))))
+    kchunk = _kchunk(root, out, ctx.opts)
+    nests = []
+    # each region (whole tiles, the remainders) is a loop nest of its own
+    for offs, sizes, ups in _regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
+        plist = _output_parts(ctx, sizes, root.shape, ups, kchunk)
+        stores = []
+        for idx in _combos(plist):
+            idx = tuple(i + o if o else i for i, o in zip(idx, offs))
+            val = rangeify(root, idx, ctx)
+            flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
+            stores.append(out.index(flat).store(val))
+        loops = ranges_in(*(b for b, _ in plist), *([ctx.kchunk[1]] if ctx.kchunk else []))
+        nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
+    ast = sink(*nests)
+    if ctx.opts.vec > 1:  # SIMD: copies of an upcast axis whose index is contiguous become vector ops
+        ast = vectorize(ast, ctx.opts.vec)
+    return simplify(merge_ends(ast))
 
 
 INT32_LIMIT = 2**31 - 1

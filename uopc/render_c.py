@@ -75,6 +75,15 @@ static inline unsigned short uopc_bf16_st(float f) {
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 """
+# a vector access checks its whole span [i, i+w); uopc_oob is the global above, or in a plan the kernel's parameter
+_OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long i, long long w,
+                                     long long n, long long s) {
+  if (i >= 0 && i + w <= n) return i;
+  if (!oob[0]) { oob[1] = s; oob[2] = i < 0 ? i : i + w - 1; oob[3] = n; oob[0] = 1; }
+  return 0;
+}
+#define uopc_chkv(i, w, n, slot) uopc_chkv_(uopc_oob, i, w, n, slot)
+"""
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
@@ -181,6 +190,8 @@ class CRenderer:
         base = buf
         while base.op is Ops.AFTER:
             base = base.src[0]
+        if idx.dtype.count > 1 and base.op is Ops.BUFFER:
+            return self.vector_address(idx, base)
         return self.ref(base, self.expr(i))
 
     def ref(self, base: UOp, i: str) -> str:
@@ -231,6 +242,16 @@ class CRenderer:
             base = base.src[0]
         return base.op is Ops.BUFFER and base.dtype is dtypes.bfloat16
 
+    def vector_address(self, idx: UOp, buf: UOp) -> str:
+        """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
+        (uopc's buffers start on 64-byte boundaries), else the unaligned type (vmovups costs the same there)."""
+        w, i = idx.dtype.count, self.expr(idx.src[1])
+        vt = idx.dtype.cname if _multiple_of(idx.src[1], w) else f"{idx.dtype.cname}_u"
+        if self.check_oob:
+            self.helpers["~oobv"] = _OOB_CHECK_VEC
+            i = f"uopc_chkv({i}, {w}, {buf.arg.shape[0]}, {buf.arg.slot})"
+        return f"(*({vt}*)(data{buf.arg.slot}+{i}))"
+
     def emit(self, u: UOp, ind: str) -> None:
         op = u.op
         if op is Ops.LOAD:
@@ -259,6 +280,10 @@ class CRenderer:
             self.names[u] = f"acc{n}"
             arr = f"[{size}]" if size > 1 else ""
             self.lines.append(f"{ind}{u.dtype.cname} acc{n}{arr};")
+        elif u.op is Ops.VECTORIZE and u.src[0].op is not Ops.CONST and all(x is u.src[0] for x in u.src):
+            # a broadcast of a value, named once (a constant one stays inline, where gcc folds it)
+            name = self.var(u, "alu")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {self._expr(u)};")
         elif self.needs_var(u):
             val = self.expr(u)
             name = self.var(u, "alu")
@@ -305,6 +330,30 @@ def _cast(r: CRenderer, u: UOp) -> str:
     return f"(({u.dtype.cname})({r.expr(u.src[0])}))"
 
 
+def _multiple_of(i: UOp, w: int) -> bool:
+    """Is index expression `i` a multiple of `w` for every value of its loops?"""
+    if i.op is Ops.CONST:
+        return i.arg % w == 0
+    if i.op is Ops.MUL:
+        return any(s.op is Ops.CONST and s.arg % w == 0 for s in i.src) or any(_multiple_of(s, w) for s in i.src)
+    if i.op is Ops.ADD:
+        return all(_multiple_of(s, w) for s in i.src)
+    return False
+
+
+def _vector_typedefs(ast: UOp) -> dict[str, str]:
+    """gcc vector types for every vector dtype the kernel uses: `float16` (64-byte aligned) and `float16_u`, keyed
+    like the other helpers (a plan's kernels share one definition; "!" sorts them before the helpers using them)."""
+    out = {}
+    for vt in {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}:
+        sc, size = vt.scalar(), vt.itemsize
+        out[f"!vt {vt.cname}"] = (
+            f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));\n"
+            f"typedef {sc.cname} {vt.cname}_u __attribute__((vector_size({size}), aligned({sc.itemsize})));\n"
+        )
+    return out
+
+
 def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
     if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
@@ -338,6 +387,9 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     Ops.CHECK: _check,
     Ops.IDIV: lambda r, u: r.divmod(u),
     Ops.MOD: lambda r, u: r.divmod(u),
+    # SIMD (gcc vector extension): pack lanes, read one lane
+    Ops.VECTORIZE: lambda r, u: f"(({u.dtype.cname}){{{', '.join(r.expr(s) for s in u.src)}}})",
+    Ops.GEP: lambda r, u: f"({r.expr(u.src[0])}[{u.arg}])",
 }
 CRenderer.code_for_op = code_for_op
 
@@ -354,6 +406,7 @@ def _render_function(ast: UOp, name: str, extra_param: str = "") -> tuple[dict[s
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
+    r.helpers.update(_vector_typedefs(ast))
     params = ", ".join(
         [f"{_param_type(b.dtype)}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
     )

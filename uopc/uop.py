@@ -79,6 +79,9 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     SINK = auto()
     # a data-dependent index, checked at run time: out-of-range values are recorded for the runtime to raise
     CHECK = auto()
+    # SIMD vectors (made after lowering by uopc.vectorize): pack n scalars, take lane i of a vector
+    VECTORIZE = auto()
+    GEP = auto()
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
@@ -158,6 +161,10 @@ def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
         return None
     if op is Ops.RANGE:
         return dtypes.int32
+    if op is Ops.VECTORIZE:
+        return src[0].dtype.vec(len(src))
+    if op is Ops.GEP:
+        return src[0].dtype.scalar()
     return src[0].dtype if src else None
 
 

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import buf, gemm_graph
 from uopc import opt, runtime
 from uopc.dtype import dtypes
-from uopc.opt import candidate_opts, hand_opt_choice, layout_pass, search_opt
+from uopc.opt import candidate_opts, gemm, hand_opt_choice, layout_pass, search_opt
 from uopc.opt.search import _dedup
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
@@ -30,9 +30,10 @@ def run_gemm(M, N, K, opts, bt=False):
 
 
 def test_layout_pass_stages_transposed_operand():
-    (g2,) = layout_pass([gemm_graph(64, 64, 64)])
+    # below GEMM_MIN_WORK (no packed microkernel): a strided operand is staged as a contiguous copy
+    (g2,) = layout_pass([gemm_graph(16, 16, 16)])
     assert any(u.op is Ops.STAGE for u in g2.toposort())
-    (g3,) = layout_pass([gemm_graph(64, 64, 64, bt=True)])  # already contiguous: nothing to do
+    (g3,) = layout_pass([gemm_graph(16, 16, 16, bt=True)])  # already contiguous: nothing to do
     assert not any(u.op is Ops.STAGE for u in g3.toposort())
 
 
@@ -92,6 +93,8 @@ def _body(shape, rsize=None):
 def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     monkeypatch.setattr(opt, "num_cores", lambda: 2)
     monkeypatch.setattr(opt, "l2_bytes", lambda: 1 << 20)
+    # the plain register tile and cache blocks (the packed microkernel is tested in tests/backend/test_gemm.py)
+    monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)
     g = hand_opt_choice(gemm_graph(1024))
     assert (g.upcast, g.thread) == ({0: 4, 1: 4}, 0)
     # B^T (4 MiB) does not fit this 1 MiB L2: square blocks whose 2 x 64 rows of 4 KiB fill half of it
@@ -107,8 +110,9 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     assert (s.upcast, s.thread, s.unroll) == ({}, None, 4)
 
 
-def test_dedup_key_keeps_cache_blocks():
+def test_dedup_key_keeps_cache_blocks(monkeypatch):
     # regression: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
+    monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)  # the plain heuristic's candidate (no cache blocks)
     cands = _dedup(candidate_opts(gemm_graph(256, bt=True)))
     assert sum(1 for o in cands if o.tile) == 3
     assert len({o.key() for o in cands}) == len(cands)

@@ -123,7 +123,7 @@ def test_second_realize_hits_the_cache(context, opt0, capsys, monkeypatch):
 
 
 def test_python_floats_are_structure_tensors_are_data(opt0, monkeypatch):
-    # an empty cache: one that earlier tests filled to PLAN_CACHE_SIZE would evict as fast as this test adds
+    # an empty plan cache of its own: after a long test run the shared one is full and stops growing
     monkeypatch.setattr(realize, "_plans", OrderedDict())
     w = Tensor(r(8))
     n0 = len(realize._plans)

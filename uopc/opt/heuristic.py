@@ -8,6 +8,7 @@ shape and this machine's L2 and core count.
 from __future__ import annotations
 
 from uopc.helpers import prod
+from uopc.opt.gemm import gemm_opts
 from uopc.opt.layout import _last_axis_stride, _views, layout_pass
 from uopc.opt.machine import l2_bytes, num_cores
 from uopc.opts import Opts
@@ -32,6 +33,8 @@ def _reduce_size(body: UOp) -> int:
 
 def hand_opt_choice(body: UOp) -> Opts:
     """Register tile on the last two output axes, unroll short untiled reductions, threads above a work threshold."""
+    if (gemm := gemm_opts(body)) is not None:  # a packed matmul: the register-blocked microkernel
+        return gemm
     shape, rsize = body.shape, _reduce_size(body)
     upcast: dict[int, int] = {}
     unroll, thread, tile = 1, None, {}

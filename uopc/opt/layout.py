@@ -9,74 +9,12 @@ each operand's own chain of views is visible.
 from __future__ import annotations
 
 from uopc.helpers import prod
-from uopc.rangeify import Ctx, rangeify
-from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
-from uopc.symbolic import simplify
-from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp
+from uopc.opt.gemm import pack_matmuls, split_k, uses_microkernel
+from uopc.opt.strides import _last_axis_stride, _views, push_views
+from uopc.rewrite import graph_rewrite
+from uopc.uop import Ops, UOp
 
-
-def _push(m: UOp, a: UOp) -> UOp | None:
-    # PAD is not pushed: pad(f(x)) != f(pad(x)) when f(0) != 0 (exp2, cmp, where, ...)
-    if m.op is Ops.PAD:
-        return None
-    # operands of the ALU's own shape take the view; shape-() operands broadcast (unless the ALU itself is 0-d)
-    return a.replace(src=tuple(m.replace(src=(s,)) if s.shape == a.shape else s for s in a.src))
-
-
-# movement(alu(a, b)) -> alu(movement(a), movement(b)): exposes each operand's own chain of views;
-# permute(expand(x)) -> expand(permute(x)): the broadcast goes on top, so the operand under it can be staged
-# in the permuted order (a convolution's weight gradient reads its im2col rows transposed)
-push_views = PatternMatcher(
-    [
-        (UPat(MOVEMENT, src=(UPat(ALU, name="a"),), name="m"), _push),
-        (
-            UPat(Ops.PERMUTE, src=(UPat(Ops.EXPAND, name="e"),), name="p"),
-            lambda p, e: e.src[0].permute(p.arg).expand(p.shape),
-        ),
-    ]
-)
-
-
-def _views(x: UOp):
-    """The movement-op chains feeding x through ALU ops: (top of chain, materialized base)."""
-    seen, stack = set(), [x]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op in ALU:
-            stack.extend(u.src)
-        elif u.op in MOVEMENT:
-            base = u
-            while base.op in MOVEMENT:
-                base = base.src[0]
-            if base.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE):
-                yield u, base
-
-
-def _last_axis_stride(view: UOp, base: UOp) -> int | None:
-    """Distance in memory between view[..., k] and view[..., k+1], or None if the view is not affine there.
-
-    Rangeify is the stride oracle: lower the view against a fake buffer, evaluate its index at k=0 and k=1.
-    """
-    if not view.shape or view.shape[-1] == 1:  # a 0-d view (e.g. reshape to ()) has no last axis to stride
-        return 0
-    fake = UOp(Ops.BUFFER, (), ParamArg(-999, base.dtype, (max(1, prod(base.shape)),)))
-    v = view.substitute({base: fake.reshape(base.shape) if base.shape != fake.shape else fake})
-    ctx = Ctx()
-    rngs = tuple(ctx.rng(s) for s in v.shape)
-    val = rangeify(v, rngs, ctx)
-    if val.op is not Ops.LOAD or val.src[0].op is not Ops.INDEX:
-        return None
-    e = val.src[0].src[1]
-
-    def at(k: int) -> UOp:
-        last = len(rngs) - 1
-        return simplify(e.substitute({r: UOp.const(k if i == last else 0) for i, r in enumerate(rngs)}))
-
-    e0, e1 = at(0), at(1)
-    return e1.arg - e0.arg if e0.op is Ops.CONST and e1.op is Ops.CONST else None
+__all__ = ["_last_axis_stride", "_views", "layout_pass", "push_views"]
 
 
 def layout_pass(roots: list[UOp]) -> list[UOp]:
@@ -87,9 +25,13 @@ def layout_pass(roots: list[UOp]) -> list[UOp]:
     than the strided reads it saved).
     """
     roots = [graph_rewrite(r, push_views) for r in roots]
+    # a long reduction into a small output is split so every thread has a part (then summed)
+    roots = [graph_rewrite(r, push_views) for r in split_k(roots)]
+    # a matmul gets its operands packed into panels for the register-blocked microkernel (uopc.opt.gemm)
+    roots = pack_matmuls(roots)
     todo: set[UOp] = set()
     for r in UOp(Ops.SINK, tuple(roots)).toposort():
-        if r.op is not Ops.REDUCE:
+        if r.op is not Ops.REDUCE or uses_microkernel(r):
             continue
         for view, base in _views(r.src[0]):
             s = _last_axis_stride(view, base)

@@ -15,6 +15,8 @@ import time
 import numpy as np
 
 from uopc import helpers
+from uopc.buffer import aligned_empty
+from uopc.dtype import DType
 from uopc.helpers import atomic_write
 from uopc.opt.heuristic import _reduce_size, hand_opt_choice
 from uopc.opt.layout import layout_pass
@@ -91,8 +93,9 @@ def time_candidates(body: UOp, out: UOp, reps: int = 3):
     """Yield (opts, best seconds, ast) for every distinct candidate, run on random inputs."""
     bufs = sorted({u for u in body.toposort() if u.op is Ops.BUFFER}, key=lambda u: u.arg.slot)
     rng = np.random.default_rng(0)
-    data = [rng.standard_normal(b.arg.shape[0]).astype(b.dtype.np) for b in bufs]
-    res = np.zeros(out.arg.shape[0], out.dtype.np)
+    # aligned as uopc's own buffers are: a vector access proven aligned may use an aligned instruction
+    data = [_aligned(rng.standard_normal(b.arg.shape[0]), b.dtype) for b in bufs]
+    res = _aligned(np.zeros(out.arg.shape[0]), out.dtype)
     # a kernel with data-dependent index checks takes an error record after its output (random indices fail them:
     # the checks replace bad indices by 0, so timing is unaffected)
     args = [*data, res] + ([np.zeros(ERROR_RECORD, np.int64)] if checks_of(body) else [])
@@ -106,6 +109,12 @@ def time_candidates(body: UOp, out: UOp, reps: int = 3):
             prg(*args)
             ts.append(time.perf_counter() - t0)
         yield o, min(ts), ast
+
+
+def _aligned(x: np.ndarray, dtype: DType) -> np.ndarray:
+    a = aligned_empty(x.size, dtype)
+    a[:] = x
+    return a
 
 
 class SearchOpt:

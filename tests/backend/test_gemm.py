@@ -1,0 +1,237 @@
+"""Vector dtypes and ops, the vectorize pass, the packed GEMM microkernel and split-K.
+
+Numeric references: NumPy in float64, rounded to float32 (rtol 1e-4, atol 1e-4 scaled by sqrt(K): the microkernel
+sums in another order than NumPy's). The `gcc -S` checks compile the kernel the heuristic chooses with uopc's own
+CFLAGS and read the assembly.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.helpers import buf, gemm_graph
+from uopc import runtime
+from uopc.buffer import aligned_empty
+from uopc.dtype import dtypes
+from uopc.opt import HandOpt, hand_opt_choice, layout_pass
+from uopc.opt.gemm import gemm_opts, microkernel
+from uopc.opt.machine import vector_bytes
+from uopc.rangeify import Ctx, Opts, lower
+from uopc.render_c import render_c
+from uopc.runtime import Program
+from uopc.schedule import make_plan
+from uopc.tensor import Tensor
+from uopc.uop import Ops, UOp
+
+rng = np.random.default_rng(0)
+W = vector_bytes() // 4  # floats per vector register on this CPU
+MR, NR, _ = microkernel(1024, 1024, 4)
+
+
+def _aligned(x: np.ndarray) -> np.ndarray:
+    a = aligned_empty(x.size, dtypes.from_np(x.dtype))
+    a[:] = x.reshape(-1)
+    return a
+
+
+def _check_matmul(a: np.ndarray, b: np.ndarray, got: np.ndarray) -> None:
+    ref = (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
+    k = a.shape[-1]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * max(1.0, k**0.5))
+
+
+# ------------------------------------------------------------------ the IR: vector dtypes, VECTORIZE, GEP
+
+
+def test_vector_dtype():
+    v = dtypes.f32.vec(8)
+    assert v is dtypes.float32.vec(8) and v.count == 8 and v.itemsize == 32 and v.scalar() is dtypes.f32
+    assert v.cname == "float8" and repr(v) == "dtypes.f32.vec(8)" and dtypes.f32.vec(1) is dtypes.f32
+    with pytest.raises(ValueError, match="power of two"):
+        dtypes.f32.vec(3)
+    with pytest.raises(ValueError, match="already a vector"):
+        v.vec(2)
+    x = UOp.const(1.0)
+    assert UOp(Ops.VECTORIZE, (x,) * 8).dtype is v
+    assert UOp(Ops.GEP, (UOp(Ops.VECTORIZE, (x,) * 8),), 3).dtype is dtypes.f32
+
+
+def test_gep_and_vectorize_render():
+    # out[i] = (x[i] * 2) with the 8 copies packed into one vector by hand, then read back lane by lane (GEP)
+    x, out = buf(0, 8), buf(1, 8)
+    lanes = tuple(x.index(UOp.const(i, dtypes.int32)).load() * 2.0 for i in range(8))
+    v = UOp(Ops.VECTORIZE, lanes)
+    ast = UOp(Ops.SINK, tuple(out.index(UOp.const(i, dtypes.int32)).store(UOp(Ops.GEP, (v,), i)) for i in range(8)))
+    src = render_c(ast, "k")
+    assert "typedef float float8 __attribute__((vector_size(32)));" in src and "[7])" in src
+    a, o = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    Program(src, "k")(a, o)
+    np.testing.assert_array_equal(o, a * 2)
+
+
+@pytest.mark.parametrize("n", [64, 72, 5])
+def test_vectorize_elementwise(n):
+    # an upcast of the contiguous last axis becomes vector loads, ops and stores; a remainder stays scalar
+    x = buf(0, 3 * n).reshape((3, n))
+    g = x * 2.0 + 1.0
+    src = render_c(lower(g, buf(1, 3 * n), Ctx(opts=Opts(upcast={1: 8}, vec=8))), "k")
+    a, o = _aligned(rng.standard_normal(3 * n).astype(np.float32)), _aligned(np.zeros(3 * n, np.float32))
+    Program(src, "k")(a, o)
+    np.testing.assert_allclose(o, a * 2 + 1, rtol=1e-6)
+    assert ("float8 val" in src) == (n >= 8)
+    assert ("(*(float8" in src) == (n >= 8)  # vector loads and stores
+
+
+def test_vectorize_leaves_selects_scalar():
+    # gcc's vector extension has no C form for ?: on vectors in C: a relu group stays scalar, and stays correct
+    x = buf(0, 64).reshape((4, 16))
+    g = (UOp.const(0.0) < x).where(x, UOp.const(0.0))
+    src = render_c(lower(g, buf(1, 64), Ctx(opts=Opts(upcast={1: 8}, vec=8))), "k")
+    assert "float8" not in src
+
+
+def test_vectorize_checks_bounds(context):
+    context(CHECK_OOB=1)
+    x = buf(0, 64).reshape((4, 16))
+    src = render_c(lower(x * 3.0, buf(1, 64), Ctx(opts=Opts(upcast={1: 16}, vec=16))), "k")
+    assert "uopc_chkv(" in src
+    a, o = _aligned(np.arange(64, dtype=np.float32)), _aligned(np.zeros(64, np.float32))
+    Program(src, "k")(a, o)
+    np.testing.assert_array_equal(o, a * 3)
+
+
+# ------------------------------------------------------------------ the microkernel in gcc -S
+
+
+def _gemm_kernel(m: int, n: int, k: int) -> str:
+    """The C of the matmul kernel the layout pass and heuristic make for an (m, k) @ (k, n) product."""
+    plan, _ = make_plan([gemm_graph(m, n, k)], opt=HandOpt)
+    (kern,) = [x for x in plan.kernels if x.name.startswith("r_")]
+    return render_c(kern.ast, "gemm")
+
+
+def _asm(src: str) -> str:
+    cmd = [runtime._resolve_compiler(), *runtime.CFLAGS, "-S", "-x", "c", "-", "-o", "-"]
+    return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif("-march=native" not in runtime.CFLAGS, reason="the vector width is chosen for -march=native")
+def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
+    # whole tiles only (no remainder loop nests): every FMA in the kernel is the microkernel's
+    asm = _asm(_gemm_kernel(4 * MR, 2 * NR, 256))
+    reg = "zmm" if W == 16 else "ymm"
+    packed = re.findall(rf"vfmadd\w+ps\s+[^\n]*%{reg}", asm)
+    assert len(packed) >= MR * NR // W, f"expected >= {MR * NR // W} packed FMAs on {reg}, found {len(packed)}"
+    assert not re.search(r"vfmadd\w+ss", asm), "scalar FMA in the GEMM kernel"
+    # no vector register is stored to or reloaded from the stack: the MR x NR tile fits in registers
+    spills = re.findall(rf"vmov\w+\s+(%{reg}\d+, )?-?\d*\(%r[sb]p\)(, %{reg}\d+)?", asm)
+    assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
+
+
+def test_gemm_opts_shape():
+    o = gemm_opts(layout_pass([gemm_graph(1024)])[0])
+    assert o is not None and o.upcast == {0: MR, 1: NR} and o.vec == W
+    # B is packed into NR-column panels when it does not fit in L2 or is strided along N; A is read in place
+    for m, bt, kernels in [(1024, False, ["e_", "r_"]), (256, False, ["r_"]), (256, True, ["e_", "r_"])]:
+        plan, _ = make_plan([gemm_graph(m, bt=bt)], opt=HandOpt)
+        assert [k.name[:2] for k in plan.kernels] == kernels, (m, bt)
+        assert plan.kernels[-1].opts.vec == W
+    # a computed A (here relu(A)) is packed too: computed once, not once per column block
+    a = gemm_graph(256).src[0].src[0]
+    relu_a = (UOp.const(0.0) < a).where(a, UOp.const(0.0))
+    plan, _ = make_plan([(relu_a * gemm_graph(256).src[0].src[1]).reduce(Ops.ADD, 1)], opt=HandOpt)
+    assert [k.name[:2] for k in plan.kernels] == ["e_", "r_"]
+
+
+# ------------------------------------------------------------------ correctness of every path against NumPy
+
+SHAPES = [
+    (4 * MR, 2 * NR, 64),  # whole tiles
+    (1, 200, 64),  # 1 x N: rows only in the remainder
+    (200, 1, 64),  # N x 1: narrower than a vector (the plain path)
+    (37, 53, 41),  # primes
+    (97, 131, 67),
+    (MR + 1, NR + W + 3, 300),
+    (128, 128, 784),
+    (16, 32, 784),  # K in chunks (ktile): later chunks load the output; that load must stay inside the chunk loop
+    (128, 10, 128),  # the MNIST MLP's second layer
+]
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matmul_shapes(context, opt, m, n, k):
+    context(OPT=opt)
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
+
+
+@pytest.mark.parametrize("m,n,k", [(37, 53, 41), (MR + 1, NR + W + 3, 300)])
+def test_matmul_shapes_search_and_bounds(context, m, n, k):
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    context(OPT=2)
+    _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
+    context(OPT=1, CHECK_OOB=1)
+    _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
+
+
+@pytest.mark.parametrize("opt,oob", [(1, 0), (2, 0), (1, 1)])
+def test_transposed_and_batched(context, opt, oob):
+    context(OPT=opt, CHECK_OOB=oob)
+    a, b = rng.standard_normal((67, 45)).astype(np.float32), rng.standard_normal((59, 45)).astype(np.float32)
+    _check_matmul(a, b.T, (Tensor(a) @ Tensor(b).T).numpy())  # B transposed
+    _check_matmul(a.T, a, (Tensor(a).T @ Tensor(a)).numpy())  # A transposed
+    x, y = rng.standard_normal((3, 29, 47)).astype(np.float32), rng.standard_normal((3, 47, 70)).astype(np.float32)
+    _check_matmul(x, y, (Tensor(x) @ Tensor(y)).numpy())
+    _check_matmul(x, y[0], (Tensor(x) @ Tensor(y[0])).numpy())  # B broadcast over the batch
+
+
+def test_backward_products(context):
+    # a Linear layer's gradients are X.T @ dY and dY @ W.T: both run through the packed microkernel
+    context(OPT=1, CHECK_OOB=1)
+    x = rng.standard_normal((128, 97)).astype(np.float32)
+    w = rng.standard_normal((97, 70)).astype(np.float32)
+    g = rng.standard_normal((128, 70)).astype(np.float32)
+    X, Wt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    ((X @ Wt) * Tensor(g)).sum().backward()
+    _check_matmul(x.T, g, Wt.grad.numpy())
+    _check_matmul(g, w.T, X.grad.numpy())
+
+
+def test_split_k(context, monkeypatch):
+    # (16, 16) from K = 65536: the reduction is split so each thread sums a part, then the parts are summed
+    monkeypatch.setattr(runtime, "get_num_threads", runtime.get_num_threads)
+    a = rng.standard_normal((16, 65536)).astype(np.float32)
+    b = rng.standard_normal((65536, 16)).astype(np.float32)
+    context(OPT=1)
+    _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
+    plan, _ = make_plan([gemm_graph(16, 16, 65536)], opt=HandOpt)
+    partial = [k for k in plan.kernels if k.opts is not None and k.opts.thread is not None and k.name.startswith("r_")]
+    assert partial and partial[0].name.count("_") == 3, [k.name for k in plan.kernels]  # r_S_16_16, threads over S
+    assert partial[0].opts.thread == 0
+
+
+def test_hand_opt_leaves_small_matmuls_alone():
+    # under GEMM_MIN_WORK multiply-adds the packing copies would cost more than they save
+    o = hand_opt_choice(gemm_graph(8, 16, 8))
+    assert o.vec == 0
+
+
+def test_matmul_dtypes(context):
+    # float64 runs the microkernel on double vectors; a float16 operand is cast, so it is packed (computed)
+    context(OPT=1)
+    a, b = rng.standard_normal((67, 45)), rng.standard_normal((45, 83))
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-12, atol=1e-12)
+    a16, b32 = a.astype(np.float16), b.astype(np.float32)
+    _check_matmul(a16.astype(np.float32), b32, (Tensor(a16) @ Tensor(b32)).numpy())
+
+
+def test_split_k_full_sum(context):
+    # a plain long sum is split too (two partial sums, then one): the value matches a float64 sum
+    context(OPT=1)
+    x = rng.standard_normal(1 << 17).astype(np.float32)
+    np.testing.assert_allclose(Tensor(x).sum().numpy(), x.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)

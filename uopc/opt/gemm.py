@@ -1,0 +1,189 @@
+"""Matmul-like reductions: operand packing in the layout pass, the register-blocked microkernel's Opts, split-K.
+
+    C = A @ B  (sum over k of a*b, a constant along N, b constant along M)     becomes at most three kernels:
+      STAGE  Bp[jb, k, jj] = B[k, jb*NR+jj]     NR columns of B interleaved by k: one contiguous panel per column
+                                                block (when B is strided along N, or larger than half of L2)
+      STAGE  Ap[ib, k, ii] = A[ib*MR+ii, k]     the same for A, only when A is computed (a plain view of memory
+                                                is read where it is: one broadcast per row and k)
+      r_M_N  Opts(upcast={M: MR, N: NR}, vec=W, thread=M, tile={M: MC, N: NC}, ktile=KC): an MR x NR tile of
+             accumulators in vector registers; per k, NR/W vector loads of B, MR broadcasts of A, MR*NR/W FMAs
+
+Transposed operands (a backward pass's X.T @ dY, dY @ W.T) and batched matmuls take the same path: the packing copy
+reads whatever view the operand is. A remainder of M or N that is not a multiple of the tile runs as its own loop
+nest (uopc.rangeify's regions); only the packed panels are padded, to whole tiles.
+"""
+
+from __future__ import annotations
+
+from uopc.helpers import prod
+from uopc.opt.machine import l2_bytes, num_cores, vector_bytes, vector_registers
+from uopc.opt.strides import _last_axis_stride, _views, push_views
+from uopc.opts import Opts
+from uopc.rewrite import graph_rewrite
+from uopc.uop import MOVEMENT, Ops, UOp
+
+# below this many multiply-adds the two packing kernels cost more than the microkernel saves
+GEMM_MIN_WORK = 1 << 16
+# split-K: an output of at most this many elements over a reduction this long gets its reduction split
+SPLITK_MAX_OUT = 4096
+SPLITK_MIN_K = 8192
+# the chunk of K one pass of the microkernel runs over (from the divisors of K in this range)
+KC_MIN, KC_MAX = 96, 384
+
+
+def matmul_operands(r: UOp) -> tuple[UOp, UOp] | None:
+    """(a, b) when `r` reduces a*b over the last axis of (..., M, N, K) with a constant along N and b along M."""
+    if r.op is not Ops.REDUCE or r.arg != (Ops.ADD, 1) or not r.dtype.is_float or r.dtype.itemsize < 4:
+        return None
+    x = r.src[0]
+    if x.op is not Ops.MUL or len(x.shape) < 3:
+        return None
+    for a, b in (x.src, x.src[::-1]):
+        if _constant_along(a, -2) and _constant_along(b, -3):
+            return a, b
+    return None
+
+
+def _constant_along(x: UOp, axis: int) -> bool:
+    """Does every view feeding `x` read the same element all along `axis`?"""
+    views = list(_views(x))
+    return bool(views) and all(_last_axis_stride(v, b, axis) == 0 for v, b in views)
+
+
+def _plain(x: UOp, contiguous_axis: int | None) -> bool:
+    """Is `x` a view of memory (no computation, no PAD gate), unit-stride along `contiguous_axis` if given?"""
+    if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE):
+        return False
+    views = list(_views(x))
+    if not views or any(_last_axis_stride(v, b) is None for v, b in views):
+        return False
+    return contiguous_axis is None or all(_last_axis_stride(v, b, contiguous_axis) == 1 for v, b in views)
+
+
+def microkernel(m: int, n: int, itemsize: int) -> tuple[int, int, int]:
+    """(MR, NR, W): the register tile of an (m, n) output, and the vector width in elements.
+
+    3/4 of the vector registers hold accumulators, the rest the NR/W operand vectors, the broadcast and gcc's
+    temporaries: 24 of AVX-512's 32 zmm as 6x64 floats (4 vectors wide), 12 of AVX2's 16 ymm as 6x16. Wider
+    tiles load fewer operands per FMA (6x64: 4 vector loads + 6 broadcasts per 24 FMAs; 12x32: 2 + 12). Measured
+    on a Zen 4 at 1024^3, one thread, interleaved: 6x64 30.0 GFLOP/s, 12x32 25.2, 14x32 22.7 (NumPy 25.9). Spill
+    check (gcc -S, tests/backend/test_gemm.py): 12x32, 14x32, 6x64 and 8x48 keep every accumulator in a register;
+    16x32 (32 accumulators) and 7x64 spill. Narrow outputs use fewer vectors per row and more rows (at most 12).
+    """
+    w = vector_bytes() // itemsize
+    budget = vector_registers() * 3 // 4
+    nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
+    return min(12, budget // nv), nv * w, w
+
+
+def uses_microkernel(r: UOp) -> bool:
+    """Is `r` a matmul the packed microkernel handles: float, at least one vector wide, and big enough?"""
+    if matmul_operands(r) is None:
+        return False
+    m, n, k = r.src[0].shape[-3:]
+    return n >= vector_bytes() // r.dtype.itemsize and prod(r.src[0].shape) >= GEMM_MIN_WORK and k > 1
+
+
+def _pack(x: UOp, along: int, tile: int) -> UOp:
+    """Operand `x` of shape (..., M, N, K), constant along axis `along` (-2 or -3): a STAGE of its (..., R, K)
+    rows packed into panels (..., R/tile, K, tile), padded to whole tiles, and the view of it as `x` again."""
+    shape = x.shape
+    nb = len(shape) - 3
+    bounds = tuple((0, 1) if i == len(shape) + along else (0, s) for i, s in enumerate(shape))
+    other = -3 if along == -2 else -2
+    rows, k = shape[other], shape[-1]
+    xs = x.shrink(bounds).reshape((*shape[:nb], rows, k))
+    padded = -(-rows // tile) * tile
+    pad = tuple((0, padded - rows) if i == nb else (0, 0) for i in range(nb + 2))
+    panels = xs.pad(pad).reshape((*shape[:nb], padded // tile, tile, k))
+    perm = (*range(nb), nb, nb + 2, nb + 1)
+    packed = UOp(Ops.STAGE, (panels.permute(perm),))
+    back = packed.permute(perm).reshape((*shape[:nb], padded, k))
+    back = back.shrink(tuple((0, rows) if i == nb else (0, s) for i, s in enumerate(back.shape)))
+    one = (*shape[:nb], rows, 1, k) if along == -2 else (*shape[:nb], 1, rows, k)
+    return back.reshape(one).expand(shape)
+
+
+def pack_matmuls(roots: list[UOp]) -> list[UOp]:
+    """Give every matmul the microkernel handles packed operands: A in MR-row panels, B in NR-column panels."""
+    todo = {r for r in UOp(Ops.SINK, tuple(roots)).toposort() if uses_microkernel(r)}
+
+    def repack(r: UOp) -> UOp:
+        ops = matmul_operands(r)
+        if ops is None:  # its operands were rewritten into something else: leave it
+            return r
+        a, b = ops
+        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize)
+        # A is read one broadcast element at a time: a plain view of memory is read where it is (measured at
+        # 256^3 and the MLP shapes: the packing copy cost 10-15% and gained nothing); a computed A is packed so
+        # it is computed once, not once per column block. B is packed unless its rows are contiguous along N and
+        # all of it fits in half of L2 (packing 4 MiB at 1024^3 gained ~15%; at 256^3 it cost 4%)
+        fits = prod(b.shape[:-3]) * b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= l2_bytes() // 2
+        pa = a if _plain(a, None) else _pack(a, -2, mr)
+        pb = b if fits and _plain(b, -2) else _pack(b, -3, nr)
+        return (pa * pb).reduce(Ops.ADD, 1)
+
+    return UOp.wrap(roots, todo, repack) if todo else roots
+
+
+def split_k(roots: list[UOp]) -> list[UOp]:
+    """A small output over a long reduction (e.g. (16, 16) from K = 65536) is computed as S partial sums by S
+    threads, then summed: (S, ..., K/S) -> (S, ...) -> (...). Also keeps each partial sum short (accuracy)."""
+    threads = num_cores()
+    todo = set()
+    for r in UOp(Ops.SINK, tuple(roots)).toposort():
+        if r.op is Ops.REDUCE and r.arg[1] == 1 and threads > 1 and prod(r.shape) <= SPLITK_MAX_OUT:
+            k = r.src[0].shape[-1]
+            if k >= SPLITK_MIN_K and k % (2 * threads) == 0 and r.dtype.is_float:
+                todo.add(r)
+
+    def split(r: UOp) -> UOp:
+        x, k = r.src[0], r.src[0].shape[-1]
+        s = 2 * threads if prod(r.shape) < 64 * threads else threads
+        nd = len(x.shape)
+        parts = x.reshape((*x.shape[:-1], s, k // s)).permute((nd - 1, *range(nd - 1), nd))
+        partial = graph_rewrite(parts, push_views).reduce(r.arg[0], 1)  # (S, ...): one kernel, threads over S
+        return partial.permute((*range(1, nd), 0)).reduce(r.arg[0], 1)
+
+    return UOp.wrap(roots, todo, split) if todo else roots
+
+
+def gemm_opts(body: UOp) -> Opts | None:
+    """The microkernel's Opts for a kernel whose body is a packed matmul (None for any other kernel)."""
+    if not uses_microkernel(body):
+        return None
+    shape, k = body.shape, body.src[0].shape[-1]
+    am, an = len(shape) - 2, len(shape) - 1
+    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize)
+    upcast = {am: mr, an: nr}
+    thread, tile = None, {}
+    if num_cores() > 1:
+        blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
+        thread = next((a for a, nb in enumerate(blocks) if nb >= num_cores()), None)
+        if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
+            mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * num_cores())
+            tile = {am: mc} if mc else {}
+    # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
+    # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
+    # sums kept in the output between chunks
+    ktile = next((c for c in range(KC_MAX, KC_MIN - 1, -1) if k % c == 0), 0) if k > KC_MAX * 3 // 2 else 0
+    kc = ktile or k
+    whole_n = shape[an] - shape[an] % nr
+    nc_max = max(nr, l2_bytes() // 2 // (kc * body.dtype.itemsize) // nr * nr)
+    if whole_n > nc_max:
+        nc = next((c for c in range(nc_max, nr - 1, -nr) if whole_n % c == 0), 0)
+        if nc > nr:
+            tile[an] = nc
+    return Opts(upcast=upcast, thread=thread, ktile=ktile, tile=tile, vec=w)
+
+
+def _row_block(whole: int, mr: int, min_blocks: int) -> int:
+    """The largest multiple of `mr` dividing `whole` into at least `min_blocks` blocks (0 if none): the row blocks
+    threads share out, so a thread that starts late (a busy machine) leaves less behind, in one parallel region
+    (measured under load at 1024^3: 33 GFLOP/s with blocks of 60 rows against 18 with a region per K chunk)."""
+    n = whole // mr
+    best = 0
+    for d in range(1, n + 1):
+        if n % d == 0 and n // d >= min_blocks:
+            best = d
+    return best * mr if best and best < n else 0

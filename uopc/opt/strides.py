@@ -1,0 +1,78 @@
+"""Views and strides on the shape graph: which buffer elements a view reads, asked of rangeify.
+
+`push_views` moves views through ALU ops so each operand's own chain of views is visible; `_views` lists those
+chains; `_last_axis_stride` is the distance in memory between neighbours along one axis of a view.
+"""
+
+from __future__ import annotations
+
+from uopc.helpers import prod
+from uopc.rangeify import Ctx, rangeify
+from uopc.rewrite import PatternMatcher, UPat
+from uopc.symbolic import simplify
+from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp
+
+
+def _push(m: UOp, a: UOp) -> UOp | None:
+    # PAD is not pushed: pad(f(x)) != f(pad(x)) when f(0) != 0 (exp2, cmp, where, ...)
+    if m.op is Ops.PAD:
+        return None
+    # operands of the ALU's own shape take the view; shape-() operands broadcast (unless the ALU itself is 0-d)
+    return a.replace(src=tuple(m.replace(src=(s,)) if s.shape == a.shape else s for s in a.src))
+
+
+# movement(alu(a, b)) -> alu(movement(a), movement(b)): exposes each operand's own chain of views;
+# permute(expand(x)) -> expand(permute(x)): the broadcast goes on top, so the operand under it can be staged
+# in the permuted order (a convolution's weight gradient reads its im2col rows transposed)
+push_views = PatternMatcher(
+    [
+        (UPat(MOVEMENT, src=(UPat(ALU, name="a"),), name="m"), _push),
+        (
+            UPat(Ops.PERMUTE, src=(UPat(Ops.EXPAND, name="e"),), name="p"),
+            lambda p, e: e.src[0].permute(p.arg).expand(p.shape),
+        ),
+    ]
+)
+
+
+def _views(x: UOp):
+    """The movement-op chains feeding x through ALU ops: (top of chain, materialized base)."""
+    seen, stack = set(), [x]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op in ALU:
+            stack.extend(u.src)
+        elif u.op in MOVEMENT:
+            base = u
+            while base.op in MOVEMENT:
+                base = base.src[0]
+            if base.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE):
+                yield u, base
+
+
+def _last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
+    """Distance in memory between view[..., k] and view[..., k+1] (along `axis`, the last by default), or None
+    if the view is not affine there.
+
+    Rangeify is the stride oracle: lower the view against a fake buffer, evaluate its index at k=0 and k=1.
+    """
+    if not view.shape or view.shape[axis] == 1:  # a 0-d view (e.g. reshape to ()) has no last axis to stride
+        return 0
+    fake = UOp(Ops.BUFFER, (), ParamArg(-999, base.dtype, (max(1, prod(base.shape)),)))
+    v = view.substitute({base: fake.reshape(base.shape) if base.shape != fake.shape else fake})
+    ctx = Ctx()
+    rngs = tuple(ctx.rng(s) for s in v.shape)
+    val = rangeify(v, rngs, ctx)
+    if val.op is not Ops.LOAD or val.src[0].op is not Ops.INDEX:
+        return None
+    e = val.src[0].src[1]
+
+    def at(k: int) -> UOp:
+        last = axis % len(rngs)
+        return simplify(e.substitute({r: UOp.const(k if i == last else 0) for i, r in enumerate(rngs)}))
+
+    e0, e1 = at(0), at(1)
+    return e1.arg - e0.arg if e0.op is Ops.CONST and e1.op is Ops.CONST else None
