@@ -15,7 +15,8 @@ read (parameters, optimizer state, constants) is bound by identity: a tensor tha
 followed to its current buffer, and written in place when every read of its old value comes earlier in the plan
 and nothing outside holds it (else into fresh pool storage, and the tensor is rebound). Returned Tensors are fresh
 buffers of that call, valid after later calls. A call whose Tensor shapes or dtypes, or whose other arguments,
-differ from the captured call raises ValueError naming the argument; `reset()` captures anew.
+differ from the captured call raises ValueError naming the argument, as does a change of `Tensor.training` or
+`Tensor.no_grad` (the modes the step's graph depends on); `reset()` captures anew.
 Per-step Python values are frozen by replay: optimizers keep theirs (lr, step count) in state tensors.
 """
 
@@ -55,6 +56,9 @@ def _signature(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[T
     named += [(f"argument {k!r}", kwargs[k]) for k in sorted(kwargs)]
     tensors = [a for _, a in named if isinstance(a, Tensor)]
     sig = {n: (("Tensor", a.shape, a.dtype.name) if isinstance(a, Tensor) else ("value", a)) for n, a in named}
+    # the modes the function reads from the Tensor class: dropout and BatchNorm change their graphs with training,
+    # and no_grad what is tracked, so a capture holds for the modes it was made under only
+    sig["Tensor.training"], sig["Tensor.no_grad"] = ("value", Tensor.training), ("value", Tensor.no_grad)
     return named, tensors, sig
 
 
@@ -63,7 +67,7 @@ _SIMPLE = (int, float, str, bool, type(None))
 
 def _fast_key(args: tuple) -> tuple | None:
     """Positional arguments as (shape, dtype) per Tensor and (type, value) per simple value; None if any other."""
-    key = []
+    key: list[tuple] = [(Tensor.training, Tensor.no_grad)]
     for a in args:
         if isinstance(a, Tensor):
             key.append((a.shape, a.dtype))

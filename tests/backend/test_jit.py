@@ -221,3 +221,24 @@ def test_jit_keyword_tensors_bind_by_name():
             else f(Tensor(a), scale=Tensor(sc), shift=Tensor(sh))
         )
         np.testing.assert_array_equal(out.numpy(), a * sc + sh)
+
+
+def test_jit_notices_training_and_no_grad_changes():
+    """Dropout's graph depends on Tensor.training and tracking on no_grad: a capture made in one mode refuses to
+    replay in the other (as it refuses another shape), naming the mode."""
+    x = Tensor(np.ones((4, 8), np.float32))
+    f = TinyJit(lambda t: (t.dropout(0.5) * 2).sum())
+    with Tensor.train():
+        for _ in range(3):
+            got = f(x).item()
+            assert got in {2.0 * k * 2 for k in range(33)}  # kept elements are scaled by 1/(1-p) = 2
+    with pytest.raises(ValueError, match="Tensor.training is bool False, but the captured call had bool True"):
+        f(x)
+    g = TinyJit(lambda t: t * 3)
+    for _ in range(3):
+        g(x)
+    with Tensor.test(), pytest.raises(ValueError, match="Tensor.no_grad"):
+        g(x)
+    f.reset()
+    for _ in range(3):  # captured again outside training: dropout is the identity
+        assert f(x).item() == 64.0
