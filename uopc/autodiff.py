@@ -110,6 +110,29 @@ def _scatter_back(g: UOp, x: UOp) -> UOp:
     return zeros_like(x.src[0]).scatter_add(x.src[1], g, dim, label + " backward", wrap)
 
 
+def _scatter_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
+    """SCATTER(base, index, values): an add sends g to the base and gathers it back for the values; a max sends g
+    to every element equal to the result, shared among ties (as a MAX reduce)."""
+    base, index, values = x.src
+    dim, label, wrap, rop = x.arg
+    back = label + " backward"
+    if rop is Ops.ADD:
+        return (g, None, g.gather(index, dim, back, wrap))
+    if rop is not Ops.MAX:
+        raise NotImplementedError(f"{label}: no gradient for a {rop.name} scatter")
+    if not (_stored(base) and _stored(values)):  # compare stored numbers with stored numbers (see _reduce_grad)
+        base = base if _stored(base) else UOp(Ops.STAGE, (base,))
+        values = values if _stored(values) else UOp(Ops.STAGE, (values,))
+        x = base.scatter_reduce(index, values, dim, rop, label, wrap)
+    dt = x.dtype
+    one, zero = _c(1.0, dt), _c(0.0, dt)
+    hit_base = _where(base.alu(Ops.CMPNE, x), zero, one)
+    hit_vals = _where(values.alu(Ops.CMPNE, x.gather(index, dim, back, wrap)), zero, one)
+    ties = zeros_like(base).scatter_add(index, hit_vals, dim, back, wrap) + hit_base
+    share = g * ties.alu(Ops.RECIP)
+    return (hit_base * share, None, hit_vals * share.gather(index, dim, back, wrap))
+
+
 LN2 = math.log(2.0)
 
 # One rule per op: (gradient of the node, the node) -> one gradient (or None) per source, in source order.
@@ -149,7 +172,7 @@ GRAD_RULES: dict[Ops, GradRule] = {
     Ops.FLIP: lambda g, x: (g.flip(tuple(i for i, f in enumerate(x.arg) if f)),),
     # ---- data-dependent reads and writes: each is the other's gradient; the index gets none
     Ops.GATHER: lambda g, x: (_scatter_back(g, x), None),
-    Ops.SCATTER: lambda g, x: (g, None, g.gather(x.src[1], x.arg[0], x.arg[1] + " backward", x.arg[2])),
+    Ops.SCATTER: lambda g, x: _scatter_grad(g, x),
     # ---- materialization: contiguous() is the identity, detach() stops the gradient
     Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (_stage(g),),
 }

@@ -486,7 +486,8 @@ def _setup_checks(ctx: Ctx, root: UOp, out: UOp) -> None:
 
 
 def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
-    """The accumulating half of SCATTER(base, index, values): for every element of values, out[target] += value.
+    """The accumulating half of SCATTER(base, index, values): for every element of values, in order,
+    out[target] = rop(out[target], value) (rop: ADD, MUL or MAX, the arg's last entry).
 
     `out` already holds the base (an ordinary kernel copies it there first). The loop runs serially, in order, so
     repeated indices accumulate deterministically; each index is checked like a GATHER's."""
@@ -503,7 +504,7 @@ def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
         lo = -root.shape[dim] if root.arg[2] else 0
         j = UOp(Ops.CHECK, (j, ctx.err), (root.shape[dim], ctx.checks[root], lo))
         target = out.index(ravel(idx[:dim] + (j,) + idx[dim + 1 :], root.shape))
-        st = target.store(target.load() + rangeify(values, idx, ctx))
+        st = target.store(UOp(root.arg[3], (target.load(), rangeify(values, idx, ctx))))
         return simplify(sink(st.end(*ranges_in(*loops))))
 
 

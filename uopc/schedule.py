@@ -280,7 +280,7 @@ def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, i
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
     alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
     moved = _nbytes([b for b in bufs if local[b].arg.slot in alive], out)
-    op = "scatter_add" if body.op is Ops.SCATTER else kernel_op(body)
+    op = f"scatter_{body.arg[3].name.lower()}" if body.op is Ops.SCATTER else kernel_op(body)
     return Kernel(name, ast, tuple(refs[s] for s in alive), _flops(body), opts, checks, moved, op)
 
 

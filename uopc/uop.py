@@ -44,7 +44,8 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     STAGE = auto()
     # a data-dependent read: GATHER(x, index) takes x along one axis at positions the index tensor holds
     GATHER = auto()
-    # a data-dependent write: SCATTER(base, index, values) adds values into base at positions the index holds
+    # a data-dependent write: SCATTER(base, index, values) combines values into base at positions the index holds
+    # (arg: dim, label, wrap, rop with rop ADD, MUL or MAX)
     SCATTER = auto()
     # ALU: unary
     NEG = auto()
@@ -359,6 +360,14 @@ class UOp:
         """self with values[..., i, ...] added at [..., index[..., i, ...], ...] along `dim` (PyTorch's scatter_add):
         repeated indices accumulate. The inverse of gather, and its gradient. Indices are checked when it runs
         (negative ones count from the end with `wrap`)."""
+        return self.scatter_reduce(index, values, dim, Ops.ADD, label, wrap)
+
+    def scatter_reduce(
+        self, index: UOp, values: UOp, dim: int, rop: Ops, label: str = "scatter_reduce", wrap: bool = False
+    ) -> UOp:
+        """scatter_add with another combining op: ADD, MUL or MAX (out[target] = rop(out[target], value), in order)."""
+        if rop not in (Ops.ADD, Ops.MUL, Ops.MAX):
+            raise ValueError(f"{label}: a scatter combines with ADD, MUL or MAX, got {rop}")
         if index.dtype is None or not index.dtype.is_int:
             raise TypeError(f"{label}: the index must be an integer tensor, got {index.dtype}")
         if index.shape != values.shape:
@@ -369,7 +378,7 @@ class UOp:
             raise ValueError(f"{label}: index shape {index.shape} and dim {dim} do not fit shape {self.shape}")
         if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
             raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
-        return UOp(Ops.SCATTER, (self, index, values), (dim, label, wrap))
+        return UOp(Ops.SCATTER, (self, index, values), (dim, label, wrap, rop))
 
     def flip(self, axes: tuple[int, ...]) -> UOp:
         """Reverse the given axes (arg: one bool per dim)."""

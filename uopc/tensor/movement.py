@@ -10,6 +10,7 @@ Concatenation pads every piece to the full size at its offset and adds them, so 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Self
 
@@ -284,6 +285,71 @@ class MovementMixin:
         src = src if isinstance(src, MovementMixin) else type(self)(src, dtype=self.dtype)
         d = norm_dim(dim, self.ndim)
         return self._new(self.uop.scatter_add(index.uop, src.uop, d, "scatter_add"), src)
+
+    def _scatter(self, dim: int, index: Any, src: Any, rop: Ops, label: str) -> Self:
+        index = index if isinstance(index, MovementMixin) else type(self)(index)
+        src = src if isinstance(src, MovementMixin) else type(self)(src, dtype=self.dtype)
+        return self._new(self.uop.scatter_reduce(index.uop, src.uop, norm_dim(dim, self.ndim), rop, label), src)
+
+    def _written(self, dim: int, index: Any) -> Self:
+        """Which elements of self some index entry targets (bool, self's shape)."""
+        index = index if isinstance(index, MovementMixin) else type(self)(index)
+        ones = index.full_like(1, dtype=dtypes.int32)
+        return self.full_like(0, dtype=dtypes.int32)._scatter(dim, index, ones, Ops.ADD, "scatter") > 0
+
+    def scatter(self, dim: int, index: Any, src: Any, reduce: str | None = None) -> Self:
+        """PyTorch's scatter: self with src[i][j] written at [index[i][j]][j] for dim=0 (src may be a number).
+
+        Where an index repeats, the last source element in row-major order wins (PyTorch leaves the choice open).
+        reduce="add" / "multiply" combine instead, as scatter_reduce's "sum" / "prod" with include_self."""
+        if reduce is not None:
+            modes = {"add": "sum", "multiply": "prod"}
+            if reduce not in modes:
+                raise ValueError(f"scatter: reduce must be None, 'add' or 'multiply', got {reduce!r}")
+            return self.scatter_reduce(dim, index, src, modes[reduce])
+        index = index if isinstance(index, MovementMixin) else type(self)(index)
+        if not isinstance(src, MovementMixin):
+            src = index.full_like(src, dtype=self.dtype)
+        pdt = dtypes.int64 if index.numel() >= 2**31 else dtypes.int32
+        pos = type(self).arange(index.numel(), dtype=pdt).reshape(index.shape)
+        # the position of the last element writing each target (-1: none), then only that element is added in
+        last = self.full_like(-1, dtype=pdt)._scatter(dim, index, pos, Ops.MAX, "scatter")
+        winner = pos == last._gather(dim, index, "scatter")
+        vals = self.zeros_like()._scatter(dim, index, winner.where(src, 0).cast(self.dtype), Ops.ADD, "scatter")
+        return (last >= 0).where(vals, self)
+
+    def scatter_reduce(self, dim: int, index: Any, src: Any, reduce: str, include_self: bool = True) -> Self:
+        """PyTorch's scatter_reduce: combine src into self at the index's positions along `dim` with "sum", "prod",
+        "mean", "amax" or "amin"; include_self=False leaves self's old value out wherever something is written.
+        Gradients as PyTorch's for sum, mean, amax and amin (shared among ties); none for prod."""
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise ValueError(f"scatter_reduce: reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
+        index = index if isinstance(index, MovementMixin) else type(self)(index)
+        src = src if isinstance(src, MovementMixin) else type(self)(src, dtype=self.dtype)
+        written = self._written(dim, index)
+        label = f"scatter_reduce {reduce}"
+        if reduce in ("sum", "mean"):
+            base = self if include_self else written.where(0, self)
+            total = base._scatter(dim, index, src, Ops.ADD, label)
+            if reduce == "sum":
+                return total
+            ones = index.full_like(1, dtype=self.dtype)
+            count = self.full_like(int(include_self))._scatter(dim, index, ones, Ops.ADD, label)
+            count = written.where(count, 1)  # nothing written (count 0 without self): no 0/0 on the gradient path
+            mean = total / count if self.dtype.is_float else total // count
+            return written.where(mean, self)
+        if reduce == "prod":
+            base = self if include_self else written.where(1, self)
+            return base._scatter(dim, index, src, Ops.MUL, label)
+        # amin is amax of an order-reversed copy: -x for floats, ~x for integers (exact, no overflow)
+        flip = (lambda t: -t) if self.dtype.is_float or self.dtype is dtypes.bool else (lambda t: ~t)
+        low = (
+            -math.inf if self.dtype.is_float else (False if self.dtype is dtypes.bool else np.iinfo(self.dtype.np).min)
+        )
+        a, b = (self, src) if reduce == "amax" else (flip(self), flip(src))
+        base = a if include_self else written.where(low, a)
+        out = base._scatter(dim, index, b, Ops.MAX, label)
+        return out if reduce == "amax" else flip(out)
 
     # ---------------------------------------------------------------- joining (Tensor.cat(a, b) or a.cat(b))
 
