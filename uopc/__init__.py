@@ -8,22 +8,7 @@ Importing uopc loads only the Tensor front end; the compiler stages load on the 
 
 from uopc.dtype import dtypes
 from uopc.tensor import Tensor, no_grad
-
-
-def set_num_threads(n: int) -> None:
-    """Threads for OpenMP kernels (else UOPC_NUM_THREADS, else OMP_NUM_THREADS, else all cores)."""
-    # imported here so that `import uopc` does not load the runtime (gcc, ctypes) before it is needed
-    from uopc.runtime import set_num_threads as _set
-
-    _set(n)
-
-
-def get_num_threads() -> int:
-    """The thread count OpenMP kernels run with."""
-    # imported here so that `import uopc` does not load the runtime (gcc, ctypes) before it is needed
-    from uopc.runtime import get_num_threads as _get
-
-    return _get()
+from uopc.threads import get_num_threads, set_num_threads
 
 
 def __getattr__(name: str):

@@ -26,8 +26,9 @@ from uopc.buffer import buffer_ptr, output_buffer, pool
 from uopc.opt import HandOpt, SearchOpt
 from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_plan
-from uopc.runtime import Program, ensure_threads
+from uopc.runtime import Program
 from uopc.schedule import Kernel, Plan, Ref, make_plan
+from uopc.threads import ensure_threads
 from uopc.uop import Ops, UOp, structure_key
 
 __all__ = [

@@ -23,7 +23,8 @@ from uopc.opt.layout import layout_pass
 from uopc.opts import Opts
 from uopc.rangeify import ERROR_RECORD, Ctx, checks_of, lower
 from uopc.render_c import render_c
-from uopc.runtime import Program, compiler_identity, get_num_threads
+from uopc.runtime import Program, compiler_identity
+from uopc.threads import get_num_threads
 from uopc.uop import Ops, UOp, structure_key
 
 

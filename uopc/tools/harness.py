@@ -23,7 +23,8 @@ import numpy as np
 
 from uopc import helpers
 from uopc.helpers import atomic_write
-from uopc.runtime import Program, compiler_identity, get_num_threads
+from uopc.runtime import Program, compiler_identity
+from uopc.threads import get_num_threads
 
 __all__ = [
     "calibrate",
