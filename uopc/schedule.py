@@ -197,16 +197,17 @@ def _nbytes(bufs: list[UOp], out: UOp) -> int:
 
 
 def _unique_names(names: list[str], asts: list[UOp]) -> list[str]:
-    """Suffix n1, n2 .. onto a name already used by a different kernel; identical ASTs keep one name."""
+    """One name per distinct AST: a repeated AST keeps its first name (two bodies of different shapes can lower to
+    one AST); a name already used by a different AST gets the suffix n1, n2 .."""
     seen: dict[str, list[UOp]] = {}
+    named: dict[UOp, str] = {}
     out = []
     for name, ast in zip(names, asts, strict=True):
-        taken = seen.setdefault(name, [])
-        i = next((j for j, a in enumerate(taken) if a is ast), None)
-        if i is None:
-            i = len(taken)
+        if ast not in named:
+            taken = seen.setdefault(name, [])
+            named[ast] = name if not taken else f"{name}n{len(taken)}"
             taken.append(ast)
-        out.append(name if i == 0 else f"{name}n{i}")
+        out.append(named[ast])
     return out
 
 
