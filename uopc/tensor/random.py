@@ -117,6 +117,13 @@ class RandomMixin:
         return (bits // 256).cast(dtypes.float32) * 2.0**-24
 
     @classmethod
+    def _sample(cls, t: Any, requires_grad: bool | None) -> Self:
+        """Samples as a new tensor that behaves like one created from data: requires_grad None (undecided) lets
+        backward() without a parameter list find it, as it finds a Tensor made from an array."""
+        out = cls(t.uop, requires_grad=requires_grad)
+        return out.requires_grad_(None) if requires_grad is None else out
+
+    @classmethod
     def rand(cls, *shape: Any, dtype: Any = None, requires_grad: bool | None = None) -> Self:
         """Uniform samples in [0, 1)."""
         shape = shape_arg(shape)
@@ -126,7 +133,7 @@ class RandomMixin:
         if prod(shape) == 0:
             return cls.zeros(shape, dtype=dt, requires_grad=requires_grad)
         u = cls._unit(cls._philox(prod(shape))[0], dt).cast(dt).reshape(shape)
-        return cls(u.uop, requires_grad=requires_grad)
+        return cls._sample(u, requires_grad)
 
     @classmethod
     def randn(cls, *shape: Any, dtype: Any = None, requires_grad: bool | None = None) -> Self:
@@ -142,7 +149,7 @@ class RandomMixin:
         u1 = 1.0 - cls._unit(a, wide)  # (0, 1]: log never sees 0
         u2 = cls._unit(b, wide)
         z = ((u1.log() * -2.0).sqrt() * (u2 * (2 * math.pi)).cos()).cast(dt).reshape(shape)
-        return cls(z.uop, requires_grad=requires_grad)
+        return cls._sample(z, requires_grad)
 
     @classmethod
     def uniform(
@@ -151,7 +158,7 @@ class RandomMixin:
         """Uniform samples in [low, high)."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         u = cls.rand(*shape, dtype=dtypes.float64 if dt is dtypes.float64 else dtypes.float32)
-        return cls((u * (high - low) + low).cast(dt).uop, requires_grad=requires_grad)
+        return cls._sample((u * (high - low) + low).cast(dt), requires_grad)
 
     @classmethod
     def normal(
@@ -160,7 +167,7 @@ class RandomMixin:
         """Normal samples with `mean` and `std`."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         z = cls.randn(*shape, dtype=dtypes.float64 if dt is dtypes.float64 else dtypes.float32)
-        return cls((z * std + mean).cast(dt).uop, requires_grad=requires_grad)
+        return cls._sample((z * std + mean).cast(dt), requires_grad)
 
     @classmethod
     def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: Any = None) -> Self:
