@@ -178,3 +178,18 @@ def test_dropout_matches_torch_scaling():
     for y in (ours, ref):
         np.testing.assert_allclose(y[y != 0], x[y != 0] / 0.8, rtol=1e-6)
     assert abs((ours == 0).mean() - (ref == 0).mean()) < 0.01
+
+
+def test_nn_dropout_layer():
+    from uopc.nn import Dropout
+
+    x = Tensor(np.ones((64, 64), np.float32))
+    drop = Dropout(0.25)
+    np.testing.assert_array_equal(drop(x).numpy(), x.numpy())  # not training: the identity
+    with Tensor.train():
+        y = drop(x).numpy()
+    kept = y != 0
+    assert 0.7 < kept.mean() < 0.8  # 4096 draws: the kept fraction is 0.75 +- 0.02
+    np.testing.assert_allclose(y[kept], 1 / 0.75, rtol=1e-6)
+    with pytest.raises(ValueError, match="p must be in"):
+        Dropout(1.5)

@@ -6,13 +6,13 @@
     >>> opt.zero_grad(); loss.backward(opt.params); opt.step(loss)   # one plan: grads, updates and the loss
     >>> safe_save(get_state_dict([l1, l2]), "mlp.safetensors")
 
-layers.py (Linear, LayerNorm, Embedding), conv.py (Conv1d/2d, ConvTranspose2d), norm.py (BatchNorm,
+layers.py (Linear, LayerNorm, Embedding, Dropout), conv.py (Conv1d/2d, ConvTranspose2d), norm.py (BatchNorm,
 GroupNorm, InstanceNorm, RMSNorm, Sequential), optim.py (SGD, Adam, AdamW, LAMB, clip_grad_norm_), schedulers.py
 (StepLR, CosineAnnealingLR, LinearWarmupLR), state.py (state dicts, safetensors).
 """
 
 from uopc.nn.conv import Conv1d, Conv2d, ConvTranspose2d
-from uopc.nn.layers import Embedding, LayerNorm, Linear
+from uopc.nn.layers import Dropout, Embedding, LayerNorm, Linear
 from uopc.nn.norm import (
     BatchNorm,
     BatchNorm1d,
@@ -35,6 +35,7 @@ __all__ = [
     "Linear",
     "LayerNorm",
     "Embedding",
+    "Dropout",
     "Conv1d",
     "Conv2d",
     "ConvTranspose2d",

@@ -63,3 +63,16 @@ class Embedding:
         ids = idx.reshape(-1, 1).expand(idx.numel(), self.dim)
         label = f"Embedding({self.vocab_size}, {self.dim})"
         return self.weight._new(self.weight.uop.gather(ids.uop, 0, label)).reshape(*idx.shape, self.dim)
+
+
+class Dropout:
+    """Zero each element with probability p while Tensor.training (scaling the rest by 1/(1-p)); the identity
+    otherwise. The mask is drawn in the graph, so a TinyJit replay draws a fresh one every call."""
+
+    def __init__(self, p: float = 0.5):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: p must be in [0, 1], got {p}")
+        self.p = p
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return x.dropout(self.p)
