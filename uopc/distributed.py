@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from uopc import helpers, set_num_threads
+from uopc import helpers, realize, set_num_threads
 from uopc.buffer import ALIGN, aligned_empty, base_buffer, buffer_data, buffer_from
 from uopc.dtype import DType
 from uopc.tensor import Tensor
@@ -131,6 +131,11 @@ def _mpi_op(op: str, dtype: DType) -> MPI.Op:
 def _check_tensor(fn: str, t: Any) -> None:
     if not isinstance(t, Tensor):
         raise TypeError(f"{fn}: expected a Tensor, got {type(t).__name__}")
+    if realize.capturing() is not None:  # a replay runs the captured plans only: the communication would be skipped
+        raise RuntimeError(
+            f"{fn}: TinyJit cannot capture an MPI collective (its replay would skip the communication); "
+            "run data-parallel steps without TinyJit"
+        )
 
 
 def all_reduce(t: Tensor, op: str = "sum") -> Tensor:

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from uopc import TinyJit
 from uopc import distributed as dist
 from uopc.buffer import base_buffer, buffer_data
 from uopc.dtype import dtypes
@@ -62,6 +63,14 @@ def check_collectives(world: dist.World, out: dict) -> None:
     except ValueError as e:
         assert "((2,), 'float32')" in str(e) and "((3,), 'float32')" in str(e), e
     out["broadcast"] = dist.broadcast(Tensor([1.0, 2.0, 3.0]) * (world.rank + 1), root=1).numpy()
+    # TinyJit replays plans only: capturing a collective raises (on every rank alike) instead of skipping it later
+    f = TinyJit(lambda t: dist.all_reduce(t * 2))
+    out["jit_first_call"] = f(Tensor([1.0, 2.0])).numpy()  # call 1 runs normally
+    try:
+        f(Tensor([1.0, 2.0]))
+        raise AssertionError("TinyJit captured an all_reduce")
+    except RuntimeError as e:
+        assert "TinyJit cannot capture an MPI collective" in str(e), e
     dist.barrier()
 
 

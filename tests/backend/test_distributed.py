@@ -76,6 +76,11 @@ def test_all_reduce_of_a_lazy_tensor_and_broadcast(results):
     np.testing.assert_array_equal(results["broadcast"], [2.0, 4.0, 6.0])  # rank 1's value, on rank 0
 
 
+def test_tinyjit_refuses_to_capture_a_collective(results):
+    # the refusal itself is asserted on the ranks (dist_worker.py); here: the first, uncaptured call communicated
+    np.testing.assert_array_equal(results["jit_first_call"], [2.0 * RANKS, 4.0 * RANKS])
+
+
 def test_sampler_splits_each_global_batch_into_disjoint_parts(results):
     ranks, single = results["sampler_ranks"], results["sampler_single"]  # (ranks, steps, local), (steps, global)
     # concatenating the ranks' parts gives exactly one process's batch, step by step
