@@ -357,15 +357,14 @@ class UOp:
         return UOp(Ops.GATHER, (self, index), (dim, label, wrap))
 
     def scatter_add(self, index: UOp, values: UOp, dim: int, label: str = "scatter_add", wrap: bool = False) -> UOp:
-        """self with values[..., i, ...] added at [..., index[..., i, ...], ...] along `dim` (PyTorch's scatter_add):
-        repeated indices accumulate. The inverse of gather, and its gradient. Indices are checked when it runs
-        (negative ones count from the end with `wrap`)."""
+        """self with values[..., i, ...] added at [..., index[..., i, ...], ...] along `dim` (PyTorch's scatter_add;
+        repeats accumulate): gather's gradient. Indices are checked when it runs (with `wrap`, negative ones too)."""
         return self.scatter_reduce(index, values, dim, Ops.ADD, label, wrap)
 
     def scatter_reduce(
         self, index: UOp, values: UOp, dim: int, rop: Ops, label: str = "scatter_reduce", wrap: bool = False
     ) -> UOp:
-        """scatter_add with another combining op: ADD, MUL or MAX (out[target] = rop(out[target], value), in order)."""
+        """scatter_add with a combining op: ADD, MUL or MAX (out[target] = rop(out[target], value), in order)."""
         if rop not in (Ops.ADD, Ops.MUL, Ops.MAX):
             raise ValueError(f"{label}: a scatter combines with ADD, MUL or MAX, got {rop}")
         if index.dtype is None or not index.dtype.is_int:

@@ -58,11 +58,11 @@ def _imports(tree: ast.AST, lazy: bool) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
-def import_graph(lazy: bool | None = None) -> dict[str, set[str]]:
+def import_graph(lazy: bool | None = None, own: bool = False) -> dict[str, set[str]]:
     """module -> the uopc modules it imports (anywhere, or only at module level / only inside functions).
 
     A package's imports of its own submodules are how it re-exports them and are left out (the top package `uopc`
-    excepted: what it imports is what `import uopc` loads)."""
+    excepted: what it imports is what `import uopc` loads); `own=True` keeps them."""
     mods = _modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, path in mods.items():
@@ -85,8 +85,8 @@ def import_graph(lazy: bool | None = None) -> dict[str, set[str]]:
                 if n.startswith("uopc"):
                     t = _resolve(n, mods)
                     # a package importing its own submodules is how it re-exports them, not a dependency
-                    own = m != "uopc" and path.endswith("__init__.py") and t is not None and t.startswith(m + ".")
-                    if t and t != m and not own:
+                    re_export = m != "uopc" and path.endswith("__init__.py") and t is not None and t.startswith(m + ".")
+                    if t and t != m and (own or not re_export):
                         graph[m].add(t)
     return graph
 
@@ -144,3 +144,68 @@ def test_import_uopc_loads_no_compiler_stage():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     for stage in ("uopc.schedule", "uopc.realize", "uopc.opt", "uopc.rangeify", "uopc.render_c", "uopc.runtime"):
         assert stage not in out, f"`import uopc` loaded {stage}: {out}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# docs/layout.md: its tree and import graph are generated here (python tests/unit/test_imports.py prints them)
+
+LAYOUT = os.path.join(os.path.dirname(ROOT), "docs", "layout.md")
+BEGIN, END = "<!-- generated: python tests/unit/test_imports.py -->", "<!-- end generated -->"
+
+
+def _topo_order(graph: dict[str, set[str]]) -> list[str]:
+    """Modules by depth (1 + the deepest module they import, a package's re-exported modules included; lazy allowed
+    edges ignored), then by name: each module comes after everything it imports, in the pipeline's order."""
+    depth: dict[str, int] = {}
+
+    def d(u: str) -> int:
+        if u not in depth:
+            depth[u] = 1 + max((d(v) for v in graph[u] if (u, v) not in ALLOWED), default=-1)
+        return depth[u]
+
+    return sorted(graph, key=lambda u: (d(u), u))
+
+
+def layout_text() -> str:
+    """The tree of uopc/ with line counts, and the import graph one line per module (dependencies first)."""
+    mods = _modules()
+    graph = import_graph()
+    tree = []
+    for m in sorted(mods, key=lambda m: mods[m]):
+        with open(mods[m]) as f:
+            n = sum(1 for _ in f)
+        tree.append(f"{os.path.relpath(mods[m], os.path.dirname(ROOT)):36s} {n:5d}")
+    edges = []
+    for m in _topo_order(import_graph(own=True)):
+        eager = sorted(t.removeprefix("uopc.") for t in graph[m] if (m, t) not in ALLOWED)
+        lazy = sorted(t.removeprefix("uopc.") + " (lazy)" for t in graph[m] if (m, t) in ALLOWED)
+        what = ", ".join(eager + lazy) or ("(re-exports its modules)" if mods[m].endswith("__init__.py") else "-")
+        edges.append(f"{m.removeprefix('uopc.') if m != 'uopc' else 'uopc':22s} <- {what}")
+    return "\n".join([BEGIN, "```", *tree, "```", "", "```", *edges, "```", END])
+
+
+def _generated_block(text: str) -> str:
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
+
+
+def _strip_counts(block: str) -> list[str]:
+    return [line.rsplit(None, 1)[0] if line.startswith("uopc/") else line for line in block.splitlines()]
+
+
+def test_layout_doc_lists_every_module_and_import():
+    """docs/layout.md's tree names every module and its import graph is the real one (line counts may drift)."""
+    with open(LAYOUT) as f:
+        doc = f.read()
+    assert BEGIN in doc and END in doc, f"{LAYOUT} lost its generated block"
+    assert _strip_counts(_generated_block(doc)) == _strip_counts(layout_text()), (
+        "docs/layout.md is out of date: run python tests/unit/test_imports.py and paste its output"
+    )
+
+
+if __name__ == "__main__":
+    print(layout_text())
+
+
+def test_no_module_exceeds_600_lines():
+    long = {m: n for m, p in _modules().items() if (n := sum(1 for _ in open(p))) > 600}
+    assert not long, f"modules over 600 lines (split them by job): {long}"
