@@ -133,7 +133,12 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     if op in (Ops.STAGE,):
         return rangeify(src[0], idx, ctx, valid)
     if op is Ops.RESHAPE:
-        return rangeify(src[0], _reshape_index(idx, u.shape, src[0].shape), ctx, valid)
+        # a reshape of a reshape is one reshape (both row-major): map straight to the innermost source's shape, so
+        # a staged (N, H, W, C, kh, kw) read as (N, H*W, C*kh*kw) indexes without a div/mod per element
+        inner = src[0]
+        while inner.op is Ops.RESHAPE:
+            inner = inner.src[0]
+        return rangeify(inner, _reshape_index(idx, u.shape, inner.shape), ctx, valid)
     if op is Ops.EXPAND:
         zero = UOp.const(0, ctx.idx)
         return rangeify(src[0], tuple(zero if s == 1 else i for i, s in zip(idx, src[0].shape)), ctx, valid)

@@ -172,8 +172,10 @@ class ConvMixin:
         x = self.pad([None, None, *pads])._windows(ks, st, dl)  # (N, Cin, *out, *k)
         # im2col: the windows copied once into rows (N, g, P, cg*k), so the reduction is a GEMM whose reduce axis
         # is contiguous in both operands, and its output (N, g, og, P) is already NCHW
-        x = x.reshape(N, g, cg, npos, prod(ks)).permute(0, 1, 3, 2, 4).reshape(N, g, 1, npos, kk)
-        col = x.contiguous()
+        # (staged with the positions and the window axes unmerged, so the copy's loops index without div/mod)
+        sp_ax, k_ax = list(range(3, 3 + n)), list(range(3 + n, 3 + 2 * n))
+        x = x.reshape(N, g, cg, *outs, *ks).permute(0, 1, *sp_ax, 2, *k_ax)
+        col = x.contiguous().reshape(N, g, 1, npos, kk)
         wv = w.reshape(1, g, og, 1, kk)
         out = (col * wv).sum(-1).reshape(N, cout, *outs)
         if bias is not None:
