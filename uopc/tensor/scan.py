@@ -18,6 +18,7 @@ from typing import Any, Self
 import numpy as np
 
 from uopc.dtype import dtypes
+from uopc.helpers import prod
 from uopc.tensor.shape import norm_dim
 from uopc.uop import Ops
 
@@ -130,7 +131,7 @@ class ScanMixin:
             return x
         kept = [i for i in range(x.ndim) if i not in axes]
         y = x.permute(*kept, *axes)
-        y = y.reshape(*y.shape[: len(kept)], -1)._prod_last()
+        y = y.reshape(*y.shape[: len(kept)], prod(x.shape[a] for a in axes))._prod_last()  # no -1: a dim may be 0
         if keepdim:
             y = y.reshape(tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
         return y
