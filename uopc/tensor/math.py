@@ -208,7 +208,8 @@ class MathMixin:
         big = x.abs() > 1
         t = big.where(big.where(x, 1.0).reciprocal(), x)  # 1/x only where taken: no inf in the other gradient
         a = t._atan_small()
-        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a)
+        # the ±pi/2 select of two Python floats is float32: cast back so half stays half
+        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a).cast(x.dtype)
 
     def asin(self) -> Self:
         """Arcsine: atan(x / sqrt(1 - x^2)) (NaN outside [-1, 1])."""
