@@ -86,7 +86,8 @@ class MathMixin:
     def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Self:
         """|a - b| <= atol + rtol |b| elementwise (infinities equal only to themselves)."""
         a, b = self._operands(other)
-        close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+        d = (a - b).abs()
+        close = (a == b) | (d.isfinite() & (d <= atol + rtol * b.abs()))  # inf - inf or x - inf: only a == b
         return close | (a.isnan() & b.isnan()) if equal_nan else close
 
     def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
