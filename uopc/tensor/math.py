@@ -17,6 +17,7 @@ from uopc.tensor.shape import Axis, is_int
 _ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _SELU_ALPHA = 1.6732632423543772
 _SELU_SCALE = 1.0507009873554805
+_HUGE = 1e9  # above this, sqrt(x^2 ± 1) is |x| to float64's precision (and x^2 may overflow float32)
 
 
 def _abs_slope1(x: Any) -> Any:
@@ -235,13 +236,17 @@ class MathMixin:
         """sign(x) log(|x| + sqrt(x^2 + 1))."""
         x = self._to_float()
         a = _abs_slope1(x)
-        r = (a + (a * a + 1).sqrt()).log()
+        big = a > _HUGE  # x^2 would overflow: log(2|x|), exact there
+        s = big.where(1.0, a)  # each branch sees only safe values, so the untaken one has a finite gradient
+        r = big.where(big.where(a, 1.0).log() + math.log(2), (s + (s * s + 1).sqrt()).log())
         return (x < 0).where(-r, r)
 
     def acosh(self) -> Self:
-        """log(x + sqrt(x^2 - 1)) (NaN below 1)."""
+        """log(x + sqrt(x^2 - 1)) (NaN below 1); log(2x) for huge x, whose square would overflow."""
         x = self._to_float()
-        return (x + (x * x - 1).sqrt()).log()
+        big = x > _HUGE
+        s = big.where(2.0, x)
+        return big.where(big.where(x, 1.0).log() + math.log(2), (s + (s * s - 1).sqrt()).log())
 
     def atanh(self) -> Self:
         """log((1 + x) / (1 - x)) / 2."""
