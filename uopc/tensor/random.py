@@ -102,6 +102,15 @@ class RandomMixin:
         return r, lft
 
     @classmethod
+    def _random_leaf(cls, t: Self, requires_grad: bool | None) -> Self:
+        """A fresh leaf holding a random draw's graph: like a tensor made from data, a float one with requires_grad
+        None may receive a gradient from backward() (as tinygrad's Tensor.randn(3) does)."""
+        out = cls(t.uop, requires_grad=requires_grad)
+        if requires_grad is None and out.dtype.is_float:
+            cls._grad_tensors[id(out)] = out
+        return out
+
+    @classmethod
     def random_bits(cls, *shape: Any) -> Self:
         """Uniformly distributed uint32 words of `shape`, hashed in the graph."""
         shape = shape_arg(shape)
@@ -126,7 +135,7 @@ class RandomMixin:
         if prod(shape) == 0:
             return cls.zeros(shape, dtype=dt, requires_grad=requires_grad)
         u = cls._unit(cls._philox(prod(shape))[0], dt).cast(dt).reshape(shape)
-        return cls(u.uop, requires_grad=requires_grad)
+        return cls._random_leaf(u, requires_grad)
 
     @classmethod
     def randn(cls, *shape: Any, dtype: Any = None, requires_grad: bool | None = None) -> Self:
@@ -142,7 +151,7 @@ class RandomMixin:
         u1 = 1.0 - cls._unit(a, wide)  # (0, 1]: log never sees 0
         u2 = cls._unit(b, wide)
         z = ((u1.log() * -2.0).sqrt() * (u2 * (2 * math.pi)).cos()).cast(dt).reshape(shape)
-        return cls(z.uop, requires_grad=requires_grad)
+        return cls._random_leaf(z, requires_grad)
 
     @classmethod
     def uniform(
@@ -151,7 +160,7 @@ class RandomMixin:
         """Uniform samples in [low, high)."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         u = cls.rand(*shape, dtype=dtypes.float64 if dt is dtypes.float64 else dtypes.float32)
-        return cls((u * (high - low) + low).cast(dt).uop, requires_grad=requires_grad)
+        return cls._random_leaf((u * (high - low) + low).cast(dt), requires_grad)
 
     @classmethod
     def normal(
@@ -160,7 +169,7 @@ class RandomMixin:
         """Normal samples with `mean` and `std`."""
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         z = cls.randn(*shape, dtype=dtypes.float64 if dt is dtypes.float64 else dtypes.float32)
-        return cls((z * std + mean).cast(dt).uop, requires_grad=requires_grad)
+        return cls._random_leaf((z * std + mean).cast(dt), requires_grad)
 
     @classmethod
     def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: Any = None) -> Self:
