@@ -495,6 +495,715 @@ ROWS: list[Row] = [
 ]
 
 
+# ---------------------------------------------------------------- the ops added with math.py, scan.py, extras.py,
+# conv.py, attention.py, norm.py and random.py
+
+W5 = [0.5, 2.0, 1.0, 0.0, 3.0]  # per-class weights of nll_loss (a weight of 0 included)
+
+
+def _setitem(x, v):
+    y = x * 1
+    y[1:3, ::2] = v
+    y[-1] = 7
+    y[..., 0] = -x[..., 1]
+    return y
+
+
+def _setitem_ref(x, v):
+    y = x.clone()
+    y[1:3, ::2] = v
+    y[-1] = 7
+    y[..., 0] = -x[..., 1]
+    return y
+
+
+def _train(f):
+    with Tensor.train():
+        return f()
+
+
+def _sizes(x):
+    return [int(x.is_floating_point()), x.element_size(), x.nbytes() if callable(x.nbytes) else x.nbytes]
+
+
+CONV1 = [(1, 1, 1, 1), (1, "same", 1, 1), (2, 0, 2, 3)]
+CONV2 = [(1, 1, 1, 1), (2, 0, 2, 1), (1, (1, 2), 1, 2)]  # (stride, padding, dilation, groups) per case
+POOL = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(2, 3), stride=(1, 2), padding=(1, 1), ceil_mode=True),
+    dict(kernel_size=3, stride=2, dilation=2, ceil_mode=True),
+]
+AVG = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=3, stride=2, padding=1, count_include_pad=False, ceil_mode=True),
+    dict(kernel_size=(2, 3), stride=1, padding=(1, 0), divisor_override=5),
+]
+INTERP = [
+    dict(size=(7, 3), mode="nearest"),
+    dict(scale_factor=1.5, mode="nearest-exact"),
+    dict(size=(3, 8), mode="bilinear", align_corners=False),
+    dict(scale_factor=(2, 0.5), mode="bilinear", align_corners=True),
+]
+SDPA = [dict(), dict(is_causal=True), dict(scale=0.3), "bool", "float"]
+NLL = [("mean", -100, None), ("sum", -1, W5), ("none", 2, W5), ("mean", -1, W5)]
+BCE = ["mean", "sum", "none"]
+C4 = (2, 3, 5, 5)  # the conv/pool input shape the rows share
+
+
+def _sdpa(F_, q, k, v, m, i):
+    a = SDPA[i % len(SDPA)]
+    if a == "bool":  # every query keeps at least its largest key (PyTorch's CPU kernel gives 0 for a masked-out row)
+        top = m.amax(-1, keepdim=True) if isinstance(m, torch.Tensor) else m.max(-1, keepdim=True)
+        return F_(q, k, v, attn_mask=(m > 0) | (m >= top))
+    if a == "float":
+        return F_(q, k, v, attn_mask=m)
+    return F_(q, k, v, **a)
+
+
+def _nll_ours(x, y, i):
+    red_, ign, w = NLL[i]
+    return x.nll_loss(y, None if w is None else Tensor(w), ign, red_)
+
+
+def _nll_ref(x, y, i):
+    red_, ign, w = NLL[i]
+    return F.nll_loss(x, y.long(), None if w is None else torch.tensor(w), ignore_index=ign, reduction=red_)
+
+
+ROWS += [
+    # ---------------------------------------------------------------- math.py: inverse trig and hyperbolic, logs
+    unary("asin", lambda a: a.asin(), torch.asin, dom="unit"),
+    unary("acos", lambda a: a.acos(), torch.acos, dom="unit"),
+    unary("atan", lambda a: a.atan(), torch.atan),
+    unary("atanh", lambda a: a.atanh(), torch.atanh, dom="unit"),
+    unary("asinh", lambda a: a.asinh(), torch.asinh),
+    unary("acosh", lambda a: a.acosh(), torch.acosh, dom="ge1"),
+    unary("sinh", lambda a: a.sinh(), torch.sinh, dom="trig"),
+    unary("cosh", lambda a: a.cosh(), torch.cosh, dom="trig"),
+    unary("erf", lambda a: a.erf(), torch.erf),
+    unary("expm1", lambda a: a.expm1(), torch.expm1, dom="trig"),
+    unary("log1p", lambda a: a.log1p(), torch.log1p, dom="pos"),
+    unary("log10", lambda a: a.log10(), torch.log10, dom="pos"),
+    unary("round", lambda a: a.round(), torch.round, dts=NUM, dom="frac"),
+    # ---------------------------------------------------------------- math.py: activations
+    unary("elu", lambda a: (a.elu(), a.elu(0.5)), lambda a: (F.elu(a), F.elu(a, 0.5))),
+    unary("selu", lambda a: a.selu(), F.selu),
+    unary("celu", lambda a: (a.celu(), a.celu(2.0)), lambda a: (F.celu(a), F.celu(a, 2.0))),
+    unary("mish", lambda a: a.mish(), F.mish),
+    unary("swish", lambda a: a.swish(), F.silu),
+    unary("quick_gelu", lambda a: a.quick_gelu(), lambda a: a * torch.sigmoid(a * 1.702)),
+    unary("relu6", lambda a: a.relu6(), F.relu6, dom="round"),
+    unary(
+        "hardtanh",
+        lambda a: (a.hardtanh(), a.hardtanh(-2.0, 3.0)),
+        lambda a: (F.hardtanh(a), F.hardtanh(a, -2.0, 3.0)),
+        dom="round",
+    ),
+    unary("hardsigmoid", lambda a: a.hardsigmoid(), F.hardsigmoid, dom="round"),
+    unary("hardswish", lambda a: a.hardswish(), F.hardswish, dom="round"),
+    unary("softsign", lambda a: a.softsign(), F.softsign),
+    Row("softmin", lambda x, i: x.softmin(-(i % 2)), lambda x, i: F.softmin(x, -(i % 2)), SOFT, tol=SM, variant=True),
+    # ---------------------------------------------------------------- math.py: special values, names, logic
+    unary("isnan", lambda a: a.isnan(), torch.isnan, dts=ALL, dom="nf"),
+    unary("isinf", lambda a: (a.isinf(), a.isinf(False, True)), lambda a: (a.isinf(), a.isneginf()), dts=ALL, dom="nf"),
+    unary("isfinite", lambda a: a.isfinite(), torch.isfinite, dts=ALL, dom="nf"),
+    unary("short", lambda a: a.short(), lambda a: a.short(), dts=ALL, dom="mid"),
+    unary("bfloat16", lambda a: a.bfloat16().float(), lambda a: a.bfloat16().float(), dts=NUM, dom="mid"),
+    Row(
+        "sizes",
+        lambda a: Tensor(_sizes(a), dtype=dtypes.int32),
+        lambda a: torch.tensor(_sizes(a), dtype=torch.int32),
+        [(Inp(d, M),) for d in ALL] + [(Inp(F32, (0, 5)),)],
+        grad=False,
+        covers=("is_floating_point", "element_size", "nbytes"),
+        cover_name=False,
+    ),
+    reduction("any", lambda x, ax, k: x.any(ax, k), lambda x, ax, k: x.any(tdim(ax, x), k), dts=ALL, dom="ties"),
+    reduction("all", lambda x, ax, k: x.all(ax, k), lambda x, ax, k: x.all(tdim(ax, x), k), dts=ALL, dom="ties"),
+    binary("eq", lambda a, b: a.eq(b), torch.eq, dts=ALL, dom="ties"),
+    binary("ne", lambda a, b: a.ne(b), torch.ne, dts=ALL, dom="ties"),
+    binary(
+        "isclose",
+        lambda a, b: (a.isclose(b), a.isclose(a + b * 1e-6), a.isclose(b, equal_nan=True), a.isclose(a, 0, 0.5)),
+        lambda a, b: (a.isclose(b), a.isclose(a + b * 1e-6), a.isclose(b, equal_nan=True), a.isclose(a, 0, 0.5)),
+        dom="nf",
+        grad=False,
+    ),
+    Row(
+        "allclose",
+        lambda a, b: Tensor([a.allclose(b), a.allclose(a + 1e-9), a.allclose(a * (1 + 1e-3)), (a * 0).allclose(b * 0)]),
+        lambda a, b: torch.tensor(
+            [a.allclose(b), a.allclose(a + 1e-9), a.allclose(a * (1 + 1e-3)), (a * 0).allclose(b * 0)]
+        ),
+        [(Inp(F32, M, "nc"), Inp(F32, M)), (Inp(F32, (4, 1)), Inp(F32, (5,), "nc"))],
+        grad=False,
+    ),
+    Row(
+        "lerp",
+        lambda a, b, w: (a.lerp(b, w), a.lerp(b, 0.25)),
+        lambda a, b, w: (torch.lerp(a, b, w), torch.lerp(a, b, 0.25)),
+        [
+            (Inp(F32, M, "nc"), Inp(F32, M), Inp(F32, M, "c", "prob")),
+            (Inp(F32, M), Inp(F32, (5,)), Inp(F32, (), "c", "prob")),
+            (Inp(F16, M), Inp(F16, M, "nc"), Inp(F16, M, "c", "prob")),
+        ],
+        "mid",
+    ),
+    binary("fmod", lambda a, b: a.fmod(b), torch.fmod, dts=NUM, dom="mid", dom_b="nonzero"),
+    binary("copysign", lambda a, b: a.copysign(b), torch.copysign, dts=NUM, dom="nonzero"),
+    binary("logaddexp", lambda a, b: a.logaddexp(b), torch.logaddexp),
+    # ---------------------------------------------------------------- bitwise names and shifts
+    binary("bitwise_and", lambda a, b: a.bitwise_and(b), torch.bitwise_and, dts=(I32, B), dom="wide"),
+    binary("bitwise_or", lambda a, b: a.bitwise_or(b), torch.bitwise_or, dts=(I32, B), dom="wide"),
+    binary("bitwise_xor", lambda a, b: a.bitwise_xor(b), torch.bitwise_xor, dts=(I32, B), dom="wide"),
+    unary("bitwise_not", lambda a: a.bitwise_not(), torch.bitwise_not, dts=(I32, B), dom="wide"),
+    unary(
+        "lshift",
+        lambda a: (a.lshift(0), a.lshift(3), a << 31, a << 32),
+        lambda a: (a << 0, a << 3, a << 31, a << 32),
+        dts=(I32,),
+        dom="wide",
+        covers=("__lshift__",),
+    ),
+    unary(
+        "rshift",
+        lambda a: (a.rshift(0), a.rshift(3), a >> 31, a >> 40),
+        lambda a: (a >> 0, a >> 3, a >> 31, a >> 40),
+        dts=(I32,),
+        dom="wide",
+        covers=("__rshift__",),
+    ),
+    # ---------------------------------------------------------------- scans and sorting (ties: stable order)
+    Row(
+        "cumsum",
+        lambda x, i: x.cumsum(i % 2 if x.ndim else 0),
+        lambda x, i: x.cumsum(i % 2 if x.dim() else 0),
+        ew1(ALL) + [(Inp(F32, (3, 150)),)],
+        variant=True,
+    ),
+    Row(
+        "cumprod",
+        lambda x, i: x.cumprod(i % 2 if x.ndim else 0),
+        lambda x, i: x.cumprod(i % 2 if x.dim() else 0),
+        ew1(NUM, "round"),
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "cummax",
+        lambda x, i: x.cummax(i % 2 if x.ndim else 0),
+        lambda x, i: x.cummax(i % 2 if x.dim() else 0).values,
+        ew1(ALL)[:1] + ew1(ALL)[2:],
+        "perm",
+        variant=True,
+    ),
+    Row(
+        "cummin",
+        lambda x, i: x.cummin(i % 2 if x.ndim else 0),
+        lambda x, i: x.cummin(i % 2 if x.dim() else 0).values,
+        ew1(ALL)[:1] + ew1(ALL)[2:],
+        "perm",
+        variant=True,
+    ),
+    # running max/min over ties and large values: values only (PyTorch sends a tie's gradient to one element)
+    Row(
+        "cummax_ties",
+        lambda x: (x.cummax(1), x.cummin(0)),
+        lambda x: (x.cummax(1).values, x.cummin(0).values),
+        ew1(NUM, "ties")[2:],
+        grad=False,
+        cover_name=False,
+    ),
+    Row(
+        "logcumsumexp",
+        lambda x, i: x.logcumsumexp(i % 2 if x.ndim else 0),
+        lambda x, i: x.logcumsumexp(i % 2 if x.dim() else 0),
+        ew1(FL, "mid") + [(Inp(F32, (3, 150), "c", "mid"),)],
+        variant=True,
+    ),
+    # ±300 and ±1e30: values only. PyTorch's gradient there is wrong (it gives x = -1e30 after 1e30 a gradient of
+    # 1 where the exact one, float64 by hand, is e^(-2e30) = 0; ours matches the float64 one)
+    Row(
+        "logcumsumexp_big",
+        lambda x, i: x.logcumsumexp(i % 2),
+        lambda x, i: x.logcumsumexp(i % 2),
+        ew1(FL)[2:],
+        grad=False,
+        variant=True,
+        cover_name=False,
+    ),
+    Row(
+        "sort",
+        lambda x, i: (x.sort(-(i % 2)), x.sort(0, descending=True)),
+        lambda x, i: (torch.sort(x, dim=-(i % 2), stable=True), torch.sort(x, dim=0, descending=True, stable=True)),
+        ew1(ALL, "ties")[:1] + ew1(ALL, "ties")[2:],
+        variant=True,
+    ),
+    Row(
+        "argsort",
+        lambda x: (x.argsort(), x.argsort(0, descending=True)),
+        lambda x: (torch.argsort(x, stable=True), torch.argsort(x, dim=0, descending=True, stable=True)),
+        ew1(NUM, "ties")[2:],
+        grad=False,
+    ),
+    # topk on distinct values (which of equal values PyTorch's topk picks is not specified)
+    Row(
+        "topk",
+        lambda x: (x.topk(3), x.topk(2, 0, largest=False)),
+        lambda x: (torch.topk(x, 3), torch.topk(x, 2, 0, largest=False)),
+        ew1(FL, "perm")[2:],
+    ),
+    Row(
+        "topk_ties_values",
+        lambda x: (x.topk(3)[0], x.topk(2, 0, largest=False)[0]),
+        lambda x: (torch.topk(x, 3)[0], torch.topk(x, 2, 0, largest=False)[0]),
+        ew1(NUM, "ties")[2:],
+        grad=False,
+        cover_name=False,
+    ),
+    # ---------------------------------------------------------------- extras.py
+    unary("clone", lambda a: a.clone(), torch.clone, dts=ALL),
+    Row(
+        "pad_to",
+        lambda x: (x.pad_to(6, 7), x.pad_to((None, 8)), x.shrink_to(2, 3), x.shrink_to((None, 1))),
+        lambda x: (F.pad(x, (0, 2, 0, 2)), F.pad(x, (0, 3)), x[:2, :3], x[:, :1]),
+        ew1(ALL)[2:],
+        covers=("shrink_to",),
+    ),
+    Row(
+        "roll",
+        lambda x: (x.roll(2, 1), x.roll((1, -7), (0, 1)), x.roll(3), x.roll(0, 0)),
+        lambda x: (x.roll(2, 1), x.roll((1, -7), (0, 1)), x.roll(3), x.roll(0, 0)),
+        ew1(ALL)[2:],
+    ),
+    Row(
+        "diag",
+        lambda x: (x[:, :4].diag(), x[0].diag(), x[:, :4].diagonal()),
+        lambda x: (x[:, :4].diag(), x[0].diag(), x[:, :4].diagonal()),
+        ew1(ALL)[2:],
+        covers=("diagonal",),
+    ),
+    Row(
+        "unfold",
+        lambda x: (x.unfold(1, 2, 2), x.unfold(0, 3, 1), x.unfold(1, 5, 3), x.unfold(-1, 1, 4)),
+        lambda x: (x.unfold(1, 2, 2), x.unfold(0, 3, 1), x.unfold(1, 5, 3), x.unfold(-1, 1, 4)),
+        ew1(ALL)[2:],
+    ),
+    Row(
+        "repeat_interleave",
+        lambda x: (x.repeat_interleave(2, 1), x.repeat_interleave(3), x.repeat_interleave(0, 0)),
+        lambda x: (x.repeat_interleave(2, 1), x.repeat_interleave(3), x.repeat_interleave(0, 0)),
+        ew1(ALL)[2:],
+    ),
+    Row(
+        "meshgrid",
+        lambda a, b: (*Tensor.meshgrid(a, b), *Tensor.meshgrid([a, b, a], indexing="xy")),
+        lambda a, b: (*torch.meshgrid(a, b, indexing="ij"), *torch.meshgrid([a, b, a], indexing="xy")),
+        [(Inp(F32, (4,), "nc"), Inp(F32, (5,))), (Inp(I32, (4,)), Inp(I32, (5,), "nc"))],
+    ),
+    Row(
+        "linspace",
+        lambda: (
+            Tensor.linspace(0, 1, 5),
+            Tensor.linspace(-3, 7, 11),
+            Tensor.linspace(2.5, -1.5, 7),
+            Tensor.linspace(1, 1, 1),
+            Tensor.linspace(0, 1, 0),
+            Tensor.linspace(0, 10, 6, dtype="int32"),
+        ),
+        lambda: (
+            torch.linspace(0, 1, 5),
+            torch.linspace(-3, 7, 11),
+            torch.linspace(2.5, -1.5, 7),
+            torch.linspace(1, 1, 1),
+            torch.linspace(0, 1, 0),
+            torch.linspace(0, 10, 6, dtype=torch.int32),
+        ),
+        [()],
+        grad=False,
+    ),
+    # correction 0 for the 0-d case: with correction 1 its var is NaN (0 / 0) and gcc's -fassociative-math folds
+    # (-v + mean') + v to mean' in the summed gradient, dropping the NaN (the var row checks that case alone)
+    reduction(
+        "var_mean",
+        lambda x, ax, k: x.var_mean(ax, k, correction=int(x.ndim > 0)),
+        lambda x, ax, k: torch.var_mean(x, tdim(ax, x), keepdim=k, correction=int(x.dim() > 0)),
+        dts=(F32,),
+        big="large",
+    ),
+    reduction(
+        "std_mean",
+        lambda x, ax, k: x.std_mean(ax, k, correction=0),
+        lambda x, ax, k: torch.std_mean(x, tdim(ax, x), keepdim=k, correction=0),
+        dts=(F32,),
+        big="large",
+    ),
+    Row(
+        "masked_select",
+        lambda x, m: x.masked_select(m),
+        lambda x, m: torch.masked_select(x, m),
+        [
+            (Inp(F32, M, "nc"), Inp(B, M)),
+            (Inp(F32, M), Inp(B, (5,), "nc")),
+            (Inp(I32, M), Inp(B, (4, 1))),
+            (Inp(F16, M), Inp(B, ())),
+        ],
+    ),
+    Row("nonzero", lambda x: x.nonzero(), lambda x: x.nonzero(), ew1(ALL, "ties")[2:], grad=False),
+    Row(
+        "einsum",
+        lambda a, b: (
+            Tensor.einsum("ij,jk->ik", a, b),
+            Tensor.einsum("ij->ji", a),
+            Tensor.einsum("ij,ij->", a, b.T),
+            Tensor.einsum("i,k->ik", a[0], b[0]),
+            Tensor.einsum("ij,kj", a, a),
+        ),
+        lambda a, b: (
+            torch.einsum("ij,jk->ik", a, b),
+            torch.einsum("ij->ji", a),
+            torch.einsum("ij,ij->", a, b.T),
+            torch.einsum("i,k->ik", a[0], b[0]),
+            torch.einsum("ij,kj", a, a),
+        ),
+        [(Inp(F32, M, "nc"), Inp(F32, (5, 4))), (Inp(F16, M), Inp(F16, (5, 4), "nc"))],
+        "mid",
+    ),
+    Row(
+        "__setitem__",
+        _setitem,
+        _setitem_ref,
+        [(Inp(F32, M, "nc"), Inp(F32, (2, 3))), (Inp(I32, M), Inp(I32, (3,))), (Inp(F16, M), Inp(F16, ()))],
+    ),
+    # ---------------------------------------------------------------- losses on log-probabilities and probabilities
+    Row(
+        "nll_loss",
+        _nll_ours,
+        _nll_ref,
+        [
+            (Inp(F32, M, "nc", "mid"), Inp(I32, (4,), "c", "cls")),
+            (Inp(F32, M), Inp(I32, (4,), "c", "cls_ign")),
+            (Inp(F32, (4, 5, 3)), Inp(I32, (4, 3), "nc", "cls")),
+            (Inp(F32, (5,)), Inp(I32, (), "c", "cls")),
+        ],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "binary_crossentropy",
+        lambda x, y, i: x.sigmoid().binary_crossentropy(y, BCE[i % 3]),
+        lambda x, y, i: F.binary_cross_entropy(torch.sigmoid(x), y, reduction=BCE[i % 3]),
+        [
+            (Inp(F32, M, "nc"), Inp(F32, M, "c", "prob")),
+            (Inp(F32, M), Inp(F32, M, "nc", "prob")),
+            (Inp(F32, (3,)), Inp(F32, (3,), "c", "prob")),
+        ],
+        "mid",
+        variant=True,
+    ),
+    # probabilities of exactly 0 and 1 (sigmoid of ±300): the logs are clamped at -100; the targets are constants
+    # here, as PyTorch's gradient for them is the unclamped log(1 - p) - log(p)
+    Row(
+        "binary_crossentropy_saturated",
+        lambda x, y: x.sigmoid().binary_crossentropy(y.detach(), "none"),
+        lambda x, y: F.binary_cross_entropy(torch.sigmoid(x), y.detach(), reduction="none"),
+        [(Inp(F32, M, "nc"), Inp(F32, M, "c", "prob")), (Inp(F32, (3,)), Inp(F32, (3,), "c", "prob"))],
+        cover_name=False,
+    ),
+    Row(
+        "binary_crossentropy_logits",
+        lambda x, y, w, i: (
+            x.binary_crossentropy_logits(y, BCE[i % 3]),
+            x.binary_cross_entropy_with_logits(y, BCE[(i + 1) % 3], w.detach()),
+        ),
+        lambda x, y, w, i: (
+            F.binary_cross_entropy_with_logits(x, y, reduction=BCE[i % 3]),
+            F.binary_cross_entropy_with_logits(x, y, reduction=BCE[(i + 1) % 3], pos_weight=w.detach()),
+        ),
+        [
+            (Inp(F32, M, "nc"), Inp(F32, M, "c", "prob"), Inp(F32, (5,), "c", "pos")),
+            (Inp(F32, M), Inp(F32, M, "nc", "prob"), Inp(F32, (), "c", "pos")),
+            # moderate logits and pos_weight in half: ±6e4 overflows half inside PyTorch's formula
+            (Inp(F16, M, "c", "mid"), Inp(F16, M, "nc", "prob"), Inp(F16, (5,), "c", "prob")),
+        ],
+        variant=True,
+        covers=("binary_cross_entropy_with_logits",),
+    ),
+    # ---------------------------------------------------------------- convolutions (cases vary stride, padding,
+    # dilation and groups)
+    Row(
+        "conv2d",
+        lambda x, w, b, i: x.conv2d(w, b, *CONV2[i]),
+        lambda x, w, b, i: F.conv2d(x, w, b, *CONV2[i]),
+        [
+            (Inp(F32, C4, "nc"), Inp(F32, (4, 3, 3, 3)), Inp(F32, (4,))),
+            (Inp(F32, C4), Inp(F32, (4, 3, 2, 2), "nc"), Inp(F32, (4,))),
+            (Inp(F32, (2, 4, 5, 5)), Inp(F32, (2, 2, 3, 2)), Inp(F32, (2,))),
+        ],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "conv1d",
+        lambda x, w, b, i: x.conv1d(w, b, *CONV1[i]),
+        lambda x, w, b, i: F.conv1d(x, w, b, *CONV1[i]),
+        [
+            (Inp(F32, (2, 3, 7), "nc"), Inp(F32, (4, 3, 3)), Inp(F32, (4,))),
+            (Inp(F32, (3, 7)), Inp(F32, (2, 3, 2)), Inp(F32, (2,))),
+            (Inp(F32, (2, 3, 7)), Inp(F32, (6, 1, 3), "nc"), Inp(F32, (6,))),
+        ],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "conv3d",
+        lambda x, w, b: (x.conv3d(w, b, padding=1), x.conv3d(w, None, stride=2, padding="valid")),
+        lambda x, w, b: (F.conv3d(x, w, b, padding=1), F.conv3d(x, w, None, stride=2, padding="valid")),
+        [(Inp(F32, (1, 2, 4, 5, 3), "nc"), Inp(F32, (3, 2, 2, 3, 2)), Inp(F32, (3,)))],
+        "mid",
+    ),
+    Row(
+        "conv_transpose2d",
+        lambda x, w, b, i: x.conv_transpose2d(w, b, *[(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 2)][i]),
+        lambda x, w, b, i: F.conv_transpose2d(x, w, b, *[(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 2)][i]),
+        [
+            (Inp(F32, (2, 3, 4, 5), "nc"), Inp(F32, (3, 2, 3, 3)), Inp(F32, (2,))),
+            (Inp(F32, (2, 3, 4, 5)), Inp(F32, (3, 2, 3, 2), "nc"), Inp(F32, (2,))),
+            (Inp(F32, (2, 4, 4, 5)), Inp(F32, (4, 1, 2, 3)), Inp(F32, (2,))),
+        ],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "conv_transpose1d",
+        lambda x, w, b: (x.conv_transpose1d(w, b), x.conv_transpose1d(w, None, 3, 1, 2, 1, 2)),
+        lambda x, w, b: (F.conv_transpose1d(x, w, b), F.conv_transpose1d(x, w, None, 3, 1, 2, 1, 2)),
+        [(Inp(F32, (2, 3, 5), "nc"), Inp(F32, (3, 2, 3)), Inp(F32, (2,)))],
+        "mid",
+    ),
+    # ---------------------------------------------------------------- pooling and resizing (max pooling pads with
+    # -inf: the negative inputs show it; distinct values, as PyTorch sends a tie's gradient to one element)
+    Row(
+        "max_pool2d",
+        lambda x, i: x.max_pool2d(**POOL[i]),
+        lambda x, i: F.max_pool2d(x, **POOL[i]),
+        [(Inp(F32, C4, "nc"),), (Inp(F32, C4),), (Inp(F16, C4),), (Inp(F32, (3, 5, 5)),)],
+        "perm",
+        variant=True,
+    ),
+    Row(
+        "max_pool1d",
+        lambda x: (x.max_pool1d(2), x.max_pool1d(3, 2, 1, ceil_mode=True), x.max_pool1d(2, 1, 1, 2)),
+        lambda x: (F.max_pool1d(x, 2), F.max_pool1d(x, 3, 2, 1, ceil_mode=True), F.max_pool1d(x, 2, 1, 1, 2)),
+        [(Inp(F32, (2, 3, 7), "nc"),), (Inp(F16, (3, 7)),)],
+        "perm",
+    ),
+    Row(
+        "avg_pool2d",
+        lambda x, i: x.avg_pool2d(**AVG[i]),
+        lambda x, i: F.avg_pool2d(x, **AVG[i]),
+        [(Inp(F32, C4, "nc"),), (Inp(F32, C4),), (Inp(F32, C4),), (Inp(F16, (3, 5, 5)),)],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "avg_pool1d",
+        lambda x: (x.avg_pool1d(2), x.avg_pool1d(3, 2, 1, ceil_mode=True, count_include_pad=False)),
+        lambda x: (F.avg_pool1d(x, 2), F.avg_pool1d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False)),
+        [(Inp(F32, (2, 3, 7), "nc"),)],
+        "mid",
+    ),
+    Row(
+        "adaptive_avg_pool2d",
+        lambda x: (x.adaptive_avg_pool2d(2), x.adaptive_avg_pool2d((5, 1)), x.adaptive_avg_pool2d((3, None))),
+        lambda x: (F.adaptive_avg_pool2d(x, 2), F.adaptive_avg_pool2d(x, (5, 1)), F.adaptive_avg_pool2d(x, (3, None))),
+        [(Inp(F32, C4, "nc"),), (Inp(F16, (3, 5, 5)),)],
+        "mid",
+    ),
+    Row(
+        "interpolate",
+        lambda x, i: x.interpolate(**INTERP[i]),
+        lambda x, i: F.interpolate(x, **INTERP[i]),
+        [(Inp(F32, C4, "nc"),), (Inp(F32, C4),), (Inp(F32, C4),), (Inp(F32, C4, "nc"),)],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "interpolate_linear",
+        lambda x: (
+            x.interpolate(size=9, mode="linear"),
+            x.interpolate(scale_factor=0.5, mode="linear", align_corners=True),
+        ),
+        lambda x: (
+            F.interpolate(x, size=9, mode="linear"),
+            F.interpolate(x, scale_factor=0.5, mode="linear", align_corners=True),
+        ),
+        [(Inp(F32, (2, 3, 7), "nc"),)],
+        "mid",
+        cover_name=False,
+    ),
+    # ---------------------------------------------------------------- attention, masks, norms, layers
+    Row(
+        "scaled_dot_product_attention",
+        lambda q, k, v, m, i: _sdpa(Tensor.scaled_dot_product_attention, q, k, v, m, i),
+        lambda q, k, v, m, i: _sdpa(F.scaled_dot_product_attention, q, k, v, m, i),
+        [
+            (Inp(F32, (2, 4, 3), "nc"), Inp(F32, (2, 5, 3)), Inp(F32, (2, 5, 4)), Inp(F32, (4, 5))),
+            (Inp(F32, (2, 4, 3)), Inp(F32, (2, 4, 3), "nc"), Inp(F32, (2, 4, 4)), Inp(F32, (4, 4))),
+            (Inp(F32, (2, 4, 3)), Inp(F32, (2, 5, 3)), Inp(F32, (2, 5, 4), "nc"), Inp(F32, (4, 5))),
+            (Inp(F32, (2, 4, 3)), Inp(F32, (2, 5, 3)), Inp(F32, (2, 5, 4)), Inp(F32, (4, 5), "nc")),
+            (Inp(F32, (2, 4, 3)), Inp(F32, (2, 5, 3)), Inp(F32, (2, 5, 4)), Inp(F32, (2, 4, 5))),
+        ],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "tril",
+        lambda x: (x.tril(), x.tril(1), x.tril(-2), x.reshape(2, 2, 5).tril(3)),
+        lambda x: (x.tril(), x.tril(1), x.tril(-2), x.reshape(2, 2, 5).tril(3)),
+        ew1(ALL)[2:],
+    ),
+    Row(
+        "triu",
+        lambda x: (x.triu(), x.triu(1), x.triu(-2), x.reshape(2, 2, 5).triu(-1)),
+        lambda x: (x.triu(), x.triu(1), x.triu(-2), x.reshape(2, 2, 5).triu(-1)),
+        ew1(ALL)[2:],
+    ),
+    Row(
+        "masked_fill",
+        lambda x, m: (x.masked_fill(m, -math.inf), x.masked_fill(m, 2)),
+        lambda x, m: (x.masked_fill(m, -math.inf), x.masked_fill(m, 2)),
+        [(Inp(F32, M, "nc"), Inp(B, M)), (Inp(F16, M), Inp(B, (5,), "nc")), (Inp(F32, M), Inp(B, (4, 1)))],
+    ),
+    Row(
+        "masked_fill_int",
+        lambda x, m: x.masked_fill(m, 3),
+        lambda x, m: x.masked_fill(m, 3),
+        [(Inp(I32, M, "nc"), Inp(B, M)), (Inp(B, M), Inp(B, ()))],
+        cover_name=False,
+    ),
+    Row(
+        "layernorm",
+        lambda x: (x.layernorm(), x.layernorm((-2, -1), eps=1e-3)),
+        lambda x: (F.layer_norm(x, x.shape[-1:]), F.layer_norm(x, x.shape[-2:], eps=1e-3)),
+        [(Inp(F32, M, "nc"),), (Inp(F32, (2, 3, 4)),), (Inp(F32, M, "c", "large"),)],
+        "mid",
+    ),
+    Row(
+        "batchnorm",
+        lambda x, w, b, m, s: (x.batchnorm(w, b, m, s), x.batchnorm(None, None, m, s)),
+        lambda x, w, b, m, s: (
+            (x - m[:, None]) * w[:, None] * s[:, None] + b[:, None],
+            (x - m[:, None]) * s[:, None],
+        ),
+        [(Inp(F32, (2, 3, 4), "nc"), Inp(F32, (3,)), Inp(F32, (3,)), Inp(F32, (3,)), Inp(F32, (3,), "c", "pos"))],
+        "mid",
+    ),
+    Row(
+        "batchnorm_eval",
+        lambda x, w, b, m, v: x.batchnorm(w, b, m.detach(), (v.detach() + 1e-5).rsqrt()),
+        lambda x, w, b, m, v: F.batch_norm(x, m.detach(), v.detach(), w, b, training=False, eps=1e-5),
+        [(Inp(F32, (2, 3, 4)), Inp(F32, (3,)), Inp(F32, (3,)), Inp(F32, (3,)), Inp(F32, (3,), "c", "pos"))],
+        "mid",
+        cover_name=False,
+    ),
+    Row(
+        "linear",
+        lambda x, w, b: (x.linear(w, b), x.linear(w), x.linear(w[:, 0])),
+        lambda x, w, b: (F.linear(x, w.T, b), F.linear(x, w.T), x * w[:, 0]),
+        [
+            (Inp(F32, M, "nc"), Inp(F32, (5, 3)), Inp(F32, (3,))),
+            (Inp(F32, (2, 3, 5)), Inp(F32, (5, 5), "nc"), Inp(F32, (5,))),
+        ],
+        "mid",
+    ),
+    Row(
+        "sequential",
+        lambda x: x.sequential([Tensor.relu, lambda t: t * 2, Tensor.exp]),
+        lambda x: torch.exp(torch.relu(x) * 2),
+        ew1(FL, "mid")[2:],
+    ),
+    # ---------------------------------------------------------------- dropout and random creation
+    Row("dropout", lambda x: (x.dropout(), x.dropout(0.9)), lambda x: (F.dropout(x, training=False),) * 2, ew1(FL)),
+    Row(
+        "dropout_train",
+        lambda: (
+            _train(lambda: Tensor.ones(3, 4).dropout(0.5)),
+            _train(lambda: Tensor.ones(2, 3).dropout(0.25)),
+            _train(lambda: Tensor.ones(3, 4).dropout(0.0)) + Tensor.rand(3, 4),
+        ),
+        lambda: ((0, 2.0 + 1e-6), (0, 4 / 3 + 1e-6), (1, 2)),
+        [()],
+        grad=False,
+        random=True,
+        cover_name=False,
+        covers=("train", "training"),
+    ),
+    Row(
+        "dropout_train_sum",  # p = 1 zeroes everything; p = 0 keeps x; kept elements are scaled by 1/(1-p)
+        lambda x: (
+            _train(lambda: x.dropout(1.0)),
+            _train(lambda: x.dropout(0.0)),
+            _train(lambda: (x.dropout(0.75) / x).max()),
+        ),
+        lambda x: (x * 0, x, torch.tensor(4.0)),
+        [(Inp(F32, M, "c", "nonzero"),)],
+        grad=False,
+        cover_name=False,
+    ),
+    Row(
+        "random_init",
+        lambda: (
+            Tensor.normal(3, 4, mean=5.0, std=0.1),
+            Tensor.kaiming_normal(3, 4),
+            Tensor.kaiming_uniform(3, 4, a=0.01),
+            Tensor.glorot_uniform(3, 4),
+            Tensor.scaled_uniform(2, 3),
+            Tensor.random_bits(3, 4),
+            Tensor([W5, W5]).multinomial(3, replacement=True),
+        ),
+        lambda: (
+            (4.0, 6.0),
+            (-10.0, 10.0),
+            (-math.sqrt(3 / 4) * math.sqrt(2 / (1 + 1e-4)), math.sqrt(3 / 4) * math.sqrt(2 / (1 + 1e-4))),
+            (-math.sqrt(6 / 7), math.sqrt(6 / 7)),
+            (-(6**-0.5), 6**-0.5),
+            (0, 2**32, "uint32"),
+            (0, 5, "int32"),
+        ),
+        [()],
+        grad=False,
+        random=True,
+        covers=("normal", "kaiming_normal", "kaiming_uniform", "glorot_uniform", "scaled_uniform", "random_bits"),
+        cover_name=False,
+    ),
+    # the random permutations and draws whose sorted values are fixed: a permutation of 0..n-1, distinct draws
+    # without replacement, and never a category of weight 0
+    Row(
+        "randperm",
+        lambda: (
+            Tensor.randperm(12).sort()[0],
+            Tensor.randperm(1),
+            Tensor([W5, [1.0, 1, 1, 1, 0]]).multinomial(4).sort(1)[0],
+            Tensor([0.0, 0, 2, 0, 0]).multinomial(6, replacement=True),
+            Tensor([0.0, 1, 0, 1, 1]).multinomial(3).sort()[0],
+        ),
+        lambda: (
+            torch.arange(12, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32),
+            torch.tensor([[0, 1, 2, 4], [0, 1, 2, 3]], dtype=torch.int32),
+            torch.full((6,), 2, dtype=torch.int32),
+            torch.tensor([1, 3, 4], dtype=torch.int32),
+        ),
+        [()],
+        grad=False,
+        covers=("multinomial",),
+    ),
+]
+
+
 def _prod(x, dims, keepdim):
     for d in sorted((dims,) if isinstance(dims, int) else dims, reverse=True):
         x = x.prod(d, keepdim)
@@ -530,4 +1239,7 @@ EXCLUDED = {
     "__len__",
     "__iter__",
     "__array_ufunc__",
+    # mode switches (class flags and their context managers), not ops: test_modes in test_torch_sweep.py
+    "no_grad",
+    "test",
 }

@@ -59,6 +59,10 @@ def _specials(domain: str, dt: str) -> list[float]:
         "powexp": POW_EXPS,
         "powbase_nf": POW_BASES_NF,
         "powexp_nf": POW_EXPS_NF,
+        "unit": [0.0, 0.5, -0.5],
+        "ge1": [1.5, 300.0, big],
+        "prob": [0.0, 1.0, 0.5],
+        "nf": [np.inf, -np.inf, np.nan, 0.0, big, -big],
     }.get(domain, [])
 
 
@@ -93,6 +97,11 @@ def draw(domain: str, dt: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
         "ties": np.round(x),
         "big": x * BIG[dt] / 10,
         "large": x * 1e15,
+        "unit": rng.uniform(-0.95, 0.95, n),
+        "ge1": np.abs(x) + 1.05,
+        "prob": rng.uniform(0, 1, n),
+        "round": np.round(x),
+        "perm": (rng.permutation(n) - n // 2) * 0.25,  # distinct values, exact in float16
     }.get(domain, x)
     sp = _specials(domain, dt)
     if n > 1 or domain.startswith("pow"):
@@ -156,7 +165,11 @@ class Case:
 
     @staticmethod
     def _outs(out) -> list:
-        return list(out) if isinstance(out, tuple) else [out]
+        """The outputs as a flat list (a row may return nested tuples, such as two (values, indices) pairs); a
+        random row's (lo, hi) ranges stay whole."""
+        if not isinstance(out, tuple) or all(isinstance(v, (int, float, str)) for v in out):
+            return [out]
+        return [o for x in out for o in Case._outs(x)]
 
     def _weights(self, outs) -> list[np.ndarray]:
         rng = np.random.default_rng(_seed(self.label, "w"))
@@ -255,8 +268,9 @@ def _compare(label: str, got: np.ndarray, ref: np.ndarray, tol: dict | None, gra
 
 
 def _check_random(label: str, a: np.ndarray, rng_ref: tuple) -> list[str]:
-    lo, hi = rng_ref
-    want = "int32" if isinstance(lo, int) and lo >= 5 else "float32"
+    """rng_ref is (lo, hi) or (lo, hi, dtype name): the values must lie in [lo, hi) and not all be equal."""
+    lo, hi, *dt = rng_ref
+    want = dt[0] if dt else "int32" if isinstance(lo, int) and lo >= 5 else "float32"
     if a.dtype.name != want or a.shape not in ((3, 4), (2, 3)):
         return [f"{label}: dtype {a.dtype} shape {a.shape}"]
     if not (np.isfinite(a).all() and a.min() >= lo and a.max() < hi and len(np.unique(a)) > 1):
@@ -295,6 +309,8 @@ def sweep() -> dict[str, list[str]]:
     for name, cs in by_row.items():
         _unpack(cs, packs[name])
         results[name] = [m for c in cs for m in c.check()]
+        if all(c.ref_error for c in cs) and cs[0].row.cases:  # a row must compare something
+            results[name].append(f"{name}: PyTorch raised in every case, e.g. {cs[0].ref_error}")
     n_grad = sum(len(c.grads) for c in cases)
     n_out = sum(len(c.ours) for c in cases)
     print(
@@ -418,3 +434,19 @@ def test_sigmoid_tanh_gradients_at_minus_300_are_zero():
         (tg,) = torch.autograd.grad(ref(t).sum(), t)
         assert np.isfinite(g.numpy()).all(), f.__name__
         np.testing.assert_allclose(g.numpy(), tg.numpy(), atol=1e-6, err_msg=f.__name__)
+
+
+def test_modes():
+    """Tensor.train()/Tensor.test() set the training/no_grad flags for a block and restore them after."""
+    assert Tensor.training is False and Tensor.no_grad is False
+    with Tensor.train():
+        assert Tensor.training is True
+        with Tensor.train(False):
+            assert Tensor.training is False
+        assert Tensor.training is True
+    assert Tensor.training is False
+    a = Tensor([1.0, 2.0], requires_grad=True)
+    with Tensor.test():
+        assert Tensor.no_grad is True
+        assert (a * 2).requires_grad is not True
+    assert Tensor.no_grad is False and (a * 2).requires_grad is True

@@ -17,8 +17,9 @@ def _push(m: UOp, a: UOp) -> UOp | None:
     # PAD is not pushed: pad(f(x)) != f(pad(x)) when f(0) != 0 (exp2, cmp, where, ...)
     if m.op is Ops.PAD:
         return None
-    # operands of the ALU's own shape take the view; shape-() operands broadcast (unless the ALU itself is 0-d)
-    return a.replace(src=tuple(m.replace(src=(s,)) if s.shape == a.shape else s for s in a.src))
+    # operands of the ALU's own shape take the view, in the operand's dtype (a comparison's float operands under a
+    # bool view stay float); shape-() operands broadcast (unless the ALU itself is 0-d)
+    return a.replace(src=tuple(m.replace(src=(s,), dtype=s.dtype) if s.shape == a.shape else s for s in a.src))
 
 
 # movement(alu(a, b)) -> alu(movement(a), movement(b)): exposes each operand's own chain of views;

@@ -254,7 +254,9 @@ class ElementwiseMixin:
             return self
         if not self.dtype.is_float:
             return (self < 0).where(-self, self)
-        return (self < 0).where(-self, (0 < self).where(self, self * 0))  # x * 0 keeps NaN, and has gradient 0
+        # the 0 is a constant (gradient 0 there); NaN falls through to x. Not x * 0 for the NaN: gcc's
+        # -fno-signed-zeros folds x*0.0f to 0, and -fassociative-math folds the x + (-x) uopc renders it as
+        return (self < 0).where(-self, (self == 0).where(0.0, self))
 
     def sign(self) -> Self:
         """-1, 0 or 1 (in self's dtype)."""

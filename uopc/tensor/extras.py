@@ -22,6 +22,12 @@ def _reduce_loss(loss: Any, reduction: str) -> Any:
     return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
+def _log_clamped(p: Any) -> Any:
+    """max(log(p), -100) whose gradient is 0, not 0 * inf = NaN, where p = 0: the log only sees p > 0."""
+    pos = p > 0
+    return pos.where(pos.where(p, 1.0).log().maximum(-100.0), -100.0)
+
+
 class ExtrasMixin:
     """Composite ops of Tensor that are neither pure movement nor elementwise math."""
 
@@ -233,7 +239,7 @@ class ExtrasMixin:
     def binary_crossentropy(self, Y: Any, reduction: str = "mean") -> Self:
         """-(y log p + (1 - y) log(1 - p)) on probabilities, each log clamped at -100 as PyTorch."""
         p = self._to_float()
-        loss = -(Y * p.log().maximum(-100.0) + (1 - Y) * (1 - p).log().maximum(-100.0))
+        loss = -(Y * _log_clamped(p) + (1 - Y) * _log_clamped(1 - p))
         return _reduce_loss(loss, reduction)
 
     def binary_crossentropy_logits(self, Y: Any, reduction: str = "mean", pos_weight: Any = None) -> Self:

@@ -17,6 +17,7 @@ from uopc.tensor.shape import Axis, is_int
 _ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _SELU_ALPHA = 1.6732632423543772
 _SELU_SCALE = 1.0507009873554805
+_HUGE = 1e9  # above this, sqrt(x^2 ± 1) is |x| to float64's precision (and x^2 may overflow float32)
 
 
 def _abs_slope1(x: Any) -> Any:
@@ -86,7 +87,8 @@ class MathMixin:
     def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Self:
         """|a - b| <= atol + rtol |b| elementwise (infinities equal only to themselves)."""
         a, b = self._operands(other)
-        close = (a == b) | ((a - b).abs() <= atol + rtol * b.abs())
+        d = (a - b).abs()
+        close = (a == b) | (d.isfinite() & (d <= atol + rtol * b.abs()))  # inf - inf or x - inf: only a == b
         return close | (a.isnan() & b.isnan()) if equal_nan else close
 
     def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
@@ -208,7 +210,8 @@ class MathMixin:
         big = x.abs() > 1
         t = big.where(big.where(x, 1.0).reciprocal(), x)  # 1/x only where taken: no inf in the other gradient
         a = t._atan_small()
-        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a)
+        # the ±pi/2 select of two Python floats is float32: cast back so half stays half
+        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a).cast(x.dtype)
 
     def asin(self) -> Self:
         """Arcsine: atan(x / sqrt(1 - x^2)) (NaN outside [-1, 1])."""
@@ -233,13 +236,17 @@ class MathMixin:
         """sign(x) log(|x| + sqrt(x^2 + 1))."""
         x = self._to_float()
         a = _abs_slope1(x)
-        r = (a + (a * a + 1).sqrt()).log()
+        big = a > _HUGE  # x^2 would overflow: log(2|x|), exact there
+        s = big.where(1.0, a)  # each branch sees only safe values, so the untaken one has a finite gradient
+        r = big.where(big.where(a, 1.0).log() + math.log(2), (s + (s * s + 1).sqrt()).log())
         return (x < 0).where(-r, r)
 
     def acosh(self) -> Self:
-        """log(x + sqrt(x^2 - 1)) (NaN below 1)."""
+        """log(x + sqrt(x^2 - 1)) (NaN below 1); log(2x) for huge x, whose square would overflow."""
         x = self._to_float()
-        return (x + (x * x - 1).sqrt()).log()
+        big = x > _HUGE
+        s = big.where(2.0, x)
+        return big.where(big.where(x, 1.0).log() + math.log(2), (s + (s * s - 1).sqrt()).log())
 
     def atanh(self) -> Self:
         """log((1 + x) / (1 - x)) / 2."""

@@ -18,6 +18,7 @@ from typing import Any, Self
 import numpy as np
 
 from uopc.dtype import dtypes
+from uopc.helpers import prod
 from uopc.tensor.shape import norm_dim
 from uopc.uop import Ops
 
@@ -110,13 +111,35 @@ class ScanMixin:
         return x
 
     def logcumsumexp(self, axis: int = 0) -> Self:
-        """log(cumsum(exp(x))) along `axis`, shifted by the max so it does not overflow."""
+        """log(cumsum(exp(x))) along `axis`: each prefix is its own shifted logsumexp (one shift for the whole
+        axis would underflow the prefixes before a large value to log(0)), blocked as the other scans."""
         x = self._to_float()
         if x.ndim == 0:
             return x
-        m = x.max(axis, keepdim=True)
-        m = (m.abs() == math.inf).where(0, m)
-        return (x - m).exp().cumsum(axis).log() + m
+        d = norm_dim(axis, x.ndim)
+        y = x.transpose(d, -1) if d != x.ndim - 1 else x
+        if y.shape[-1] == 0:
+            return x
+        out = y._logcumsumexp_last()
+        return out.transpose(d, -1) if d != x.ndim - 1 else out
+
+    def _logcumsumexp_last(self) -> Self:
+        n = self.shape[-1]
+        if n <= _BLOCK:  # out[i] = logsumexp(x[j] for j <= i), one masked (n, n) reduce
+            mask = type(self)(np.tri(n, dtype=np.bool_))
+            return mask.where(self.unsqueeze(-2).expand(*self.shape[:-1], n, n), -math.inf).logsumexp(-1)
+        m = -(-n // _BLOCK)
+        lead = self.shape[:-1]
+        x = self.pad(((0, 0),) * len(lead) + ((0, m * _BLOCK - n),), value=-math.inf) if m * _BLOCK != n else self
+        local = x.reshape(*lead, m, _BLOCK)._logcumsumexp_last().contiguous()
+        inclusive = local[..., _BLOCK - 1]._logcumsumexp_last().contiguous()
+        excl = inclusive.pad(((0, 0),) * len(lead) + ((1, 0),), value=-math.inf)
+        excl = excl.shrink(tuple((0, s) for s in lead) + ((0, m),)).unsqueeze(-1)
+        top = local.maximum(excl).detach()  # log(e^a + e^b) shifted by the larger; an infinite one shifts by 0
+        top = (top.abs() == math.inf).where(0, top)
+        out = ((local - top).exp() + (excl - top).exp()).log() + top
+        out = out.reshape(*lead, m * _BLOCK)
+        return out.shrink(tuple((0, s) for s in lead) + ((0, n),)) if m * _BLOCK != n else out
 
     def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Self:
         """Product over `axis` by a tree of multiplies (8 at a time per kernel): exact for ints, as PyTorch."""
@@ -130,7 +153,7 @@ class ScanMixin:
             return x
         kept = [i for i in range(x.ndim) if i not in axes]
         y = x.permute(*kept, *axes)
-        y = y.reshape(*y.shape[: len(kept)], -1)._prod_last()
+        y = y.reshape(*y.shape[: len(kept)], prod(x.shape[a] for a in axes))._prod_last()  # no -1: a dim may be 0
         if keepdim:
             y = y.reshape(tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
         return y
