@@ -43,6 +43,7 @@ class Row:
     cover_name: bool = field(default=True)  # the row's name is itself a public attribute
 
 
+SR = [("sum", True), ("mean", False), ("amax", True), ("amin", False)]  # scatter_reduce cases
 F32, F16, I32, B = "f32", "f16", "i32", "bool"
 M = (4, 5)  # the shape most cases share, so equal structures compile once
 
@@ -415,6 +416,36 @@ ROWS: list[Row] = [
             (Inp(F32, M), Inp(I32, (3, 5), "c", "cls4"), Inp(F32, (3, 5), "nc")),
         ],
         variant=True,
+    ),
+    # scatter_reduce: repeated targets (random index), a reduce and include_self per case; prod has no gradient
+    Row(
+        "scatter_reduce",
+        lambda x, i, s, k: x.scatter_reduce(1, i, s, *SR[k]),
+        lambda x, i, s, k: x.scatter_reduce(1, i.long(), s, SR[k][0], include_self=SR[k][1]),
+        [(Inp(F32, M, "nc"), Inp(I32, (4, 3), "c", "cls"), Inp(F32, (4, 3))) for _ in SR],
+        variant=True,
+    ),
+    Row(
+        "scatter_reduce_prod",
+        lambda x, i, s, k: x.scatter_reduce(1, i, s, "prod", include_self=k == 0),
+        lambda x, i, s, k: x.scatter_reduce(1, i.long(), s, "prod", include_self=k == 0),
+        [
+            (Inp(F32, M), Inp(I32, (4, 3), "c", "cls"), Inp(F32, (4, 3))),
+            (Inp(F16, M), Inp(I32, (3, 5), "c", "cls4"), Inp(F16, (3, 5))),
+        ],
+        variant=True,
+        grad=False,
+        cover_name=False,
+    ),
+    # scatter: one target per row, so no element is written twice (PyTorch leaves repeated targets undefined)
+    Row(
+        "scatter",
+        lambda x, i, s: x.scatter(1, i, s),
+        lambda x, i, s: x.scatter(1, i.long(), s),
+        [
+            (Inp(F32, M, "nc"), Inp(I32, (4, 1), "c", "cls"), Inp(F32, (4, 1))),
+            (Inp(F16, M), Inp(I32, (4, 1), "c", "cls"), Inp(F16, (4, 1))),
+        ],
     ),
     # ---------------------------------------------------------------- losses
     Row("one_hot", lambda y: y.one_hot(5), lambda y: F.one_hot(y.long(), 5), [(Inp(I32, M, "c", "cls"),)], grad=False),
