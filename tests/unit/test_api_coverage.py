@@ -37,3 +37,16 @@ def test_api_coverage_never_drops():
     have, missing = covered()
     print(f"\nuopc has {len(have)} of {len(have) + len(missing)} tinygrad Tensor names; missing: {' '.join(missing)}")
     assert len(have) >= FLOOR, f"uopc lost tinygrad names: has {len(have)}, floor {FLOOR}"
+
+
+def test_api_page_names_every_public_name():
+    """docs/api.md, the one API page, mentions every public Tensor name and every uopc.nn name."""
+    import uopc.nn as nn
+
+    with open(os.path.join(os.path.dirname(LIST), "api.md")) as f:
+        doc = f.read()
+    tensor_names = {n for n in dir(Tensor) if not n.startswith("_")}
+    missing = sorted(n for n in tensor_names if not any(p in doc for p in (f"`{n}`", f"`{n}(", f".{n}(", f"`x.{n}")))
+    assert not missing, f"Tensor names missing from docs/api.md: {missing}"
+    missing_nn = sorted(n for n in nn.__all__ if f"`{n}" not in doc)
+    assert not missing_nn, f"uopc.nn names missing from docs/api.md: {missing_nn}"
