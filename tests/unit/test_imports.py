@@ -147,7 +147,8 @@ def test_import_uopc_loads_no_compiler_stage():
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# docs/layout.md: its tree and import graph are generated here (python tests/unit/test_imports.py prints them)
+# docs/layout.md: its tree and import graph are generated here (python tests/unit/test_imports.py prints them,
+# --write puts them into the page)
 
 LAYOUT = os.path.join(os.path.dirname(ROOT), "docs", "layout.md")
 BEGIN, END = "<!-- generated: python tests/unit/test_imports.py -->", "<!-- end generated -->"
@@ -198,12 +199,18 @@ def test_layout_doc_lists_every_module_and_import():
         doc = f.read()
     assert BEGIN in doc and END in doc, f"{LAYOUT} lost its generated block"
     assert _strip_counts(_generated_block(doc)) == _strip_counts(layout_text()), (
-        "docs/layout.md is out of date: run python tests/unit/test_imports.py and paste its output"
+        "docs/layout.md is out of date: run python tests/unit/test_imports.py --write"
     )
 
 
-if __name__ == "__main__":
-    print(layout_text())
+if __name__ == "__main__":  # --write: replace the generated block of docs/layout.md in place
+    if sys.argv[1:] == ["--write"]:
+        with open(LAYOUT) as f:
+            doc = f.read()
+        with open(LAYOUT, "w") as f:
+            f.write(doc.replace(_generated_block(doc), layout_text()))
+    else:
+        print(layout_text())
 
 
 def test_no_module_exceeds_600_lines():
