@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
@@ -93,6 +94,9 @@ def _abort_on_exception(exc_type: Any, exc: Any, tb: Any) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if MPI.COMM_WORLD.Get_size() > 1:
+        # mpiexec forwards a rank's output asynchronously and stops forwarding when the job is aborted: give it a
+        # moment, or the traceback that says why is sometimes lost (seen under load in the test of this path)
+        time.sleep(0.25)
         MPI.COMM_WORLD.Abort(1)
 
 
