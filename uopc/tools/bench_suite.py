@@ -28,8 +28,8 @@ __all__ = ["CASES", "mnist_batches", "run_suite", "torch_stepper", "uopc_stepper
 
 _BLAS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 ALLOCATION = {
-    "uopc": "inputs copied once into 64-byte aligned arrays; each realize gets a fresh uninitialized output, "
-    "temps are kept per plan",
+    "uopc": "inputs copied once into 64-byte aligned arrays; outputs and temps come from uopc's pool (freed "
+    "storage reused by size class, uninitialized)",
     "numpy": "a fresh ndarray per call (NumPy's allocator), temporaries for every intermediate",
     "torch": "a fresh tensor per call (PyTorch's CPU allocator), no autograd recording (inference mode) "
     "except in the training step",
