@@ -254,11 +254,9 @@ class ElementwiseMixin:
             return self
         if not self.dtype.is_float:
             return (self < 0).where(-self, self)
-        # x * s with s = -1, 1, 0 at 0 and x itself for NaN: the value is exact (NaN * NaN stays NaN) and the
-        # gradient is g * s, as PyTorch's (at 0 an infinite g gives NaN: inf * 0). A multiply by a value known
-        # only at run time: gcc folds no literal x * 0.0f here (it would, under -fno-signed-zeros)
-        s = (self < 0).where(-1.0, (0 < self).where(1.0, (self != self).where(self, 0.0)))
-        return self * s.detach()
+        # the 0 is a constant (gradient 0 there); NaN falls through to x. Not x * 0 for the NaN: gcc's
+        # -fno-signed-zeros folds x*0.0f to 0, and -fassociative-math folds the x + (-x) uopc renders it as
+        return (self < 0).where(-self, (self == 0).where(0.0, self))
 
     def sign(self) -> Self:
         """-1, 0 or 1 (in self's dtype)."""
