@@ -18,6 +18,8 @@ buffers of that call, valid after later calls. A call whose Tensor shapes or dty
 differ from the captured call raises ValueError naming the argument, as does a change of `Tensor.training` or
 `Tensor.no_grad` (the modes the step's graph depends on); `reset()` captures anew.
 Per-step Python values are frozen by replay: optimizers keep theirs (lr, step count) in state tensors.
+One TinyJit object runs one call at a time: calls from several threads at once would race on the state it updates
+in place (as the same step would without the JIT); captures are per thread.
 """
 
 from __future__ import annotations
