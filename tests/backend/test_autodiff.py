@@ -388,3 +388,18 @@ def test_gradient_of_a_staged_value_is_staged():
     zt = yt.reshape(2, 2, 3, 2).amax((1, 3))
     ((zt * zt).sum() + (zt.exp() * yt.sum()).sum()).backward()
     np.testing.assert_allclose(gx.numpy(), xt.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_abs_gradient_at_zero_is_g_times_sign_as_torch(monkeypatch, fuse):
+    """d|x|/dx at 0 is g * 0: an infinite incoming gradient (sqrt's at 0) gives NaN, as PyTorch (fuzz --grad seeds
+    2856, 4111); abs(-0.0) is +0 and abs(NaN) is NaN, fused or not."""
+    monkeypatch.setattr(Tensor, "fuse_reduce", fuse)
+    v = np.array([0.0, -0.0, -2.0, 3.0, np.nan, -np.inf], np.float32)
+    t = Tensor(v, requires_grad=True)
+    (g,) = (t.abs().sqrt() * 1.0).sum().gradient(t)
+    tt = torch.tensor(v, requires_grad=True)
+    tt.abs().sqrt().sum().backward()
+    np.testing.assert_array_equal(g.numpy(), tt.grad.numpy())
+    a = (Tensor(v).abs() + 0).numpy()
+    assert np.array_equal(a, np.abs(v), equal_nan=True) and not np.signbit(a[1])

@@ -254,8 +254,15 @@ class ElementwiseMixin:
             return self
         if not self.dtype.is_float:
             return (self < 0).where(-self, self)
-        # the 0 is a constant (gradient 0 there); NaN falls through to x. Not x * 0 for the NaN: gcc's
-        # -fno-signed-zeros folds x*0.0f to 0, and -fassociative-math folds the x + (-x) uopc renders it as
+        # At 0 the value is z - x * z with z = 0 known only at run time (z is x itself for NaN, which never gets
+        # there): +0 for -0 too, and the gradient there is -g * 0, as PyTorch's g * sgn(x): an infinite g gives NaN
+        z = (self != self).where(self, 0.0).detach()
+        return (self < 0).where(-self, (self == 0).where(z - self * z, self))
+
+    def _abs_select(self) -> Self:
+        """|x| of a float as selects only: its gradient at 0 is exactly 0 whatever comes in (pow's magnitude, whose
+        own y-gradient NaN at negative bases must not meet another 0 * inf). NaN falls through to x."""
+        # the 0 is a constant; not x * 0 for it: gcc's -fno-signed-zeros folds x*0.0f to 0
         return (self < 0).where(-self, (self == 0).where(0.0, self))
 
     def sign(self) -> Self:
@@ -411,7 +418,7 @@ class ElementwiseMixin:
         branches whose inputs are gated, so that no branch that is not taken can put an inf or NaN into a gradient."""
         x = self
         zero, neg = x == 0, x < 0
-        ax = x.abs()
+        ax = x._abs_select()
         # d/dy at a negative base is x^y log(x) = NaN in PyTorch, while the magnitude's own y-gradient is finite
         mag = (y._nan_grad_where(neg) * zero.where(1, ax).log2()).exp2()
         is_int = y.trunc() == y
