@@ -206,9 +206,11 @@ def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
 
 # A float sum accumulates in levels: the innermost level runs over up to LEAF elements (gcc vectorizes it: LEAF/16
 # adds per lane, then a tree over the lanes), each level above adds up to LEVEL partial sums of the level below.
-# Every serial chain is short, so the error grows like log n (measured: 2^24 x 0.1f is off by 1.5e-7 relative with
-# 256/16; one accumulator per vector lane is off by 1%).
-LEAF, LEVEL = 256, 16
+# Every serial chain is short, so the error grows like log n (measured: 2^24 x 0.1f is off by 7.5e-8 relative with
+# 512/16; one accumulator per vector lane is off by 1%). A leaf of 512, not 256: gcc's code for a 128- or 256-long
+# leaf streamed rows at ~29 GB/s where 64 or 512 and more reach ~34 (C kernels of the same shape, Zen 4, 2 threads);
+# row-sum 8192^2 went from 1.3x to 1.05x PyTorch eager (bench/bench_membound.py).
+LEAF, LEVEL = 512, 16
 # a full reduction at least this long runs its outermost level as an OpenMP loop writing one partial per iteration
 # (the same tree, so the same result with any thread count); below it a parallel region costs more than it saves
 PARALLEL_MIN = 1 << 16

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import buf, render_graph, run
 from uopc import Tensor
-from uopc.rangeify import Opts, _levels
+from uopc.rangeify import LEAF, LEVEL, Opts, _levels
 from uopc.uop import Ops
 
 F01 = float(np.float32(0.1))
@@ -60,7 +60,7 @@ def test_float16_sums_accumulate_in_float32():
 
 
 def test_levels_split_every_reduce_axis():
-    # the innermost level holds <= 256 iterations, each level above <= 16; the pieces multiply back to the shape
+    # the innermost level holds <= LEAF iterations, each level above <= LEVEL; the pieces multiply back to the shape
     for rshape in [(2**24,), (10**6,), (4096, 4096), (10007,), (7, 1000), (3, 5, 7, 11)]:
         levels = _levels(rshape)
         sizes = {}
@@ -68,7 +68,8 @@ def test_levels_split_every_reduce_axis():
             for k, d in lv:
                 sizes[k] = sizes.get(k, 1) * d
         assert all(sizes.get(k, 1) == s for k, s in enumerate(rshape)), (rshape, levels)
-        assert np.prod([d for _, d in levels[0]]) <= 256 or len(levels[0]) == 1
+        assert np.prod([d for _, d in levels[0]]) <= LEAF or len(levels[0]) == 1
+        assert all(np.prod([d for _, d in lv]) <= LEVEL or len(lv) == 1 for lv in levels[1:])
 
 
 def test_whole_sum_runs_its_outer_level_on_threads(context):
