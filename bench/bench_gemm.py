@@ -7,8 +7,11 @@
   python bench/bench_gemm.py --interleave   4x4 tile + threads with and without cache blocks, in rounds
 
 NumPy runs in a subprocess with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset, so OpenBLAS picks its own kernel
-for this CPU (printed, from threadpoolctl). Every variant sleeps 0.2 s first: OpenBLAS's threads busy-wait after
-a call and would take a core from whatever runs next. The peak is a generated C kernel of independent FMAs.
+for this CPU (printed, from threadpoolctl). Every variant sleeps 0.2 s first, and after each NumPy timing the
+parent waits until the worker has used no CPU for 0.1 s: OpenBLAS's threads busy-wait after a call (up to a second
+on this VM) and would take a core from whatever runs next. After the pause each side makes one untimed call: the
+first call after an idle 0.2 s ran ~1.7x slower here (threads and vCPUs waking), which at one call per timing
+(N >= 1024) halved whichever side it hit. The peak is a generated C kernel of independent FMAs.
 
 B strided   C[i,j] = sum_k A[i,k] B[k,j]: the reduce walks down a column of B (stride N)
 B^T         same math, B stored transposed: both operands contiguous along k
@@ -177,6 +180,7 @@ for line in sys.stdin:
         mats[m, k, n] = (g.standard_normal((m, k), np.float32), g.standard_normal((k, n), np.float32))
         np.matmul(*mats[m, k, n])
     a, b = mats[m, k, n]
+    np.matmul(a, b)  # untimed: the first call after a pause wakes the threads (see the parent's comment)
     t = time.perf_counter()
     for _ in range(reps):
         np.matmul(a, b)
@@ -197,6 +201,28 @@ class NumpyWorker:
         self.p.stdin.write(f"{m} {k} {n} {reps}\n")
         self.p.stdin.flush()
         return float(self.p.stdout.readline())
+
+    def wait_idle(self, cap: float = 3.0) -> None:
+        """Return once the worker has used no CPU for 0.1 s: OpenBLAS's threads busy-wait after a call for up to a
+        second on this VM (measured: uopc's N=1024 ran at half speed for 0.5-1 s after a NumPy call), longer than
+        the 0.2 s pause. Linux /proc; elsewhere a fixed 1 s."""
+        stat = f"/proc/{self.p.pid}/stat"
+        if not os.path.exists(stat):
+            time.sleep(1.0)
+            return
+
+        def cpu_ticks() -> int:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of proc(5))
+
+        end, last = time.perf_counter() + cap, cpu_ticks()
+        while time.perf_counter() < end:
+            time.sleep(0.1)
+            now = cpu_ticks()
+            if now == last:
+                return
+            last = now
 
     def close(self) -> None:
         self.p.stdin.close()
@@ -278,12 +304,14 @@ def compare(rounds: int, only: str = "") -> None:
         for _ in range(nround):
             for name, fn in variants.items():
                 time.sleep(0.2)
+                fn()  # untimed: after a pause the first call runs ~1.7x slower on this VM (N=1024: 19 ms vs 11 ms)
                 t = time.perf_counter()
                 for _ in range(reps):
                     fn()
                 res[name].append((time.perf_counter() - t) / reps)
             time.sleep(0.2)
             res["numpy"].append(npw.time(m, k, n, reps))
+            npw.wait_idle()
         gf = {k: flop / statistics.median(v) / 1e9 for k, v in res.items() if v}
         tgf = gf.get("torch", float("nan"))
         ours = gf["uopc"]
