@@ -672,6 +672,37 @@ def test_matmul_forms_and_dtypes():
     assert u.op is Ops.REDUCE and u.src[0].shape == (3, 5, 4)  # (n, m, k): the reduce axis is last
 
 
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((3, 4), (4, 5)),
+        ((2, 3, 4), (4, 5)),
+        ((3, 4), (2, 4, 5)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((1, 4), (4, 1)),
+        ((4,), (4, 3)),
+        ((3, 4), (4,)),
+        ((3, 0), (0, 2)),
+    ],
+)
+def test_matmul_builds_the_graph_of_its_tensor_ops(sa, sb):
+    # matmul builds its UOps directly (no intermediate Tensors); hash-consing makes "the same graph as the Tensor
+    # ops a.reshape(.., n, 1, k) * b.T.reshape(.., 1, m, k), broadcast, summed over the last axis" an identity test
+    a, b = Tensor(r(*sa)), Tensor(r(*sb), requires_grad=True)
+    a2 = a.reshape(1, -1) if a.ndim == 1 else a
+    b2 = b.reshape(-1, 1) if b.ndim == 1 else b
+    (n, k), m = a2.shape[-2:], b2.shape[-1]
+    full = (*np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2]), n, m, k)
+    ae = a2.reshape(*a2.shape[:-2], n, 1, k).expand(full)
+    be = b2.transpose(-1, -2).reshape(*b2.shape[:-2], 1, m, k).expand(full)
+    want = (ae * be).sum(-1)
+    want = want.squeeze(-2) if a.ndim == 1 else want
+    want = want.squeeze(-1) if b.ndim == 1 else want
+    out = a @ b
+    assert out.uop is want.uop
+    assert out.requires_grad and not (a.detach() @ b.detach()).requires_grad  # gradients tracked as before
+
+
 # ---------------------------------------------------------------- movement
 
 
