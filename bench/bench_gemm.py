@@ -33,6 +33,7 @@ from uopc.opt.machine import vector_bytes
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
 from uopc.runtime import Program, get_num_threads, set_num_threads
+from uopc.tools.harness import wait_idle
 from uopc.uop import Ops, ParamArg, UOp
 
 
@@ -202,28 +203,6 @@ class NumpyWorker:
         self.p.stdin.flush()
         return float(self.p.stdout.readline())
 
-    def wait_idle(self, cap: float = 3.0) -> None:
-        """Return once the worker has used no CPU for 0.1 s: OpenBLAS's threads busy-wait after a call for up to a
-        second on this VM (measured: uopc's N=1024 ran at half speed for 0.5-1 s after a NumPy call), longer than
-        the 0.2 s pause. Linux /proc; elsewhere a fixed 1 s."""
-        stat = f"/proc/{self.p.pid}/stat"
-        if not os.path.exists(stat):
-            time.sleep(1.0)
-            return
-
-        def cpu_ticks() -> int:
-            with open(stat) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of proc(5))
-
-        end, last = time.perf_counter() + cap, cpu_ticks()
-        while time.perf_counter() < end:
-            time.sleep(0.1)
-            now = cpu_ticks()
-            if now == last:
-                return
-            last = now
-
     def close(self) -> None:
         self.p.stdin.close()
         self.p.wait()
@@ -311,7 +290,7 @@ def compare(rounds: int, only: str = "") -> None:
                 res[name].append((time.perf_counter() - t) / reps)
             time.sleep(0.2)
             res["numpy"].append(npw.time(m, k, n, reps))
-            npw.wait_idle()
+            wait_idle(npw.p.pid)  # OpenBLAS's threads spin after a call: let them stop first
         gf = {k: flop / statistics.median(v) / 1e9 for k, v in res.items() if v}
         tgf = gf.get("torch", float("nan"))
         ours = gf["uopc"]

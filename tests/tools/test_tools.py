@@ -226,3 +226,20 @@ def test_bench_quick_json():
         assert c["median_s"]["uopc"] > 0 and len(c["rounds_s"]["uopc"]) == rep["rounds"]
     assert cases["softmax 1024x1024"]["ratios"]["numpy"] > 0
     assert "OPENBLAS_CORETYPE OPENBLAS_L2_SIZE unset" in rep["libraries"]["numpy"]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="wait_idle reads /proc")
+def test_wait_idle_tells_a_spinning_process_from_a_sleeping_one():
+    # the benchmarks wait for the NumPy worker's BLAS threads to stop spinning before timing the next side
+    from uopc.tools.harness import wait_idle
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert wait_idle(busy.pid, cap=0.5) is False
+        assert wait_idle(idle.pid, cap=5.0) is True
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()

@@ -269,6 +269,12 @@ class NumpyProcess:
             raise RuntimeError("uopc bench: the NumPy worker process exited early")
         return json.loads(line)
 
+    def time(self, case: str, min_time: float) -> float:
+        """One timed round of `case` in the child; returns once OpenBLAS's threads there stop spinning."""
+        t = self.ask(cmd="time", case=case, min_time=min_time)["t"]
+        harness.wait_idle(self.proc.pid)
+        return t
+
     def close(self) -> None:
         if self.proc.stdin is not None:
             self.proc.stdin.close()
@@ -341,7 +347,7 @@ def run_suite(quick: bool = False, as_json: bool = False, threads: int = 0, out=
                 continue
             runners: dict[str, Callable[[], float]] = {"uopc": harness.timed(make_uopc(case), min_time)}
             if "numpy" in case.sides:
-                runners["numpy"] = lambda c=case: np_proc.ask(cmd="time", case=c.name, min_time=min_time)["t"]
+                runners["numpy"] = lambda c=case: np_proc.time(c.name, min_time)
             if "torch" in case.sides and tv:
                 runners["torch"] = harness.timed(make_torch(case), min_time)
             times = harness.interleave(runners, rounds)

@@ -34,6 +34,7 @@ __all__ = [
     "ratio",
     "time_n",
     "timed",
+    "wait_idle",
 ]
 
 
@@ -64,17 +65,45 @@ def time_n(fn: Callable[[], object], n: int) -> float:
 def timed(fn: Callable[[], object], min_time: float = 0.05) -> Callable[[], float]:
     """A round runner: calls `fn` enough times to last about `min_time` s and returns seconds per call.
 
-    The call count is fixed on the first round (after one warm-up call), so every round does the same work.
+    The call count is fixed on the first round, so every round does the same work; each round starts with one
+    untimed call.
     """
     state: dict[str, int] = {}
 
     def run() -> float:
+        fn()  # untimed: the first round compiles and maps pages; later, the first call after a pause (another
+        # side's turn) runs slower on a VM whose threads and vCPUs went idle (bench_gemm: ~1.7x at N=1024)
         if "n" not in state:
-            fn()  # warm-up: compile, first-touch pages
             state["n"] = calibrate(fn, min_time)
         return time_n(fn, state["n"])
 
     return run
+
+
+def wait_idle(pid: int, cap: float = 3.0, quiet: float = 0.1) -> bool:
+    """Wait until process `pid` has used no CPU for `quiet` s (True), or `cap` s have passed (False).
+
+    A BLAS in another process keeps its threads spinning after a call (OpenBLAS: up to a second on this project's
+    VM), taking cores from whatever is timed next; call this after timing that process. Linux only (/proc); elsewhere
+    it sleeps `cap` / 3 and returns True."""
+    stat = f"/proc/{pid}/stat"
+
+    def cpu_ticks() -> int:
+        with open(stat) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime: fields 14 and 15 of proc(5)
+
+    if not os.path.exists(stat):
+        time.sleep(cap / 3)
+        return True
+    end, last = time.perf_counter() + cap, cpu_ticks()
+    while time.perf_counter() < end:
+        time.sleep(quiet)
+        now = cpu_ticks()
+        if now == last:
+            return True
+        last = now
+    return False
 
 
 def interleave(
