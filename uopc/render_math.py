@@ -19,9 +19,9 @@ from uopc.uop import Ops
 __all__ = ["F32_BITS", "F32_MATH"]
 
 
-def _horner(var: str, coeffs: list[float]) -> str:
-    """c0 + var*(c1 + var*(c2 + ...)) with exact Python float reprs."""
-    return (" + " + var + "*(").join(repr(c) for c in coeffs) + ")" * (len(coeffs) - 1)
+def _horner(var: str, coeffs: list[float], suffix: str = "") -> str:
+    """c0 + var*(c1 + var*(c2 + ...)) with exact Python float reprs (suffix "f": float literals)."""
+    return (" + " + var + "*(").join(repr(c) + suffix for c in coeffs) + ")" * (len(coeffs) - 1)
 
 
 def _two_over_pi(bits: int) -> int:
@@ -54,7 +54,7 @@ def _sin_table() -> list[tuple[int, int, int]]:
     return rows
 
 
-_EXP2F = " + f*(".join(f"{math.log(2) ** k / math.factorial(k)!r}f" for k in range(8)) + ")" * 7
+_EXP2F = _horner("f", [math.log(2) ** k / math.factorial(k) for k in range(8)], "f")
 _LOG2 = _horner("s2", [2 / (k * math.log(2)) for k in (1, 3, 5, 7, 9, 11)])
 _SIN = _horner("r2", [(-1) ** k / math.factorial(2 * k + 1) for k in range(6)])
 _COS = _horner("r2", [(-1) ** k / math.factorial(2 * k) for k in range(7)])

@@ -19,6 +19,12 @@ from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, scalar_dtype
 from uopc.uop import Ops, UOp
 
 
+def broadcast_uop(u: UOp, shape: tuple[int, ...]) -> UOp:
+    """`u` broadcast to `shape` (already checked compatible): leading size-1 dims, then EXPAND, each only where it
+    changes the shape."""
+    return u.reshape((1,) * (len(shape) - len(u.shape)) + u.shape).expand(shape)
+
+
 class ElementwiseMixin:
     """The elementwise part of Tensor. Every Tensor is an ElementwiseMixin, so `isinstance(x, ElementwiseMixin)`
     tells a tensor operand from a scalar without importing Tensor; new tensors come from `type(self)(...)`."""
@@ -34,7 +40,7 @@ class ElementwiseMixin:
     def _broadcast_to(self, shape: tuple[int, ...], keep_const: bool = True) -> Self:
         if self.shape == shape or (keep_const and self.uop.op is Ops.CONST):
             return self
-        return self.reshape((1,) * (len(shape) - self.ndim) + self.shape).expand(shape)
+        return self._new(broadcast_uop(self.uop, shape))
 
     def _operands(self, other: Any, reverse: bool = False) -> tuple[Self, Self]:
         """(self, other) with one dtype (PyTorch promotion) and one broadcast shape; swapped if reverse."""

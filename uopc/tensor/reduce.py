@@ -14,13 +14,9 @@ from typing import Any, Self
 from uopc.dtype import dtypes, promote, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.creation import full_uop
+from uopc.tensor.elementwise import broadcast_uop
 from uopc.tensor.shape import Axis, broadcast_shape, norm_axes, norm_dim, reduced_shape
-from uopc.uop import Ops, UOp, identity_element
-
-
-def _broadcast_uop(u: UOp, shape: tuple[int, ...]) -> UOp:
-    """Tensor._broadcast_to on a UOp: leading 1s, then EXPAND (each step only where it changes the shape)."""
-    return u.reshape((1,) * (len(shape) - len(u.shape)) + u.shape).expand(shape)
+from uopc.uop import Ops, identity_element
 
 
 class ReduceMixin:
@@ -162,8 +158,8 @@ class ReduceMixin:
         # graph of those Tensor ops without six intermediate Tensors and their checks (everything was checked
         # above; about half the Python of a 256^3 matmul's realize). Raw ADD: int8 @ int8 stays int8, as PyTorch.
         swap = (*range(b2.ndim - 2), b2.ndim - 1, b2.ndim - 2)
-        ua = _broadcast_uop(a2.uop.reshape((*a2.shape[:-2], n, 1, k)), full)
-        ub = _broadcast_uop(b2.uop.permute(swap).reshape((*b2.shape[:-2], 1, m, k)), full)
+        ua = broadcast_uop(a2.uop.reshape((*a2.shape[:-2], n, 1, k)), full)
+        ub = broadcast_uop(b2.uop.permute(swap).reshape((*b2.shape[:-2], 1, m, k)), full)
         if 0 in full:  # an empty product: _reduce fills in the identity
             out = a2._new(ua.alu(Ops.MUL, ub), b2)._reduce(Ops.ADD, -1, keepdim=False)
         else:
