@@ -26,10 +26,10 @@ import time
 
 import numpy as np
 
+from uopc import runtime
 from uopc.dtype import dtypes
 from uopc.helpers import Context
 from uopc.opt.gemm import microkernel
-from uopc.opt.machine import vector_bytes
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
 from uopc.runtime import Program, get_num_threads, set_num_threads
@@ -210,7 +210,7 @@ class NumpyWorker:
 
 def fma_peak(threads: int, seconds: float = 0.3) -> float:
     """GFLOP/s of a generated C kernel of independent vector FMAs on every thread (the machine's FMA peak)."""
-    w = vector_bytes() // 4
+    w = runtime.machine().vector_bytes // 4
     n_acc = 12  # independent chains: enough to cover FMA latency x FMA units on any current x86 core
     accs = "".join(f"    float{w} a{i} = x + {i}.0f;\n" for i in range(n_acc))
     body = "".join(f"      a{i} = a{i} * y + z;\n" for i in range(n_acc))
@@ -255,7 +255,7 @@ def compare(rounds: int, only: str = "") -> None:
         torch = None
     npw = NumpyWorker()
     threads = get_num_threads()
-    mr, nr, w = microkernel(1024, 1024, 4)
+    mr, nr, w = microkernel(1024, 1024, 4, runtime.machine())
     print(f"uopc threads={threads}, microkernel {mr}x{nr} floats ({w}-float vectors); NumPy: {npw.info}")
     if torch is not None:
         print(f"PyTorch {torch.__version__} ({torch.get_num_threads()} threads)")

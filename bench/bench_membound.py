@@ -51,7 +51,8 @@ def main() -> None:
     torch.set_num_threads(threads)
     print(f"malloc (every side, this process): {' '.join(f'{k}={os.environ[k]}' for k in MALLOC)}")
     print(
-        f"threads: uopc {threads}, torch {torch.get_num_threads()}; torch {torch.__version__}; CFLAGS {runtime.CFLAGS}"
+        f"threads: uopc {threads}, torch {torch.get_num_threads()}; torch {torch.__version__}; "
+        f"CFLAGS {runtime.cflags()}"
     )
 
     rng = np.random.default_rng(0)

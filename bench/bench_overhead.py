@@ -54,7 +54,7 @@ def gcc_seconds(src: str, tmp: str) -> float:
     c, so = os.path.join(tmp, "plan.c"), os.path.join(tmp, "plan.so")
     with open(c, "w") as f:
         f.write(src)
-    cmd = [os.environ.get("CC", "gcc"), *runtime.CFLAGS, "-shared", "-fPIC", "-o", so, c, "-lm"]
+    cmd = [os.environ.get("CC", "gcc"), *runtime.cflags(), "-shared", "-fPIC", "-o", so, c, "-lm"]
     t = time.perf_counter()
     subprocess.run(cmd, check=True)
     return time.perf_counter() - t

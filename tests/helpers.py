@@ -17,6 +17,7 @@ import subprocess
 import numpy as np
 
 from uopc import helpers as uopc_helpers
+from uopc import runtime
 from uopc.dtype import DType, dtypes
 from uopc.helpers import prod
 from uopc.rangeify import Ctx, Opts, lower
@@ -35,7 +36,7 @@ __all__ = [
     "c_lines",
     "int_alu_rhs",
     "cc_major",
-    "cpu_has",
+    "targets",
 ]
 
 
@@ -143,17 +144,15 @@ def int_alu_rhs(src: str) -> dict[str, str]:
 def cc_major() -> int | None:
     """The major version of the C compiler uopc uses (CC), or None if it cannot be asked."""
     try:
-        out = subprocess.run([uopc_helpers.CC, "-dumpversion"], capture_output=True, text=True, timeout=60).stdout
+        out = subprocess.run(
+            [uopc_helpers.settings().CC, "-dumpversion"], capture_output=True, text=True, timeout=60
+        ).stdout
         return int(out.strip().split(".")[0])
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 
-@functools.cache
-def cpu_has(flag: str) -> bool:
-    """Whether /proc/cpuinfo lists `flag` (False where there is no /proc/cpuinfo)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and flag in line.split() for line in f)
-    except OSError:
-        return False
+def targets(isa: str) -> bool:
+    """Whether the compiler targets `isa` ("avx512f", "avx2", ...) with the current CC and CFLAGS: what the code is
+    compiled for, which -march in CFLAGS decides (not the CPU the tests run on)."""
+    return isa in runtime.machine().isa

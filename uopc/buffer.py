@@ -13,6 +13,7 @@ counter, so two buffers never hash-cons into one.
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import threading
 import weakref
@@ -90,7 +91,7 @@ class Pool:
         """Give back a block from `alloc` (nothing else may still use it)."""
         cls = block.data.size
         with self._lock:
-            if self.held + cls > helpers.POOL_MB << 20:
+            if self.held + cls > helpers.settings().POOL_MB << 20:
                 return  # over the cap: the garbage collector gives it back to the system
             self._free.setdefault(cls, []).append(block)
             self.held += cls
@@ -125,6 +126,17 @@ _slots = itertools.count(1)
 # getrefcount's argument
 _IDLE_REFS = 3
 _attach_lock = threading.Lock()
+
+
+def _new_locks_in_child() -> None:
+    # a lock held by another thread at fork time would stay locked forever in the child
+    global _attach_lock
+    _attach_lock = threading.Lock()
+    pool._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
 
 
 def _dead(ref: _Ref) -> None:

@@ -1,4 +1,4 @@
-"""Small utilities and every setting uopc reads from the environment (read once, here).
+"""Small utilities and every setting uopc reads from the environment (read once, here, into `Settings`).
 
 Settings (all optional):
   DEBUG             0..4: realize/kernel timing lines, then the C of each new kernel
@@ -16,6 +16,8 @@ Settings (all optional):
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 import functools
 import operator
 import os
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import IO, Any
 
 
@@ -34,51 +37,80 @@ def getenv(key: str, default: Any = 0) -> Any:
     return type(default)(val)
 
 
-DEBUG: int = getenv("DEBUG", 0)
-OPT: int = getenv("OPT", 1)
-CC: str = getenv("CC", "gcc")
-CFLAGS_ENV: str | None = os.environ.get("CFLAGS") or None
-CHECK_OOB: int = getenv("UOPC_CHECK_OOB", 0)
-PLAN_CACHE_SIZE: int = getenv("UOPC_PLAN_CACHE", 1024)
-POOL_MB: int = getenv("UOPC_POOL_MB", 2048)
-CACHE_MAX_MB: int = getenv("UOPC_CACHE_MAX_MB", 512)
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
 
 
-# the settings Context may change at run time, by the name users know them by (the environment variable)
-_CONTEXT_VARS = {
-    "DEBUG": "DEBUG",
-    "OPT": "OPT",
-    "CHECK_OOB": "CHECK_OOB",
-    "PLAN_CACHE": "PLAN_CACHE_SIZE",
-    "CC": "CC",
-    "POOL_MB": "POOL_MB",
-    "CACHE_MAX_MB": "CACHE_MAX_MB",
-}
+@dataclass(frozen=True)
+class Settings:
+    """Every setting a realize reads, as one frozen snapshot (named as `Context` takes them).
+
+    `code_key()` is the part that changes generated code: the plan cache keys on it, so a plan built with index
+    checks is never replayed without them (and the compiled plan records what it was built with)."""
+
+    DEBUG: int = 0
+    OPT: int = 1
+    CC: str = "gcc"
+    CFLAGS: tuple[str, ...] | None = None  # None: uopc.runtime's defaults
+    CHECK_OOB: int = 0
+    PLAN_CACHE: int = 1024
+    POOL_MB: int = 2048
+    CACHE_MAX_MB: int = 512
+
+    def code_key(self) -> tuple:
+        return (self.CHECK_OOB, self.CC, self.CFLAGS)
+
+
+def _cflags_env() -> tuple[str, ...] | None:
+    return tuple(os.environ["CFLAGS"].split()) if os.environ.get("CFLAGS") else None
+
+
+_ENV_SETTINGS = Settings(
+    DEBUG=getenv("DEBUG", 0),
+    OPT=getenv("OPT", 1),
+    CC=getenv("CC", "gcc"),
+    CFLAGS=_cflags_env(),
+    CHECK_OOB=getenv("UOPC_CHECK_OOB", 0),
+    PLAN_CACHE=getenv("UOPC_PLAN_CACHE", 1024),
+    POOL_MB=getenv("UOPC_POOL_MB", 2048),
+    CACHE_MAX_MB=getenv("UOPC_CACHE_MAX_MB", 512),
+)
+# a context variable, not a module global: a `Context` in one thread (or asyncio task) changes nothing in another,
+# and a new thread starts from the environment's values
+_settings: contextvars.ContextVar[Settings] = contextvars.ContextVar("uopc_settings", default=_ENV_SETTINGS)
+
+
+def settings() -> Settings:
+    """The settings in force in this thread: read it once and pass the snapshot on."""
+    return _settings.get()
 
 
 @contextlib.contextmanager
-def Context(**settings: Any) -> Iterator[None]:
-    """Change settings for the duration of a `with` block, then restore them: the one way code changes a setting.
+def Context(**changes: Any) -> Iterator[Settings]:
+    """Change settings for the duration of a `with` block in this thread, then restore them: the one way code
+    changes a setting.
 
         with Context(OPT=0, DEBUG=2):
             x.realize()
 
     Every setting that changes generated code is part of the plan and compile-cache keys, so a plan built under
-    one value is never reused under another.
+    one value is never reused under another. CFLAGS takes a string (split on white space) or a list.
     """
-    unknown = set(settings) - set(_CONTEXT_VARS)
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    unknown = set(changes) - set(fields)
     if unknown:
-        raise ValueError(f"Context: unknown setting(s) {sorted(unknown)}; known: {sorted(_CONTEXT_VARS)}")
-    mod = sys.modules[__name__]
-    old = {k: getattr(mod, _CONTEXT_VARS[k]) for k in settings}
+        raise ValueError(f"Context: unknown setting(s) {sorted(unknown)}; known: {sorted(fields)}")
+    old = settings()
+    new: dict[str, Any] = {}
+    for k, v in changes.items():
+        if k == "CFLAGS":
+            new[k] = None if v is None else tuple(v.split() if isinstance(v, str) else v)
+        else:
+            new[k] = type(getattr(old, k))(v)
+    token = _settings.set(dataclasses.replace(old, **new))
     try:
-        for k, v in settings.items():
-            setattr(mod, _CONTEXT_VARS[k], type(old[k])(v))
-        yield
+        yield settings()
     finally:
-        for k, v in old.items():
-            setattr(mod, _CONTEXT_VARS[k], v)
+        _settings.reset(token)
 
 
 def atomic_write(path: str, data: bytes | Callable[[IO[bytes]], Any], mode: int | None = None) -> None:
@@ -115,6 +147,15 @@ def cache_dir() -> str:
 
 _recursion_lock = threading.Lock()
 _recursion_users = [0, 0]  # threads inside deep_recursion, the limit to restore when the last one leaves
+
+
+def _new_lock_in_child() -> None:
+    global _recursion_lock
+    _recursion_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 @contextlib.contextmanager

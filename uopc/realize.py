@@ -23,10 +23,11 @@ import numpy as np
 
 from uopc import helpers
 from uopc.buffer import buffer_ptr, output_buffer, pool
+from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
 from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_plan
-from uopc.runtime import Program
+from uopc.runtime import Program, machine
 from uopc.schedule import Kernel, Plan, Ref, make_plan
 from uopc.threads import ensure_threads
 from uopc.uop import Ops, UOp, structure_key
@@ -64,6 +65,7 @@ class CompiledPlan:
     fn: Any  # the ctypes entry point (None for a plan without kernels)
     n_in: int
     names: tuple[str, ...]  # each kernel's function name in the plan's C
+    check_oob: bool = False  # built with UOPC_CHECK_OOB: its entry point then reads an error record, always
 
     def __post_init__(self) -> None:
         plan = self.plan
@@ -144,6 +146,18 @@ class profile:
 _plans: OrderedDict[tuple, CompiledPlan] = OrderedDict()
 _plans_lock = threading.Lock()
 _building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one builder holds
+
+
+def _new_locks_in_child() -> None:
+    # a lock held by another thread at fork time would stay locked forever in the child (and so would a plan that
+    # thread was building: its key's lock goes too, so the child builds it itself)
+    global _plans_lock
+    _plans_lock = threading.Lock()
+    _building.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks_in_child)
 # called after every kernel run as hook(kernel, seconds) when set (uopc profile sets it)
 _kernel_hook: Callable[[Kernel, float], None] | None = None
 
@@ -155,23 +169,28 @@ def set_kernel_hook(hook: Callable[[Kernel, float], None] | None) -> Callable[[K
     return old
 
 
-def default_opt() -> Any:
-    """The optimizer the OPT setting selects: None (OPT=0), HandOpt (1, default) or SearchOpt (2)."""
-    if helpers.OPT <= 0:
+def default_opt(s: helpers.Settings | None = None, m: Machine | None = None) -> Any:
+    """The optimizer the OPT setting selects, for the machine the compiler targets: None (OPT=0), HandOpt (1,
+    default) or SearchOpt (2)."""
+    s = s or helpers.settings()
+    if s.OPT <= 0:
         return None
-    return SearchOpt if helpers.OPT >= 2 else HandOpt
+    m = m or machine()
+    return SearchOpt(m) if s.OPT >= 2 else HandOpt(m)
 
 
-def plan_key(skey: tuple, fuse_reduce: bool, opt: Any) -> tuple:
-    """Everything that decides a plan's code: the structure, the fusion rule, the optimizer, the bounds checks."""
-    return (skey, fuse_reduce, opt, helpers.CHECK_OOB)
+def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: Machine) -> tuple:
+    """Everything that decides a plan's code: the structure, the fusion rule, the optimizer, the settings that
+    change generated code (index checks, compiler, flags) and the machine record."""
+    return (skey, fuse_reduce, opt, s.code_key(), m)
 
 
-def compile_plan(plan: Plan, n_in: int) -> CompiledPlan:
+def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> CompiledPlan:
     """Render every kernel into one C translation unit with a `plan` entry point and compile it (one gcc run,
-    cached on disk by source and flags)."""
+    cached on disk by source and flags). The compiled plan records the settings it was built with."""
+    s = s or helpers.settings()
     names = tuple(f"k{i}_{k.name}" for i, k in enumerate(plan.kernels))
-    cp = CompiledPlan(plan, "", None, n_in, names)
+    cp = CompiledPlan(plan, "", None, n_in, names, bool(s.CHECK_OOB))
     if not plan.kernels:
         return cp
     # a big plan (a training step: hundreds of kernels) is split into translation units that compile in parallel
@@ -181,7 +200,7 @@ def compile_plan(plan: Plan, n_in: int) -> CompiledPlan:
         part_chars=_PART_CHARS,
     )
     cp.src = "\n".join(srcs)
-    if helpers.DEBUG >= 4:
+    if s.DEBUG >= 4:
         print(cp.src)
     ptr = ctypes.POINTER(ctypes.c_longlong)
     cp.fn = Program(srcs[0] if len(srcs) == 1 else tuple(srcs), "plan").entry(
@@ -190,7 +209,7 @@ def compile_plan(plan: Plan, n_in: int) -> CompiledPlan:
     return cp
 
 
-def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> CompiledPlan:
+def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any, s: helpers.Settings) -> CompiledPlan:
     """The cached plan for `key`, else build it; threads racing for one key build it once (the others wait)."""
     with _plans_lock:
         cp = _plans.get(key)
@@ -201,29 +220,32 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any) -> Comp
     with lock:
         cp = _plans.get(key)
         if cp is None:
-            if helpers.DEBUG >= 1 and (why := explain_miss(key)):
+            if s.DEBUG >= 1 and (why := explain_miss(key)):
                 print(why)
             plan, inputs = make_plan(roots, fuse_reduce, opt)
-            cp = compile_plan(plan, len(inputs))
+            cp = compile_plan(plan, len(inputs), s)
             with _plans_lock:
                 _plans[key] = cp
                 _building.pop(key, None)
-                while len(_plans) > max(1, helpers.PLAN_CACHE_SIZE):  # least recently used plans go first
+                while len(_plans) > max(1, s.PLAN_CACHE):  # least recently used plans go first
                     _plans.popitem(last=False)
     return cp
 
 
 def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> list[UOp]:
-    """Compute each root. Returns, per root, a BUFFER UOp holding the result."""
+    """Compute each root. Returns, per root, a BUFFER UOp holding the result.
+
+    The settings are read once, here, into a snapshot that keys the plan and travels with it."""
+    s = helpers.settings()
     uniq = list(dict.fromkeys(roots))
     t0 = time.perf_counter()
     skey, inputs = structure_key(uniq)
-    cp = _get_plan(plan_key(skey, fuse_reduce, opt), uniq, fuse_reduce, opt)
+    cp = _get_plan(plan_key(skey, fuse_reduce, opt, s, machine()), uniq, fuse_reduce, opt, s)
     t1 = time.perf_counter()
-    outs = run_plan(cp, inputs)
+    outs = run_plan(cp, inputs, debug=s.DEBUG)
     if _capture.calls is not None:
         _capture.calls.append(Captured(cp, list(inputs), list(outs)))
-    if helpers.DEBUG >= 1:
+    if s.DEBUG >= 1:
         t2 = time.perf_counter()
         plan = cp.plan
         print(
@@ -236,9 +258,14 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     return [by_root[r] for r in roots]
 
 
-def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None = None) -> list[UOp]:
+def run_plan(
+    cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None = None, debug: int | None = None
+) -> list[UOp]:
     """Run a compiled plan on `inputs` (BUFFERs bound by position). Returns a BUFFER per root: fresh ones from the
-    pool, or the given `outs[r]` where not None (the plan writes into that storage)."""
+    pool, or the given `outs[r]` where not None (the plan writes into that storage). `debug` is the DEBUG level
+    (default: the current setting); whether index checks are read is what the plan was built with."""
+    if debug is None:
+        debug = helpers.settings().DEBUG
     plan = cp.plan
     n_in = cp.n_in
     ptrs = cp.ptr_array()
@@ -270,9 +297,9 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
             ptrs[t + j] = base + j * ERROR_RECORD * 8
     prof = _profile.stats
     hook = _kernel_hook
-    timed = helpers.DEBUG >= 2 or prof is not None or hook is not None
+    timed = debug >= 2 or prof is not None or hook is not None
     ns = (ctypes.c_longlong * len(plan.kernels))() if timed else None
-    err = (ctypes.c_longlong * _ERR_WORDS)() if helpers.CHECK_OOB else None
+    err = (ctypes.c_longlong * _ERR_WORDS)() if cp.check_oob else None
     try:
         ensure_threads()
         tc = time.perf_counter_ns()
@@ -285,8 +312,10 @@ def run_plan(cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None 
         if ns is not None and hook is not None:
             for k, t in zip(plan.kernels, ns, strict=True):
                 hook(k, t * 1e-9)
-        if ns is not None and helpers.DEBUG >= 2:
-            _print_kernels(cp, ptrs, ns)
+        if ns is not None and debug >= 2:
+            # a plan that writes into storage it was given (TinyJit's in-place updates) must not run twice
+            writes_given = outs is not None and any(o is not None for o in outs)
+            _print_kernels(cp, ptrs, ns, debug, writes_given)
     finally:
         if arena is not None:
             pool.free(arena)
@@ -350,12 +379,12 @@ def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
             )
 
 
-def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any) -> None:
+def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_given: bool) -> None:
     """DEBUG>=2: one line per kernel from the plan's own timers; DEBUG>=3 runs the plan again (warm caches, no
-    first-touch page faults) unless it writes into one of its inputs."""
+    first-touch page faults) unless it writes into one of its inputs or into storage the caller gave it."""
     again = None
-    in_place = any(o[0] == "in" for o in cp.plan.outs) or any(r.kind == "in" for k in cp.kernels for r in k.refs[-1:])
-    if helpers.DEBUG >= 3 and not in_place:
+    in_place = writes_given or any(r.kind == "in" for k in cp.kernels for r in k.refs[-1:])
+    if debug >= 3 and not in_place:
         again = (ctypes.c_longlong * len(cp.kernels))()
         cp.fn(ptrs, again, (ctypes.c_longlong * _ERR_WORDS)())
     for i, k in enumerate(cp.kernels):

@@ -19,7 +19,6 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
 import shlex
 import shutil
 import stat
@@ -32,10 +31,10 @@ import numpy as np
 
 from uopc import helpers
 from uopc.helpers import atomic_write
+from uopc.machine import Machine, cpu_fingerprint, probe
 from uopc.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
 
 __all__ = [
-    "CFLAGS",
     "CacheDirError",
     "CompileError",
     "CompilerNotFoundError",
@@ -44,6 +43,9 @@ __all__ = [
     "entry_ok",
     "evict",
     "get_num_threads",
+    "base_cflags",
+    "cflags",
+    "machine",
     "set_num_threads",
     "stats",
 ]
@@ -67,7 +69,7 @@ _DEFAULT_CFLAGS = [
 # invariant loop, so the renderer makes every load unconditional at a clamped index and gates only the value.
 # -ffast-math is deliberately absent: it implies -ffinite-math-only, which lets gcc drop the NaN/inf handling
 # that reductions and comparisons in generated code rely on.
-CFLAGS: list[str] = helpers.CFLAGS_ENV.split() if helpers.CFLAGS_ENV else list(_DEFAULT_CFLAGS)
+
 # Always needed to get a loadable shared object; part of the key like every other flag.
 _FIXED_FLAGS = ["-shared", "-fPIC"]
 # Libraries go after the input on the command line (link order matters for static archives).
@@ -101,7 +103,6 @@ class CacheDirError(PermissionError):
 
 _which_cache: dict[tuple[str, str], str | None] = {}
 _version_cache: dict[str, str] = {}
-_cpu_id: str | None = None
 
 
 def _not_found(cc: str, why: str) -> CompilerNotFoundError:
@@ -114,8 +115,8 @@ def _not_found(cc: str, why: str) -> CompilerNotFoundError:
 
 
 def _resolve_compiler() -> str:
-    """Absolute path of `helpers.CC` (read now, so it can be changed at run time)."""
-    cc = helpers.CC
+    """Absolute path of the CC setting (read now, so it can be changed at run time)."""
+    cc = helpers.settings().CC
     # PATH is part of the memo key: the same name can resolve elsewhere once PATH changes.
     memo = (cc, os.environ.get("PATH", ""))
     if memo not in _which_cache:
@@ -139,26 +140,6 @@ def _compiler_version(cc_path: str) -> str:
     return _version_cache[cc_path]
 
 
-def _host_cpu() -> str:
-    """A fingerprint of this CPU, so a cache shared between machines (NFS home) never runs -march=native code
-    built for a different CPU."""
-    global _cpu_id
-    if _cpu_id is None:
-        parts = [platform.machine()]
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    field = line.split(":", 1)[0].strip()
-                    if field in ("model name", "flags", "Features", "CPU implementer", "CPU part"):
-                        parts.append(line.strip())
-                    elif not line.strip() and len(parts) > 1:
-                        break  # the first processor's block is enough
-        except OSError:
-            parts.append(platform.processor())
-        _cpu_id = hashlib.sha256("\n".join(parts).encode()).hexdigest()
-    return _cpu_id
-
-
 def _command(cc_path: str, flags: list[str], out: str, src_file: str = "-") -> list[str]:
     """The compile command; "-" reads C from stdin, so no temporary source file is needed."""
     lang = ["-x", "c"] if src_file == "-" else []
@@ -170,7 +151,7 @@ def _cache_key(src: str | tuple[str, ...], cc_path: str, flags: list[str]) -> st
     h = hashlib.sha256()
     parts = [f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *_command(cc_path, flags, "")]
     if any(f.endswith("=native") for f in flags):
-        parts.append(_host_cpu())
+        parts.append(cpu_fingerprint())
     for p in parts:
         # length-prefix every part so ("ab", "c") and ("a", "bc") cannot collide
         h.update(f"{len(p)}:".encode() + p.encode() + b"\0")
@@ -372,7 +353,7 @@ def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> 
     Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
     load is safe: a loaded .so stays mapped after unlink, and a load that finds it gone rebuilds it.
     """
-    cap = helpers.CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
+    cap = helpers.settings().CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
     if cap <= 0:
         return 0
     with open(os.path.join(cache, ".lock"), "a") as lock:
@@ -400,9 +381,36 @@ def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> 
         return n
 
 
+def base_cflags() -> list[str]:
+    """The CFLAGS setting, or uopc's defaults: what the user chose, before the machine's additions."""
+    flags = helpers.settings().CFLAGS
+    return list(flags) if flags is not None else list(_DEFAULT_CFLAGS)
+
+
+def machine() -> Machine:
+    """The machine the current compiler and CFLAGS target (probed once per compiler and flag set, see
+    uopc.machine); what it says at DEBUG=1 is printed the first time."""
+    cc_path, flags = _resolve_compiler(), base_cflags()
+    cache = _check_cache_dir(helpers.cache_dir())
+    m = probe(cc_path, flags, _compiler_version(cc_path), cache)
+    if m.notes and helpers.settings().DEBUG >= 1 and (cc_path, tuple(flags)) not in _told:
+        _told.add((cc_path, tuple(flags)))
+        for note in m.notes:
+            print(f"uopc: {note}")
+    return m
+
+
+_told: set[tuple] = set()
+
+
+def cflags() -> list[str]:
+    """Every flag kernels compile with: the CFLAGS setting (or the defaults), then what the machine adds."""
+    return [*base_cflags(), *machine().extra_flags]
+
+
 def _resolve(src: str | tuple[str, ...]) -> tuple[str, list[str], str]:
     """Compiler path, flags and cache key for `src`; CC and CFLAGS are read now so they can change at run time."""
-    cc_path, flags = _resolve_compiler(), list(CFLAGS)
+    cc_path, flags = _resolve_compiler(), cflags()
     return cc_path, flags, _cache_key(src, cc_path, flags)
 
 
@@ -412,8 +420,9 @@ def compiler_identity() -> str:
     Anything keyed by measured speed (the search cache) includes it, so a choice timed under one compiler, flag
     set or CPU is never applied under another.
     """
-    cc_path, flags = _resolve_compiler(), list(CFLAGS)
-    return "\n".join([f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *flags, _host_cpu()])
+    cc_path, flags = _resolve_compiler(), cflags()
+    ident = [f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *flags, cpu_fingerprint()]
+    return "\n".join([*ident, repr(machine())])
 
 
 def _build(src: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from uopc import helpers
+from uopc.machine import available_cpus
 
 __all__ = ["ensure_threads", "get_num_threads", "set_num_threads"]
 
@@ -26,7 +27,8 @@ class _ThreadState(threading.local):
 
 
 _tls = _ThreadState()
-_wanted: int = max(1, helpers.NUM_THREADS_ENV or os.cpu_count() or 1)
+# default: one thread per CPU this process may run on (its affinity mask), as Machine.cores counts them
+_wanted: int = max(1, helpers.NUM_THREADS_ENV or available_cpus())
 _target: int = _wanted  # what kernels run with: _wanted, or 1 in a forked child (see _after_fork_in_child)
 _ran_parallel = False  # this process may have started libgomp's thread pool
 _forked_unsafe = False

@@ -17,6 +17,7 @@ Building the same (op, dtype, src, arg) twice returns the same object, so struct
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -171,6 +172,16 @@ def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
 
 _cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
+
+
+def _new_lock_in_child() -> None:
+    # a lock held by another thread at fork time would stay locked forever in the child
+    global _cache_lock
+    _cache_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 class UOp:
@@ -393,6 +404,8 @@ class UOp:
             raise ValueError(f"reduce op must be one of {sorted(o.name for o in REDUCE_OPS)}, got {op}")
         if not 0 <= n <= len(self.shape):
             raise ValueError(f"cannot reduce the last {n} axes of shape {self.shape}")
+        if op is Ops.ADD and n and self.dtype.is_16bit_float:  # a sum of halves accumulates in float32, rounds once
+            return UOp(Ops.REDUCE, (self.cast(dtypes.float32),), (op, n)).cast(self.dtype)
         return self if n == 0 else UOp(Ops.REDUCE, (self,), (op, n))
 
     def alu(self, op: Ops, *others: UOp) -> UOp:

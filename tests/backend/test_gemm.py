@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,6 @@ from uopc.buffer import aligned_empty
 from uopc.dtype import dtypes
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
 from uopc.opt.gemm import gemm_opts, microkernel
-from uopc.opt.machine import vector_bytes
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
 from uopc.runtime import Program
@@ -28,8 +28,9 @@ from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp
 
 rng = np.random.default_rng(0)
-W = vector_bytes() // 4  # floats per vector register on this CPU
-MR, NR, _ = microkernel(1024, 1024, 4)
+MACHINE = runtime.machine()  # what the compiler targets with the current CC and CFLAGS
+W = MACHINE.vector_bytes // 4  # floats per vector register
+MR, NR, _ = microkernel(1024, 1024, 4, MACHINE)
 
 
 def _aligned(x: np.ndarray) -> np.ndarray:
@@ -109,17 +110,16 @@ def test_vectorize_checks_bounds(context):
 
 def _gemm_kernel(m: int, n: int, k: int) -> str:
     """The C of the matmul kernel the layout pass and heuristic make for an (m, k) @ (k, n) product."""
-    plan, _ = make_plan([gemm_graph(m, n, k)], opt=HandOpt)
+    plan, _ = make_plan([gemm_graph(m, n, k)], opt=HandOpt(MACHINE))
     (kern,) = [x for x in plan.kernels if x.name.startswith("r_")]
     return render_c(kern.ast, "gemm")
 
 
 def _asm(src: str) -> str:
-    cmd = [runtime._resolve_compiler(), *runtime.CFLAGS, "-S", "-x", "c", "-", "-o", "-"]
+    cmd = [runtime._resolve_compiler(), *runtime.cflags(), "-S", "-x", "c", "-", "-o", "-"]
     return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.skipif("-march=native" not in runtime.CFLAGS, reason="the vector width is chosen for -march=native")
 def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
     # whole tiles only (no remainder loop nests): every FMA in the kernel is the microkernel's
     asm = _asm(_gemm_kernel(4 * MR, 2 * NR, 256))
@@ -133,17 +133,17 @@ def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
 
 
 def test_gemm_opts_shape():
-    o = gemm_opts(layout_pass([gemm_graph(1024)])[0])
+    o = gemm_opts(layout_pass([gemm_graph(1024)], MACHINE)[0], MACHINE)
     assert o is not None and o.upcast == {0: MR, 1: NR} and o.vec == W
     # B is packed into NR-column panels when it does not fit in L2 or is strided along N; A is read in place
     for m, bt, kernels in [(1024, False, ["e_", "r_"]), (256, False, ["r_"]), (256, True, ["e_", "r_"])]:
-        plan, _ = make_plan([gemm_graph(m, bt=bt)], opt=HandOpt)
+        plan, _ = make_plan([gemm_graph(m, bt=bt)], opt=HandOpt(MACHINE))
         assert [k.name[:2] for k in plan.kernels] == kernels, (m, bt)
         assert plan.kernels[-1].opts.vec == W
     # a computed A (here relu(A)) is packed too: computed once, not once per column block
     a = gemm_graph(256).src[0].src[0]
     relu_a = (UOp.const(0.0) < a).where(a, UOp.const(0.0))
-    plan, _ = make_plan([(relu_a * gemm_graph(256).src[0].src[1]).reduce(Ops.ADD, 1)], opt=HandOpt)
+    plan, _ = make_plan([(relu_a * gemm_graph(256).src[0].src[1]).reduce(Ops.ADD, 1)], opt=HandOpt(MACHINE))
     assert [k.name[:2] for k in plan.kernels] == ["e_", "r_"]
 
 
@@ -209,7 +209,7 @@ def test_split_k(context, monkeypatch):
     b = rng.standard_normal((65536, 16)).astype(np.float32)
     context(OPT=1)
     _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
-    plan, _ = make_plan([gemm_graph(16, 16, 65536)], opt=HandOpt)
+    plan, _ = make_plan([gemm_graph(16, 16, 65536)], opt=HandOpt(replace(MACHINE, cores=2)))
     partial = [k for k in plan.kernels if k.opts is not None and k.opts.thread is not None and k.name.startswith("r_")]
     assert partial and partial[0].name.count("_") == 3, [k.name for k in plan.kernels]  # r_S_16_16, threads over S
     assert partial[0].opts.thread == 0
@@ -217,7 +217,7 @@ def test_split_k(context, monkeypatch):
 
 def test_hand_opt_leaves_small_matmuls_alone():
     # under GEMM_MIN_WORK multiply-adds the packing copies would cost more than they save
-    o = hand_opt_choice(gemm_graph(8, 16, 8))
+    o = hand_opt_choice(gemm_graph(8, 16, 8), MACHINE)
     assert o.vec == 0
 
 

@@ -70,7 +70,7 @@ def test_nan_constants_fold_and_render():
 
 
 # gcc 12's vectorizer folds a vector x * {0, ...} to zero under -fno-signed-zeros (NaNs honored or not)
-GCC12_NO_SIGNED_ZEROS = cc_major() == 12 and "-fno-signed-zeros" in runtime.CFLAGS
+GCC12_NO_SIGNED_ZEROS = cc_major() == 12 and "-fno-signed-zeros" in runtime.cflags()
 
 
 @pytest.mark.parametrize("dt", [f32, f64], ids=lambda d: d.name)

@@ -5,12 +5,16 @@ Numeric references: NumPy (float32 GEMMs: rtol 1e-4, atol 1e-4, accumulation ord
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph
 from uopc import opt, runtime
 from uopc.dtype import dtypes
+from uopc.helpers import Context
+from uopc.machine import Machine
 from uopc.opt import candidate_opts, gemm, hand_opt_choice, layout_pass, search_opt
 from uopc.opt.search import _dedup
 from uopc.rangeify import Ctx, Opts, lower
@@ -19,6 +23,18 @@ from uopc.runtime import Program
 from uopc.uop import Ops, UOp
 
 rng = np.random.default_rng(0)
+M = runtime.machine()  # what the compiler targets with the current CC and CFLAGS
+# the chapter's machine: 2 cores, 1 MiB of L2 per core (a Zen 4), AVX-512
+ZEN4 = Machine(
+    model="chapter",
+    isa=frozenset({"avx2", "fma", "avx512f"}),
+    vector_bytes=64,
+    auto_vector_bytes=64,
+    vector_registers=32,
+    cores=2,
+    l1d_bytes=32 << 10,
+    l2_bytes=1 << 20,
+)
 
 
 def run_gemm(M, N, K, opts, bt=False):
@@ -31,9 +47,9 @@ def run_gemm(M, N, K, opts, bt=False):
 
 def test_layout_pass_stages_transposed_operand():
     # below GEMM_MIN_WORK (no packed microkernel): a strided operand is staged as a contiguous copy
-    (g2,) = layout_pass([gemm_graph(16, 16, 16)])
+    (g2,) = layout_pass([gemm_graph(16, 16, 16)], M)
     assert any(u.op is Ops.STAGE for u in g2.toposort())
-    (g3,) = layout_pass([gemm_graph(16, 16, 16, bt=True)])  # already contiguous: nothing to do
+    (g3,) = layout_pass([gemm_graph(16, 16, 16, bt=True)], M)  # already contiguous: nothing to do
     assert not any(u.op is Ops.STAGE for u in g3.toposort())
 
 
@@ -91,29 +107,30 @@ def _body(shape, rsize=None):
 
 
 def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
-    monkeypatch.setattr(opt, "num_cores", lambda: 2)
-    monkeypatch.setattr(opt, "l2_bytes", lambda: 1 << 20)
     # the plain register tile and cache blocks (the packed microkernel is tested in tests/backend/test_gemm.py)
     monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)
-    g = hand_opt_choice(gemm_graph(1024))
+    g = hand_opt_choice(gemm_graph(1024), ZEN4)
     assert (g.upcast, g.thread) == ({0: 4, 1: 4}, 0)
     # B^T (4 MiB) does not fit this 1 MiB L2: square blocks whose 2 x 64 rows of 4 KiB fill half of it
     assert g.tile == {0: 64, 1: 64}
-    small = hand_opt_choice(gemm_graph(256))
+    # the same kernel for an L2 of 2 MiB (the Xeon's): blocks of 128, and none on one core
+    assert hand_opt_choice(gemm_graph(1024), replace(ZEN4, l2_bytes=2 << 20)).tile == {0: 128, 1: 128}
+    assert hand_opt_choice(gemm_graph(1024), replace(ZEN4, cores=1)).thread is None
+    small = hand_opt_choice(gemm_graph(256), ZEN4)
     assert small.tile == {}  # 256 KiB of operand rows fit in L2: no blocks
-    rm = hand_opt_choice(_body((128,), 10))  # the log_softmax row max of the MNIST step
+    rm = hand_opt_choice(_body((128,), 10), ZEN4)  # the log_softmax row max of the MNIST step
     assert (rm.upcast, rm.thread, rm.unroll) == ({0: 4}, None, 1)
-    ew = hand_opt_choice(_body((784, 128)))
+    ew = hand_opt_choice(_body((784, 128)), ZEN4)
     assert (ew.upcast, ew.thread) == ({}, 0)
-    assert hand_opt_choice(_body((128,))) == Opts()
-    s = hand_opt_choice(buf(0, 16).reduce(Ops.ADD, 1))
+    assert hand_opt_choice(_body((128,)), ZEN4) == Opts()
+    s = hand_opt_choice(buf(0, 16).reduce(Ops.ADD, 1), ZEN4)
     assert (s.upcast, s.thread, s.unroll) == ({}, None, 4)
 
 
 def test_dedup_key_keeps_cache_blocks(monkeypatch):
     # regression: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
     monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)  # the plain heuristic's candidate (no cache blocks)
-    cands = _dedup(candidate_opts(gemm_graph(256, bt=True)))
+    cands = _dedup(candidate_opts(gemm_graph(256, bt=True), M))
     assert sum(1 for o in cands if o.tile) == 3
     assert len({o.key() for o in cands}) == len(cands)
 
@@ -158,7 +175,7 @@ def test_every_candidate_matches_opt0(name):
         return res
 
     ref = run(Opts())
-    cands = _dedup(candidate_opts(g))
+    cands = _dedup(candidate_opts(g, M))
     assert len(cands) > 2
     for o in cands:
         np.testing.assert_allclose(run(o), ref, rtol=1e-4, atol=1e-5, err_msg=str(o))
@@ -169,10 +186,10 @@ def test_search_result_is_cached_on_disk(tmp_path, monkeypatch):
     g = gemm_graph(32, 32, 32, bt=True)
     out = buf(2, 32 * 32)
     before = opt.search_stats["timed"]
-    ast1, o1 = search_opt(g, out)
+    ast1, o1 = search_opt(g, out, M)
     timed = opt.search_stats["timed"] - before
     assert timed >= 10
-    ast2, o2 = search_opt(g, out)  # a second run reads the winner from disk: no timing
+    ast2, o2 = search_opt(g, out, M)  # a second run reads the winner from disk: no timing
     assert opt.search_stats["timed"] - before == timed
     assert o1.key() == o2.key() and ast1 is ast2
 
@@ -183,26 +200,29 @@ def test_search_result_not_reused_under_other_code_or_machine(change, tmp_path, 
     # flags was applied under another. Flags, compiler, CPU and thread count all decide what was measured.
     monkeypatch.setenv("UOPC_CACHE", str(tmp_path / "cache"))
     g, out = gemm_graph(16, 16, 16, bt=True), buf(2, 16 * 16)
-    search_opt(g, out)
-    key = opt.search_key(g, out)
-    if change == "cflags":
-        monkeypatch.setattr(runtime, "CFLAGS", [*runtime.CFLAGS, "-fno-unroll-loops"])
+    search_opt(g, out, M)
+    key = opt.search_key(g, out, runtime.machine())
+    flags = Context(CFLAGS=[*runtime.base_cflags(), "-fno-unroll-loops"]) if change == "cflags" else None
+    if flags is not None:
+        flags.__enter__()
     elif change == "compiler_version":
         cc = runtime._resolve_compiler()
         monkeypatch.setitem(runtime._version_cache, cc, runtime._compiler_version(cc) + " (patched)")
     elif change == "cpu":
-        monkeypatch.setattr(runtime, "_cpu_id", "another-cpu")
+        monkeypatch.setattr(runtime, "cpu_fingerprint", lambda: "another-cpu")
     else:
         n = runtime.get_num_threads()
         runtime.set_num_threads(1 if n > 1 else 2)
     try:
-        assert opt.search_key(g, out) != key
+        assert opt.search_key(g, out, runtime.machine()) != key
         before = opt.search_stats["timed"]
-        search_opt(g, out)
+        search_opt(g, out, M)
         assert opt.search_stats["timed"] > before, "a result timed under other conditions was reused"
     finally:
         if change == "threads":
             runtime.set_num_threads(n)
+        if flags is not None:
+            flags.__exit__(None, None, None)
 
 
 def test_tensor_matmul_at_every_opt_level(context, monkeypatch):

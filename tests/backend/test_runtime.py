@@ -130,11 +130,11 @@ def test_json_records_size_and_hash():
     assert meta == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def test_key_depends_on_flags_and_source(cache: Path, monkeypatch: pytest.MonkeyPatch):
+def test_key_depends_on_flags_and_source(cache: Path, context):
     base = Program(ADD, "add").lib_path
     assert Program(ADD, "add").lib_path == base
     other_src = Program(ADD + "\n", "add").lib_path
-    monkeypatch.setattr(runtime, "CFLAGS", [*runtime.CFLAGS, "-DUOPC_TEST_FLAG=1"])
+    context(CFLAGS=[*runtime.base_cflags(), "-DUOPC_TEST_FLAG=1"])
     other_flags = Program(ADD, "add")
     run_add(other_flags)
     assert len({base, other_src, other_flags.lib_path}) == 3
@@ -150,7 +150,7 @@ def test_compile_error_reports_gcc_and_saves_source(cache: Path):
     assert "undeclared" in err.stderr and err.src == bad
     assert err.c_path and Path(err.c_path).read_text() == bad
     assert Path(err.c_path).parent == cache / "failed" and err.c_path in str(err)
-    assert isinstance(err.cmd, list) and err.cmd[0] == os.path.abspath(shutil.which(helpers.CC))
+    assert isinstance(err.cmd, list) and err.cmd[0] == os.path.abspath(shutil.which(helpers.settings().CC))
     assert "-shared" in err.cmd and "-fPIC" in err.cmd
     so, js, tmp = entry_files(cache)
     assert not so and not js and not tmp
@@ -309,7 +309,7 @@ def test_env_settings_read_at_import_and_error_at_first_compile(tmp_path: Path):
     # CFLAGS replaces the defaults entirely; a bad CC only fails when something is compiled, not at import.
     code = textwrap.dedent(f"""
         from uopc import runtime
-        print(runtime.CFLAGS)
+        print(runtime.base_cflags())
         try:
             runtime.Program({ADD!r}, "add")
         except runtime.CompilerNotFoundError:
@@ -328,9 +328,10 @@ def test_env_settings_read_at_import_and_error_at_first_compile(tmp_path: Path):
 
 
 def test_default_cflags():
-    if helpers.CFLAGS_ENV:
+    if helpers.settings().CFLAGS is not None:
         pytest.skip("CFLAGS is set in the environment")
-    assert runtime.CFLAGS[0] == "-O3" and "-fopenmp" in runtime.CFLAGS and "-ffast-math" not in runtime.CFLAGS
+    flags = runtime.base_cflags()
+    assert flags[0] == "-O3" and "-fopenmp" in flags and "-ffast-math" not in flags
 
 
 # ---------------------------------------------------------------------------------------------------------------

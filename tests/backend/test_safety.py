@@ -38,9 +38,9 @@ def test_oob_mode_passes_correct_kernels(context, monkeypatch):
     np.testing.assert_array_equal(t.numpy(), np.pad(x, ((1, 1), (2, 0)))[:, ::-1][:, ::2].sum(0))
 
 
-def test_prelude_refuses_finite_math(monkeypatch):
+def test_prelude_refuses_finite_math(context):
     # -ffast-math implies -ffinite-math-only, under which gcc may drop NaN/inf handling: the prelude refuses
-    monkeypatch.setattr(runtime, "CFLAGS", [*runtime.CFLAGS, "-ffast-math"])
+    context(CFLAGS=[*runtime.base_cflags(), "-ffast-math"])
     src = render_c(_oob_free_kernel(), "k")
     with pytest.raises(CompileError, match="IEEE inf and NaN"):
         Program(src, "k")

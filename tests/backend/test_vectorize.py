@@ -1,5 +1,6 @@
 """gcc -S checks: kernels that used to be scalar (libm calls, every `?:` select, max reductions) now use packed
-vector instructions on the widest registers this CPU has, and call nothing."""
+vector instructions on the registers the Machine record says auto-vectorized loops use (zmm, ymm or xmm: what the
+compiler targets with CFLAGS, after uopc's vector-width rule), and call nothing."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ import subprocess
 import numpy as np
 import pytest
 
-from tests.helpers import buf, cpu_has, render_graph, run
+from tests.helpers import buf, render_graph, run, targets
 from uopc import runtime
 from uopc.uop import Ops, UOp
 
-REG = "zmm" if cpu_has("avx512f") else "ymm" if cpu_has("avx2") else "xmm"
+REG = runtime.machine().register
 
 
 def asm(graph: UOp) -> str:
     """The assembly gcc makes of `graph` (one input) under the default flags."""
     src = render_graph(graph, 1, name="k")
-    cmd = [runtime._resolve_compiler(), *runtime.CFLAGS, "-S", "-x", "c", "-", "-o", "-"]
+    cmd = [runtime._resolve_compiler(), *runtime.cflags(), "-S", "-x", "c", "-", "-o", "-"]
     return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
 
 
@@ -39,7 +40,7 @@ GRAPHS = {
 
 @pytest.mark.parametrize("name", list(GRAPHS))
 def test_packed_and_no_calls(name: str):
-    if name == "sin" and not cpu_has("avx512dq"):  # its int64 -> double conversion has no AVX2 form: scalar there
+    if name == "sin" and not targets("avx512dq"):  # its int64 -> double conversion has no AVX2 form: scalar there
         pytest.skip("sin vectorizes with AVX-512DQ only")
     s = asm(GRAPHS[name])
     assert packed(s), f"{name}: no packed {REG} instructions\n{s}"

@@ -3,10 +3,11 @@
     A @ B  (B read down its columns)   --layout_pass-->   STAGE(B.T) -> a contiguous copy, then
     r_N_N with Opts(upcast={0: 4, 1: 4}, thread=0): a 4x4 register tile, rows split among OpenMP threads
 
-OPT=0 runs nothing here; OPT=1 (default) is HandOpt; OPT=2 is SearchOpt, which times candidates once
-per kernel and remembers the winner on disk (so a second run does no timing).
+OPT=0 runs nothing here; OPT=1 (default) is HandOpt(machine); OPT=2 is SearchOpt(machine), which times candidates
+once per kernel and remembers the winner on disk (so a second run does no timing). Every choice is made for the
+`uopc.machine.Machine` the optimizer was built with, never for the CPU the code happens to run on.
 
-    machine.py    L2 size and core count, read from the machine
+    gemm.py       packed operands, the register-blocked microkernel, split-K
     layout.py     the layout pass (push_views, strides through rangeify)
     heuristic.py  hand_opt_choice, HandOpt
     search.py     candidate_opts, search_opt, SearchOpt
@@ -14,7 +15,6 @@ per kernel and remembers the winner on disk (so a second run does no timing).
 
 from uopc.opt.heuristic import THREAD_MIN_WORK, UNROLL_MAX_REDUCE, HandOpt, hand_opt, hand_opt_choice
 from uopc.opt.layout import layout_pass, push_views
-from uopc.opt.machine import l2_bytes, num_cores
 from uopc.opt.search import SearchOpt, candidate_opts, search_key, search_opt, search_stats, time_candidates
 from uopc.opts import Opts
 
@@ -27,9 +27,7 @@ __all__ = [
     "candidate_opts",
     "hand_opt",
     "hand_opt_choice",
-    "l2_bytes",
     "layout_pass",
-    "num_cores",
     "push_views",
     "search_key",
     "search_opt",

@@ -16,7 +16,7 @@ nest (uopc.rangeify's regions); only the packed panels are padded, to whole tile
 from __future__ import annotations
 
 from uopc.helpers import prod
-from uopc.opt.machine import l2_bytes, num_cores, vector_bytes, vector_registers
+from uopc.machine import Machine
 from uopc.opt.strides import _last_axis_stride, _views, push_views
 from uopc.opts import Opts
 from uopc.rewrite import graph_rewrite
@@ -60,8 +60,9 @@ def _plain(x: UOp, contiguous_axis: int | None) -> bool:
     return contiguous_axis is None or all(_last_axis_stride(v, b, contiguous_axis) == 1 for v, b in views)
 
 
-def microkernel(m: int, n: int, itemsize: int) -> tuple[int, int, int]:
-    """(MR, NR, W): the register tile of an (m, n) output, and the vector width in elements.
+def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, int, int]:
+    """(MR, NR, W): the register tile of an (m, n) output, and the vector width in elements, for `machine`'s
+    vector registers.
 
     3/4 of the vector registers hold accumulators, the rest the NR/W operand vectors, the broadcast and gcc's
     temporaries: 24 of AVX-512's 32 zmm as 6x64 floats (4 vectors wide), 12 of AVX2's 16 ymm as 6x16. Wider
@@ -70,18 +71,18 @@ def microkernel(m: int, n: int, itemsize: int) -> tuple[int, int, int]:
     check (gcc -S, tests/backend/test_gemm.py): 12x32, 14x32, 6x64 and 8x48 keep every accumulator in a register;
     16x32 (32 accumulators) and 7x64 spill. Narrow outputs use fewer vectors per row and more rows (at most 12).
     """
-    w = vector_bytes() // itemsize
-    budget = vector_registers() * 3 // 4
+    w = machine.vector_bytes // itemsize
+    budget = machine.vector_registers * 3 // 4
     nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
     return min(12, budget // nv), nv * w, w
 
 
-def uses_microkernel(r: UOp) -> bool:
+def uses_microkernel(r: UOp, machine: Machine) -> bool:
     """Is `r` a matmul the packed microkernel handles: float, at least one vector wide, and big enough?"""
     if matmul_operands(r) is None:
         return False
     m, n, k = r.src[0].shape[-3:]
-    return n >= vector_bytes() // r.dtype.itemsize and prod(r.src[0].shape) >= GEMM_MIN_WORK and k > 1
+    return n >= machine.vector_bytes // r.dtype.itemsize and prod(r.src[0].shape) >= GEMM_MIN_WORK and k > 1
 
 
 def _pack(x: UOp, along: int, tile: int) -> UOp:
@@ -104,21 +105,21 @@ def _pack(x: UOp, along: int, tile: int) -> UOp:
     return back.reshape(one).expand(shape)
 
 
-def pack_matmuls(roots: list[UOp]) -> list[UOp]:
+def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
     """Give every matmul the microkernel handles packed operands: A in MR-row panels, B in NR-column panels."""
-    todo = {r for r in UOp(Ops.SINK, tuple(roots)).toposort() if uses_microkernel(r)}
+    todo = {r for r in UOp(Ops.SINK, tuple(roots)).toposort() if uses_microkernel(r, machine)}
 
     def repack(r: UOp) -> UOp:
         ops = matmul_operands(r)
         if ops is None:  # its operands were rewritten into something else: leave it
             return r
         a, b = ops
-        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize)
+        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine)
         # A is read one broadcast element at a time: a plain view of memory is read where it is (measured at
         # 256^3 and the MLP shapes: the packing copy cost 10-15% and gained nothing); a computed A is packed so
         # it is computed once, not once per column block. B is packed unless its rows are contiguous along N and
         # all of it fits in half of L2 (packing 4 MiB at 1024^3 gained ~15%; at 256^3 it cost 4%)
-        fits = prod(b.shape[:-3]) * b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= l2_bytes() // 2
+        fits = prod(b.shape[:-3]) * b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
         pa = a if _plain(a, None) else _pack(a, -2, mr)
         pb = b if fits and _plain(b, -2) else _pack(b, -3, nr)
         return (pa * pb).reduce(Ops.ADD, 1)
@@ -126,10 +127,10 @@ def pack_matmuls(roots: list[UOp]) -> list[UOp]:
     return UOp.wrap(roots, todo, repack) if todo else roots
 
 
-def split_k(roots: list[UOp]) -> list[UOp]:
+def split_k(roots: list[UOp], machine: Machine) -> list[UOp]:
     """A small output over a long reduction (e.g. (16, 16) from K = 65536) is computed as S partial sums by S
     threads, then summed: (S, ..., K/S) -> (S, ...) -> (...). Also keeps each partial sum short (accuracy)."""
-    threads = num_cores()
+    threads = machine.cores
     todo = set()
     for r in UOp(Ops.SINK, tuple(roots)).toposort():
         if r.op is Ops.REDUCE and r.arg[1] == 1 and threads > 1 and prod(r.shape) <= SPLITK_MAX_OUT:
@@ -148,20 +149,21 @@ def split_k(roots: list[UOp]) -> list[UOp]:
     return UOp.wrap(roots, todo, split) if todo else roots
 
 
-def gemm_opts(body: UOp) -> Opts | None:
+def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     """The microkernel's Opts for a kernel whose body is a packed matmul (None for any other kernel)."""
-    if not uses_microkernel(body):
+    if not uses_microkernel(body, machine):
         return None
     shape, k = body.shape, body.src[0].shape[-1]
     am, an = len(shape) - 2, len(shape) - 1
-    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize)
+    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine)
     upcast = {am: mr, an: nr}
     thread, tile = None, {}
-    if num_cores() > 1:
+    cores = machine.cores
+    if cores > 1:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
-        thread = next((a for a, nb in enumerate(blocks) if nb >= num_cores()), None)
+        thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
         if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
-            mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * num_cores())
+            mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * cores)
             tile = {am: mc} if mc else {}
     # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
     # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
@@ -169,7 +171,7 @@ def gemm_opts(body: UOp) -> Opts | None:
     ktile = next((c for c in range(KC_MAX, KC_MIN - 1, -1) if k % c == 0), 0) if k > KC_MAX * 3 // 2 else 0
     kc = ktile or k
     whole_n = shape[an] - shape[an] % nr
-    nc_max = max(nr, l2_bytes() // 2 // (kc * body.dtype.itemsize) // nr * nr)
+    nc_max = max(nr, machine.l2_bytes // 2 // (kc * body.dtype.itemsize) // nr * nr)
     if whole_n > nc_max:
         nc = next((c for c in range(nc_max, nr - 1, -nr) if whole_n % c == 0), 0)
         if nc > nr:

@@ -1,5 +1,5 @@
 """The hand heuristic (OPT=1): register tiles, reduce unrolling, cache blocks and threads chosen from the kernel's
-shape and this machine's L2 and core count.
+shape and the Machine's L2 and core count (uopc.machine: the optimizer is built with one, `HandOpt(machine)`).
 
     GEMM 1024^3  ->  Opts(upcast={1: 4, 0: 4}, thread=0, tile={0: 128, 1: 128})
     sum (16,)    ->  Opts(unroll=4)
@@ -7,10 +7,12 @@ shape and this machine's L2 and core count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from uopc.helpers import prod
+from uopc.machine import Machine
 from uopc.opt.gemm import gemm_opts
 from uopc.opt.layout import _last_axis_stride, _views, layout_pass
-from uopc.opt.machine import l2_bytes, num_cores
 from uopc.opts import Opts
 from uopc.rangeify import Ctx, lower
 from uopc.uop import MOVEMENT, Ops, UOp
@@ -31,9 +33,9 @@ def _reduce_size(body: UOp) -> int:
     )
 
 
-def hand_opt_choice(body: UOp) -> Opts:
+def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
     """Register tile on the last two output axes, unroll short untiled reductions, threads above a work threshold."""
-    if (gemm := gemm_opts(body)) is not None:  # a packed matmul: the register-blocked microkernel
+    if (gemm := gemm_opts(body, machine)) is not None:  # a packed matmul: the register-blocked microkernel
         return gemm
     shape, rsize = body.shape, _reduce_size(body)
     upcast: dict[int, int] = {}
@@ -54,14 +56,14 @@ def hand_opt_choice(body: UOp) -> Opts:
             unroll = 4
         # cache blocks when the operand rows one row-strip walks through do not fit in L2 (measured on a Zen 4,
         # N=1024: 4x4 tile 99 GFLOP/s, + 128x128 blocks 173)
-        if len(shape) >= 2 and upcast and shape[-1] * rsize * body.dtype.itemsize > l2_bytes():
-            tile = _block(shape, rsize * body.dtype.itemsize)
+        if len(shape) >= 2 and upcast and shape[-1] * rsize * body.dtype.itemsize > machine.l2_bytes:
+            tile = _block(shape, rsize * body.dtype.itemsize, machine.l2_bytes)
     elif len(shape) >= 2 and min(shape[-2:]) >= 64 and _strided_read(body):
         # a transposing copy: 32x32 blocks keep the strided side's cache lines in L1 until all 16 floats of
         # each are used (measured: a 1024x1024 transpose 3.6 ms -> 0.57 ms)
         tile = {len(shape) - 2: 32, len(shape) - 1: 32}
     work = prod(shape or (1,)) * rsize
-    if work >= THREAD_MIN_WORK and num_cores() > 1:
+    if work >= THREAD_MIN_WORK and machine.cores > 1:
         for axis, s in enumerate(shape):
             if s // upcast.get(axis, 1) >= 2:
                 thread = axis
@@ -69,11 +71,11 @@ def hand_opt_choice(body: UOp) -> Opts:
     return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile)
 
 
-def _block(shape: tuple[int, ...], row_bytes: int) -> dict[int, int]:
+def _block(shape: tuple[int, ...], row_bytes: int, l2_bytes: int) -> dict[int, int]:
     """The largest square output block whose operand rows (block rows + block cols, each `row_bytes` long)
     fill at most half of L2, leaving room for a second hardware thread and the output."""
     for t in (256, 128, 64, 32):
-        if 2 * t * row_bytes <= l2_bytes() // 2 and all(s % t == 0 and s > t for s in shape[-2:]):
+        if 2 * t * row_bytes <= l2_bytes // 2 and all(s % t == 0 and s > t for s in shape[-2:]):
             return {len(shape) - 2: t, len(shape) - 1: t}
     return {}
 
@@ -90,13 +92,20 @@ def _strided_read(body: UOp) -> bool:
     return False
 
 
-def hand_opt(body: UOp, out: UOp) -> tuple[UOp, Opts]:
-    o = hand_opt_choice(body)
+def hand_opt(body: UOp, out: UOp, machine: Machine) -> tuple[UOp, Opts]:
+    o = hand_opt_choice(body, machine)
     return lower(body, out, Ctx(opts=o)), o
 
 
+@dataclass(frozen=True)
 class HandOpt:
-    """The default optimizer: layout pass + hand-chosen Opts."""
+    """The default optimizer for one machine: layout pass + hand-chosen Opts. Part of the plan key (with its
+    Machine), so a plan made for one machine record is never reused for another."""
 
-    layout = staticmethod(layout_pass)
-    lower = staticmethod(hand_opt)
+    machine: Machine
+
+    def layout(self, roots: list[UOp]) -> list[UOp]:
+        return layout_pass(roots, self.machine)
+
+    def lower(self, body: UOp, out: UOp) -> tuple[UOp, Opts]:
+        return hand_opt(body, out, self.machine)

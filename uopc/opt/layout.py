@@ -9,6 +9,7 @@ each operand's own chain of views is visible.
 from __future__ import annotations
 
 from uopc.helpers import prod
+from uopc.machine import Machine
 from uopc.opt.gemm import pack_matmuls, split_k, uses_microkernel
 from uopc.opt.strides import _last_axis_stride, _views, push_views
 from uopc.rewrite import graph_rewrite
@@ -17,7 +18,7 @@ from uopc.uop import Ops, UOp
 __all__ = ["_last_axis_stride", "_views", "layout_pass", "push_views"]
 
 
-def layout_pass(roots: list[UOp]) -> list[UOp]:
+def layout_pass(roots: list[UOp], machine: Machine) -> list[UOp]:
     """Copy operands whose reduce axis is strided into a contiguous temp (a STAGE) before they are broadcast.
 
     The copy costs O(operand); the reduce it feeds is usually much bigger. Only operands strictly smaller
@@ -26,12 +27,12 @@ def layout_pass(roots: list[UOp]) -> list[UOp]:
     """
     roots = [graph_rewrite(r, push_views) for r in roots]
     # a long reduction into a small output is split so every thread has a part (then summed)
-    roots = [graph_rewrite(r, push_views) for r in split_k(roots)]
+    roots = [graph_rewrite(r, push_views) for r in split_k(roots, machine)]
     # a matmul gets its operands packed into panels for the register-blocked microkernel (uopc.opt.gemm)
-    roots = pack_matmuls(roots)
+    roots = pack_matmuls(roots, machine)
     todo: set[UOp] = set()
     for r in UOp(Ops.SINK, tuple(roots)).toposort():
-        if r.op is not Ops.REDUCE or uses_microkernel(r):
+        if r.op is not Ops.REDUCE or uses_microkernel(r, machine):
             continue
         for view, base in _views(r.src[0]):
             s = _last_axis_stride(view, base)

@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +19,7 @@ from uopc import helpers
 from uopc.buffer import aligned_empty
 from uopc.dtype import DType
 from uopc.helpers import atomic_write
+from uopc.machine import Machine
 from uopc.opt.heuristic import _reduce_size, hand_opt_choice
 from uopc.opt.layout import layout_pass
 from uopc.opts import Opts
@@ -28,11 +30,11 @@ from uopc.threads import get_num_threads
 from uopc.uop import Ops, UOp, structure_key
 
 
-def candidate_opts(body: UOp) -> list[Opts]:
+def candidate_opts(body: UOp, machine: Machine) -> list[Opts]:
     """Plausible Opts: none, the heuristic's, register tiles of the last two axes (+/- unroll), cache blocks."""
     shape, rsize = body.shape, _reduce_size(body)
     outs = [a for a, s in enumerate(shape) if s > 1]
-    hand = hand_opt_choice(body)
+    hand = hand_opt_choice(body, machine)
     cands = [Opts(), hand]
     for a, b in itertools.product(outs[-2:], repeat=2):
         for fa, fb in [(4, 4), (8, 4), (4, 8), (8, 8), (16, 2), (2, 16)]:
@@ -59,20 +61,21 @@ def _dedup(cands: list[Opts]) -> list[Opts]:
     return list(seen.values())
 
 
-def search_key(body: UOp, out: UOp) -> str:
-    """What a timing depends on: the kernel's structure and output, the compiler and its flags, the CPU, and the
-    thread count the candidates ran with."""
-    return repr((structure_key([body])[0], out.dtype.name, out.arg.shape, compiler_identity(), get_num_threads()))
+def search_key(body: UOp, out: UOp, machine: Machine) -> str:
+    """What a timing depends on: the kernel's structure and output, the compiler and its flags, the CPU, the
+    Machine record the candidates were made for, and the thread count they ran with."""
+    parts = (structure_key([body])[0], out.dtype.name, out.arg.shape, compiler_identity(), machine, get_num_threads())
+    return repr(parts)
 
 
-def _search_cache_path(body: UOp, out: UOp) -> str:
-    h = hashlib.sha256(search_key(body, out).encode()).hexdigest()[:32]
+def _search_cache_path(body: UOp, out: UOp, machine: Machine) -> str:
+    h = hashlib.sha256(search_key(body, out, machine).encode()).hexdigest()[:32]
     return os.path.join(helpers.cache_dir(), "search", f"{h}.json")
 
 
-def search_opt(body: UOp, out: UOp, reps: int = 3) -> tuple[UOp, Opts]:
+def search_opt(body: UOp, out: UOp, machine: Machine, reps: int = 3) -> tuple[UOp, Opts]:
     """Time every distinct candidate on random data and keep the fastest; remember the winner on disk."""
-    path = _search_cache_path(body, out)
+    path = _search_cache_path(body, out, machine)
     try:
         with open(path) as f:
             o = Opts.from_json(json.load(f))
@@ -80,7 +83,7 @@ def search_opt(body: UOp, out: UOp, reps: int = 3) -> tuple[UOp, Opts]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # no entry yet, or an unreadable one: search again and overwrite it
     best, best_o, best_t = None, None, float("inf")
-    for o, t, ast in time_candidates(body, out, reps):
+    for o, t, ast in time_candidates(body, out, machine, reps):
         if t < best_t:
             best, best_o, best_t = ast, o, t
     atomic_write(path, json.dumps(best_o.to_json()).encode())
@@ -90,7 +93,7 @@ def search_opt(body: UOp, out: UOp, reps: int = 3) -> tuple[UOp, Opts]:
 search_stats = {"timed": 0}
 
 
-def time_candidates(body: UOp, out: UOp, reps: int = 3):
+def time_candidates(body: UOp, out: UOp, machine: Machine, reps: int = 3):
     """Yield (opts, best seconds, ast) for every distinct candidate, run on random inputs."""
     bufs = sorted({u for u in body.toposort() if u.op is Ops.BUFFER}, key=lambda u: u.arg.slot)
     rng = np.random.default_rng(0)
@@ -100,7 +103,7 @@ def time_candidates(body: UOp, out: UOp, reps: int = 3):
     # a kernel with data-dependent index checks takes an error record after its output (random indices fail them:
     # the checks replace bad indices by 0, so timing is unaffected)
     args = [*data, res] + ([np.zeros(ERROR_RECORD, np.int64)] if checks_of(body) else [])
-    for o in _dedup(candidate_opts(body)):
+    for o in _dedup(candidate_opts(body, machine)):
         ast = lower(body, out, Ctx(opts=o))
         prg = Program(render_c(ast, "k"), "k")
         search_stats["timed"] += 1
@@ -118,8 +121,14 @@ def _aligned(x: np.ndarray, dtype: DType) -> np.ndarray:
     return a
 
 
+@dataclass(frozen=True)
 class SearchOpt:
-    """OPT=2: layout pass + timed search over candidate Opts (results cached on disk)."""
+    """OPT=2 for one machine: layout pass + timed search over candidate Opts (results cached on disk)."""
 
-    layout = staticmethod(layout_pass)
-    lower = staticmethod(search_opt)
+    machine: Machine
+
+    def layout(self, roots: list[UOp]) -> list[UOp]:
+        return layout_pass(roots, self.machine)
+
+    def lower(self, body: UOp, out: UOp) -> tuple[UOp, Opts]:
+        return search_opt(body, out, self.machine)

@@ -1,8 +1,9 @@
 """`uopc cache info|clear|verify`: what the on-disk cache holds, emptying it, and checking it without loading code.
 
 Layout of `helpers.cache_dir()`: `<key>.so` + `<key>.json` per compiled kernel (size and sha256 of the .so),
-`search/` (OPT=2 search results), `probes.json` (the machine probes of `uopc bench`), `failed/` (sources of failed
-compiles), `datasets/` and `wheels/` (downloaded data, kept by `clear` unless --all).
+`search/` (OPT=2 search results), `machine/` (the Machine records of uopc.machine), `probes.json` (the machine
+probes of `uopc bench`), `failed/` (sources of failed compiles), `datasets/` and `wheels/` (downloaded data, kept by
+`clear` unless --all).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def info(out: TextIO = sys.stdout) -> int:
         for ext in (".so", ".json"):
             p = os.path.join(cache, k + ext)
             kbytes += os.path.getsize(p) if os.path.exists(p) else 0
-    cap = helpers.CACHE_MAX_MB
+    cap = helpers.settings().CACHE_MAX_MB
     print(
         f"compiled kernels: {len(keys)} entries, {_mb(kbytes)} "
         f"(cap UOPC_CACHE_MAX_MB={cap}{'' if cap > 0 else ': no cap'}; least recently used go first)",
@@ -60,6 +61,7 @@ def info(out: TextIO = sys.stdout) -> int:
     )
     for sub, what in (
         ("search", "OPT=2 search results"),
+        ("machine", "Machine records (what the compiler targets)"),
         ("failed", "sources of failed compiles"),
         ("datasets", "datasets"),
         ("wheels", "downloaded wheels"),
@@ -102,7 +104,7 @@ def clear(everything: bool = False, out: TextIO = sys.stdout) -> int:
             n += 1
         except OSError:
             pass
-    for sub in ("search", "failed", *(("datasets", "wheels") if everything else ())):
+    for sub in ("search", "machine", "failed", *(("datasets", "wheels") if everything else ())):
         files, _ = _tree_size(os.path.join(cache, sub))
         shutil.rmtree(os.path.join(cache, sub), ignore_errors=True)
         n += files

@@ -14,14 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from uopc import helpers
+from uopc import helpers, runtime
 from uopc.helpers import atomic_write
 from uopc.runtime import Program, compiler_identity
 from uopc.threads import get_num_threads
@@ -135,24 +134,16 @@ def ratio(med: dict[str, float], a: str, b: str) -> float | None:
 
 
 def cpu_info() -> dict:
-    """CPU model, logical cores (this process may use), and the widest vector ISA the flags list."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                k = k.strip()
-                if k in ("model name", "Model") and model in ("", platform.processor(), platform.machine()):
-                    model = v.strip()
-                elif k in ("flags", "Features"):
-                    flags = set(v.split())
-                    break
-    except OSError:
-        pass
-    isa = [f for f in ("avx512f", "avx2", "fma", "avx", "sse4_2", "neon", "asimd", "sve") if f in flags]
-    width = 64 if "avx512f" in flags else 32 if "avx2" in flags or "avx" in flags else 16
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return {"model": model, "cores": cores, "isa": isa, "vector_bytes": width, "threads": get_num_threads()}
+    """CPU model, cores this process may use, and the ISA and vector width the compiler targets (the Machine)."""
+    m = runtime.machine()
+    isa = sorted(m.isa)
+    return {
+        "model": m.model,
+        "cores": m.cores,
+        "isa": isa,
+        "vector_bytes": m.vector_bytes,
+        "threads": get_num_threads(),
+    }
 
 
 _FMA_SRC = """
