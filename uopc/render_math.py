@@ -5,9 +5,12 @@
 exp2 runs in float: the reduction x - rint(x) is exact and the degree-7 polynomial with FMAs stays within 1 ulp (checked
 over every float32 input once, and by tests/backend/test_transcendental.py's sweep), so 16 lanes per AVX-512 vector
 instead of 8 doubles; the softmax sum pass runs in half the time. log2 and sin reduce and evaluate in double, so one
-final rounding gives <= 1 ulp; double also holds every 2^n a float result needs. NaN compares false everywhere and so
-stays NaN. sin reduces |x| >= 0.5 by pi/2 with a table of 2/pi's bits per exponent (Payne-Hanek, in integers): exact
-enough for the float nearest a multiple of pi/2, however large. float64 keeps libm; float16 goes through float32.
+final rounding gives <= 1 ulp; double also holds every 2^n a float result needs. exp2 assembles its result in integers
+(n into p's exponent bits, a subnormal's bits by rint), not by a final multiply, so that -fassociative-math cannot
+regroup a multiply that follows into its scaling: exp2(200) * 0.25 stays inf * 0.25 = inf. NaN compares false
+everywhere and so stays NaN. sin reduces |x| >= 0.5 by pi/2 with a table of 2/pi's bits per exponent (Payne-Hanek,
+in integers): exact enough for the float nearest a multiple of pi/2, however large. float64 keeps libm; float16 goes
+through float32.
 """
 
 from __future__ import annotations
@@ -71,13 +74,22 @@ EXP2F = f"""static inline float uopc_exp2f(float x) {{
   float n = __builtin_rintf(d);
   float f = d - n;  /* exact, in [-0.5, 0.5]: 2^f by its Taylor series to f^7 (truncation < 1e-8 relative) */
   float p = {_EXP2F};
-  /* 2^n in two steps, so that no step leaves the normal range: n1 goes straight into p's exponent bits (p is in
-     [0.7, 1.5], so the result stays normal), 2^n2 is one multiply and the only rounding of a subnormal or infinite
-     result. Integer bits, not a product of two powers of two: -fassociative-math may regroup p * a * b as
-     p * (a * b), and a * b overflows for n = 128. */
+  /* p * 2^n is built in integers, so that the result is no float product: -fassociative-math may regroup a final
+     p * 2^n1 * 2^n2 with a multiply that follows (exp2(200) * 0.25 as p * 2^64 * (2^65 * 0.25) = 1.7e38, not inf;
+     exp2(-200) * 2^60 as 4e-28, not 0), but never into an integer operation or a rounding to an integer (gcc does
+     move it into the selects' arms below, where it multiplies a finished value). */
   int ni = (int)(n == n ? n : 0.0f);
-  int n1 = ni >> 1, n2 = ni - n1;
-  return uopc_as_f32(uopc_as_u32(p) + ((uint32_t)n1 << 23)) * uopc_as_f32((uint32_t)(n2 + 127) << 23);
+  uint32_t pb = uopc_as_u32(p);
+  uint32_t sh = (uint32_t)ni << 23;
+  uint32_t bits = pb + sh;  /* a normal result: n added to p's exponent */
+  /* below 2^-126 a float's bits, read as an integer, are its value in units of 2^-149: p * 2^(n + 149) (< 2^23, the
+     exponent added in integers: n + 149 in [-2, 23] keeps it normal and exact) rounded to nearest even, once. lo is
+     n << 23 taken at most -126 << 23 (where this lane is not used), so that the conversion to int stays in range. */
+  int32_t lo = (int32_t)sh < -(126 << 23) ? (int32_t)sh : -(126 << 23);
+  uint32_t sub = (uint32_t)(int32_t)__builtin_rintf(uopc_as_f32(pb + (uint32_t)lo + (149u << 23)));
+  bits = x < -126.0f ? sub : bits;
+  bits = x >= 128.0f ? 0x7f800000u : bits;  /* 2^x overflows from 128 on: the float below has 2^x < 2^128 (1 - 2^-18) */
+  return uopc_as_f32(bits);
 }}
 """
 
