@@ -177,15 +177,20 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
 
 def _gather(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     """x at idx with axis `dim` replaced by the index tensor's value there, checked against x's size."""
-    x, index = u.src
     dim = u.arg[0]
+    j = _checked_index(u, idx, ctx, valid)
+    return rangeify(u.src[0], idx[:dim] + (j,) + idx[dim + 1 :], ctx, valid)
+
+
+def _checked_index(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:
+    """The index tensor of GATHER or SCATTER `u` at idx, as a CHECK against the size of the axis it indexes."""
+    x, index, (dim, _, wrap) = u.src[0], u.src[1], u.arg[:3]
     if ctx.err is None:
-        raise RuntimeError("rangeify: a GATHER needs the error record that lower() sets up")
+        raise RuntimeError(f"rangeify: a {u.op.name} needs the error record that lower() sets up")
     j = rangeify(index, idx, ctx, valid)
     j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
-    lo = -x.shape[dim] if u.arg[2] else 0  # wrap: negative indices count from the end, as in NumPy
-    j = UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u], lo))
-    return rangeify(x, idx[:dim] + (j,) + idx[dim + 1 :], ctx, valid)
+    lo = -x.shape[dim] if wrap else 0  # wrap: negative indices count from the end, as in NumPy
+    return UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u], lo))
 
 
 def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
@@ -247,7 +252,7 @@ def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[lis
     """The loops of each level, innermost level first (created outermost first, so they nest outside), and the
     reduce index per axis. With `parallel` the outermost loop is a THREAD loop."""
     # checked loads (UOPC_CHECK_OOB=1) keep gcc from vectorizing the leaf, which would then be one serial chain
-    levels = _levels(rshape, LEVEL if helpers.CHECK_OOB else LEAF)
+    levels = _levels(rshape, LEVEL if helpers.settings().CHECK_OOB else LEAF)
     loops: list[list[UOp]] = [[] for _ in levels]
     pieces: dict[int, list[tuple[UOp, int]]] = {}
     for li in reversed(range(len(levels))):
@@ -466,7 +471,7 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     ast = sink(*nests)
     if ctx.opts.vec > 1:  # SIMD: copies of an upcast axis whose index is contiguous become vector ops
         ast = vectorize(ast, ctx.opts.vec)
-    return simplify(merge_ends(ast))
+    return _keep_checks(simplify(merge_ends(ast)), ctx)
 
 
 INT32_LIMIT = 2**31 - 1
@@ -492,6 +497,26 @@ def _setup_checks(ctx: Ctx, root: UOp, out: UOp) -> None:
         ctx.err = UOp(Ops.BUFFER, (), ParamArg(error_slot(out), dtypes.int64, (ERROR_RECORD,)))
 
 
+def _keep_checks(ast: UOp, ctx: Ctx) -> UOp:
+    """`ast` plus a loop nest checking every index of each GATHER or SCATTER whose checks simplification deleted.
+
+    A check goes when the value read no longer depends on the index (a constant source, a size-1 axis, an int
+    value times 0): the read may fold away, the check of the index data may not. A check whose index is proven in
+    range (symbolic folds it) needs no nest."""
+    if not ctx.checks:
+        return ast
+    kept = {u.arg[1] for u in ast.toposort() if u.op is Ops.CHECK}
+    nests = []
+    for u, which in ctx.checks.items():
+        if which in kept or prod(u.src[1].shape) == 0:
+            continue
+        loops = tuple(ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in u.src[1].shape)
+        chk = simplify(_checked_index(u, loops, ctx))
+        if chk.op is Ops.CHECK:  # a statement of its own: the checked value is not used
+            nests.append(UOp(Ops.SINK, (chk,)).end(*ranges_in(chk)))
+    return simplify(sink(*ast.src, *nests)) if nests else ast
+
+
 def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
     """The accumulating half of SCATTER(base, index, values): for every element of values, in order,
     out[target] = rop(out[target], value) (rop: ADD, MUL or MAX, the arg's last entry).
@@ -499,20 +524,16 @@ def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
     `out` already holds the base (an ordinary kernel copies it there first). The loop runs serially, in order, so
     repeated indices accumulate deterministically; each index is checked like a GATHER's."""
     ctx = ctx or Ctx()
-    _, index, values = root.src
-    dim = root.arg[0]
+    values, dim = root.src[2], root.arg[0]
     with deep_recursion():
         ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
         _setup_checks(ctx, root, out)
         loops = [ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in values.shape]
         idx = tuple(loops)
-        j = rangeify(index, idx, ctx)
-        j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
-        lo = -root.shape[dim] if root.arg[2] else 0
-        j = UOp(Ops.CHECK, (j, ctx.err), (root.shape[dim], ctx.checks[root], lo))
+        j = _checked_index(root, idx, ctx)
         target = out.index(ravel(idx[:dim] + (j,) + idx[dim + 1 :], root.shape))
         st = target.store(UOp(root.arg[3], (target.load(), rangeify(values, idx, ctx))))
-        return simplify(sink(st.end(*ranges_in(*loops))))
+        return _keep_checks(simplify(sink(st.end(*ranges_in(*loops)))), ctx)
 
 
 def _needs_64bit(root: UOp, out: UOp) -> bool:

@@ -280,6 +280,8 @@ symbolic = PatternMatcher(
             ),
         ),
         (UPat(Ops.ADD, name="u"), lambda u: _recombine(u) if _is_int(u) else None),
+        # a data-dependent index whose bounds lie in 0..n-1 needs no check: CHECK(i, n) -> i
+        (UPat(Ops.CHECK, src=(x, UPat.var()), name="u"), lambda u, x: x if 0 <= x.vmin and x.vmax < u.arg[0] else None),
         # div/mod by a positive constant, using the bounds of RANGEs
         (UPat(Ops.IDIV, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.IDIV)),
         (UPat(Ops.MOD, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.MOD)),

@@ -222,3 +222,134 @@ def test_cross_entropy_ignore_index_is_not_an_error():
     got = Tensor(x).cross_entropy(Tensor([1, -100, 4])).item()
     ref = torch.nn.functional.cross_entropy(torch.tensor(x), torch.tensor([1, -100, 4])).item()
     assert abs(got - ref) < 1e-6
+
+
+# ------------------------------------------------------------------ index checks that survive a folded load
+# regression: a GATHER whose value never depends on the index (a constant source, a size-1 gathered axis, an integer
+# value times 0) lost its index check with the load: ones(3, 5).cross_entropy([1, 7, 0]) gave 1.609, zeros(4, 3)[[0, 9]]
+# zero rows. Each case raises the message the same expression on a buffer gives (up to the kernel name).
+
+_FOLDED_SOURCES = {  # name -> (the expression on a lazy constant, the same on a buffer of the same values)
+    "cross_entropy": (
+        lambda T: T.ones(3, 5).cross_entropy(T([1, 7, 0])),
+        lambda T: T(np.ones((3, 5), np.float32)).cross_entropy(T([1, 7, 0])),
+    ),
+    "fancy index": (lambda T: T.zeros(4, 3)[T([0, 9])], lambda T: T(np.zeros((4, 3), np.float32))[T([0, 9])]),
+    "negative fancy index": (
+        lambda T: T.full((5,), 2.0)[T([1, -6])],
+        lambda T: T(np.full(5, 2.0, np.float32))[T([1, -6])],
+    ),
+    "2-d index (embedding-like)": (
+        lambda T: T.zeros(5, 2)[T([[1, 2], [0, 7]])],
+        lambda T: T(np.zeros((5, 2), np.float32))[T([[1, 2], [0, 7]])],
+    ),
+    "expanded scalar": (
+        lambda T: T.full((), 3.0).reshape(1, 1).expand(4, 3)[T([4])],
+        lambda T: T(np.full((4, 3), 3.0, np.float32))[T([4])],
+    ),
+    "gather along dim 0": (
+        lambda T: T.ones(3, 5).gather(0, T([[0, 3]])),
+        lambda T: T(np.ones((3, 5), np.float32)).gather(0, T([[0, 3]])),
+    ),
+    "gather along dim 1": (
+        lambda T: T.full((3, 5), 7, dtype=dtypes.int32).gather(1, T([[1], [5], [0]])),
+        lambda T: T(np.full((3, 5), 7, np.int32)).gather(1, T([[1], [5], [0]])),
+    ),
+    "gather of ones_like": (
+        lambda T: T(np.zeros((2, 4), np.float32)).ones_like().gather(1, T([[0], [-1]])),
+        lambda T: T(np.ones((2, 4), np.float32)).gather(1, T([[0], [-1]])),
+    ),
+    "eye (a padded constant)": (lambda T: T.eye(3)[T([3])], lambda T: T(np.eye(3, dtype=np.float32))[T([3])]),
+    "int source times 0": (
+        lambda T: (T(np.arange(5, dtype=np.int32)) * 0)[T([7])],
+        lambda T: T(np.zeros(5, np.int32))[T([7])],
+    ),
+    "scatter_add into a constant": (
+        lambda T: T.zeros(4).scatter_add(0, T([5]), T([1.0])),
+        lambda T: T(np.zeros(4, np.float32)).scatter_add(0, T([5]), T([1.0])),
+    ),
+    "gathered int times 0": (
+        lambda T: T(np.arange(5, dtype=np.int32))[T([7])] * 0,
+        lambda T: T(np.arange(5, dtype=np.int32))[T([7])],
+    ),
+}
+
+
+def _index_error(call) -> str:
+    """The IndexError message of realizing call(Tensor), without the kernel name (which depends on the fusion)."""
+    from uopc import Tensor
+
+    with pytest.raises(IndexError) as e:
+        call(Tensor).realize()
+    return str(e.value).split(", in kernel")[0]
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+@pytest.mark.parametrize("case", list(_FOLDED_SOURCES))
+def test_bad_index_into_a_constant_raises_as_for_a_buffer(context, opt, case):
+    context(OPT=opt)
+    const, buffer = _FOLDED_SOURCES[case]
+    assert _index_error(const) == _index_error(buffer)
+
+
+_ONE_ELEMENT_AXES = {  # name -> (expression, message): the index of a size-1 axis never reaches the address
+    "size-1 axis": (lambda T: T(np.ones((1, 3), np.float32))[T([0, 9])], r"index: index 9 .*valid indices -1\.\.0"),
+    "expanded row": (lambda T: T(np.ones((1, 3), np.float32)).expand(4, 3)[T([0, 9])], r"index 9 .*-4\.\.3"),
+    "one slot": (lambda T: T.zeros(1).scatter_add(0, T([5]), T([1.0])), r"scatter_add: index 5 .*0\.\.0"),
+    "scatter": (lambda T: T.zeros(4, 1).scatter(1, T([[0], [1], [0], [0]]), 1.0), r"scatter: index 1 .*0\.\.0"),
+}
+
+
+@pytest.mark.parametrize("case", list(_ONE_ELEMENT_AXES))
+def test_bad_index_along_an_axis_of_one_element_raises(context, case):
+    from uopc import Tensor
+
+    context(OPT=1)
+    call, message = _ONE_ELEMENT_AXES[case]
+    with pytest.raises(IndexError, match=message):
+        call(Tensor).realize()
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+def test_valid_indices_into_constants_match_numpy(context, opt):
+    from uopc import Tensor
+
+    context(OPT=opt)
+    idx = np.array([[0, 4], [-1, 2]], np.int32)
+    np.testing.assert_array_equal(Tensor.full((5, 3), 2.5)[Tensor(idx)].numpy(), np.full((5, 3), 2.5)[idx])
+    np.testing.assert_array_equal(Tensor.eye(5)[Tensor(idx)].numpy(), np.eye(5)[idx])
+    col = np.array([[1], [4], [0]], np.int32)
+    got = Tensor.full((3, 5), 7, dtype=dtypes.int32).gather(1, Tensor(col)).numpy()
+    np.testing.assert_array_equal(got, np.take_along_axis(np.full((3, 5), 7, np.int32), col, 1))
+    # reference: log_softmax of equal logits is -log(5) for every class
+    loss = Tensor.ones(3, 5).cross_entropy(Tensor([1, 4, 0])).item()
+    assert abs(loss - np.log(5)) < 1e-6
+    ones = Tensor.ones(4).scatter_add(0, Tensor([3, 3, 0]), Tensor([1.0, 2.0, 3.0])).numpy()
+    np.testing.assert_array_equal(ones, [4, 1, 1, 4])
+
+
+def test_a_constant_gathered_at_an_in_range_index_has_no_check(context):
+    # an index whose bounds prove it in range needs no check at run time: the gather folds to the constant
+    from uopc import Tensor
+    from uopc.schedule import make_plan
+
+    context(OPT=1)
+    x, pos = Tensor.full((4, 6), 2.0), Tensor.full((4, 2), 5, dtype=dtypes.int32)
+    plan, _ = make_plan([x.gather(1, pos).uop])
+    (k,) = plan.kernels
+    assert not any(u.op is Ops.CHECK for u in k.ast.toposort())
+    assert k.refs[-1].kind != "err"  # the error record is not even a parameter
+    np.testing.assert_array_equal(x.gather(1, pos).numpy(), np.full((4, 2), 2.0))
+
+
+def test_jit_replay_checks_an_index_into_a_constant():
+    from uopc import Tensor, TinyJit
+
+    @TinyJit
+    def pick(i: Tensor) -> Tensor:
+        return (Tensor.full((4, 3), 2.0)[i] + 1).realize()
+
+    for _ in range(3):  # capture, then replay
+        np.testing.assert_array_equal(pick(Tensor([0, 3])).numpy(), np.full((2, 3), 3.0))
+    with pytest.raises(IndexError, match=r"index: index 9 is out of range .*valid indices -4\.\.3"):
+        pick(Tensor([0, 9]))

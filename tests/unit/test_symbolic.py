@@ -220,6 +220,16 @@ def test_divmod_folding_with_range_bounds():
     assert simplify(r0 < C(0)) is C(False, dtypes.bool)
 
 
+def test_index_check_proven_in_range_folds_away():
+    # CHECK(i, err) with arg (size, which, lowest valid): only an index the bounds cannot place in 0..size-1 keeps it
+    err, r = buf(9, 5, dtypes.int64), rng(0, 4)
+    assert simplify(UOp(Ops.CHECK, (r + 1, err), (5, 0, 0))) is simplify(r + 1)
+    assert simplify(UOp(Ops.CHECK, (C(2), err), (3, 0, -3))) is C(2)
+    for j in (r + 2, C(-1), buf(0, 4, i32).index(C(0)).load()):  # may be 5; negative; data
+        chk = UOp(Ops.CHECK, (j, err), (5, 0, -5))
+        assert simplify(chk).op is Ops.CHECK
+
+
 def test_mod_by_zero_is_not_reassociated():
     # regression: the (x % (k*d)) % d -> x % d rule fired for k*d == 0 (0 % d == 0), but x % 0 == 0
     r = rng(0, 10)
