@@ -17,9 +17,12 @@ Ref("out", r), so one plan runs any inputs of the same structure (uopc.realize c
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
+from uopc import helpers
 from uopc.dtype import DType
 from uopc.helpers import prod
 from uopc.rangeify import checks_of, lower, lower_scatter
@@ -271,7 +274,7 @@ def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, i
     if body.op is Ops.SCATTER:  # the accumulating half: serial, in order (threads would race on repeated indices)
         ast, opts, name = lower_scatter(body, out), None, "s_" + "_".join(map(str, body.src[2].shape or (1,)))
     else:
-        ast, opts = opt.lower(body, out) if opt is not None else (lower(body, out), None)
+        ast, opts = _lowered(body, out, opt)
         name = kernel_name(body)
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref("in", in_idx[b]) for b in bufs] + [out_ref]
     checks = checks_of(body)
@@ -283,6 +286,32 @@ def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, i
     moved = _nbytes([b for b in bufs if local[b].arg.slot in alive], out)
     op = f"scatter_{body.arg[3].name.lower()}" if body.op is Ops.SCATTER else kernel_op(body)
     return Kernel(name, ast, tuple(refs[s] for s in alive), _flops(body), opts, checks, moved, op)
+
+
+# (optimizer, body, output, index checks) -> (ast, opts): a model's repeated layers lower to the same renumbered
+# kernel body (hash-consed, so the same object), which is optimized and lowered once per process, not once per layer
+# and plan. Bounded: the entries keep their UOps alive.
+_LOWERED_MAX = 4096
+_lowered_memo: OrderedDict[tuple, tuple[UOp, Any]] = OrderedDict()
+_lowered_lock = threading.Lock()
+lowered_stats = {"hits": 0, "misses": 0}
+
+
+def _lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
+    key = (opt, body, out, helpers.settings().CHECK_OOB)
+    with _lowered_lock:
+        hit = _lowered_memo.get(key)
+        if hit is not None:
+            _lowered_memo.move_to_end(key)
+            lowered_stats["hits"] += 1
+            return hit
+    res = opt.lower(body, out) if opt is not None else (lower(body, out), None)
+    with _lowered_lock:
+        lowered_stats["misses"] += 1
+        _lowered_memo[key] = res
+        while len(_lowered_memo) > _LOWERED_MAX:
+            _lowered_memo.popitem(last=False)
+    return res
 
 
 def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):

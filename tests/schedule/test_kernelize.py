@@ -10,7 +10,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from uopc import realize, schedule
+from uopc import helpers, realize, runtime, schedule
 from uopc.buffer import buffer_data, new_buffer, pool
 from uopc.render_c import render_c
 from uopc.runtime import Program
@@ -203,7 +203,7 @@ def test_plan_cache_stays_bounded_over_3000_shapes(context, monkeypatch):
     # Compiling 3,000 kernels would take minutes, so programs are stubbed: this checks the cache, not gcc.
     context(PLAN_CACHE=64)
 
-    def fake_compile(plan, n_in):
+    def fake_compile(plan, n_in, s=None):
         return realize.CompiledPlan(plan, "", None, n_in, ())
 
     monkeypatch.setattr(realize, "compile_plan", fake_compile)
@@ -211,7 +211,7 @@ def test_plan_cache_stays_bounded_over_3000_shapes(context, monkeypatch):
         realize.realize([(Tensor.ones(n) * 2).uop])
         assert len(realize._plans) <= 64
     hot = (Tensor.ones(5) * 2).uop
-    key = realize.plan_key(structure_key([hot])[0], False, None)
+    key = realize.plan_key(structure_key([hot])[0], False, None, helpers.settings(), runtime.machine())
     realize.realize([hot])
     assert next(reversed(realize._plans)) == key  # a hit moves the plan to the most-recent end
 
@@ -238,3 +238,27 @@ def test_conv2d_is_im2col_then_a_gemm_shaped_reduce():
     for k in plan.kernels:
         body = render_c(k.ast, k.name).split(f"void {k.name}(", 1)[1]  # the function only, not the helpers
         assert "%" not in body and "/" not in body, body
+
+
+def test_identical_kernels_are_lowered_once():
+    # the layers of a deep model renumber to one kernel body (hash-consed): optimized and lowered once, and the
+    # plan still binds each kernel to its own buffers
+    from uopc import schedule
+    from uopc.realize import default_opt
+
+    g = np.random.default_rng(0)
+    ws = [g.standard_normal((32, 32)).astype(np.float32) for _ in range(6)]
+    x0 = g.standard_normal((8, 32)).astype(np.float32)
+    x = Tensor(x0)
+    for w in ws:
+        x = (x @ Tensor(w)).relu()
+    before = dict(schedule.lowered_stats)
+    plan, _ = make_plan([x.uop], opt=default_opt())
+    misses = schedule.lowered_stats["misses"] - before["misses"]
+    hits = schedule.lowered_stats["hits"] - before["hits"]
+    # the first layer reads x in place, the middle ones pack relu(previous) first: a handful of distinct kernels
+    assert misses <= 4 and hits + misses == len(plan.kernels) >= 6, (hits, misses, len(plan.kernels))
+    ref = x0
+    for w in ws:
+        ref = np.maximum(ref @ w, 0)
+    np.testing.assert_allclose(x.numpy(), ref, rtol=1e-4, atol=1e-4)
