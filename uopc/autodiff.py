@@ -18,9 +18,9 @@ import math
 import operator
 from collections.abc import Callable
 
-from uopc.dtype import DType
+from uopc.dtype import DType, dtypes
 from uopc.helpers import argsort
-from uopc.uop import MOVEMENT, Ops, UOp
+from uopc.uop import ALU, MOVEMENT, Ops, UOp
 
 # ---------------------------------------------------------------------------------------------------
 # small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)
@@ -189,6 +189,17 @@ def _fold(u: UOp) -> UOp:
     return u
 
 
+def _grads_of(rule: GradRule, g: UOp, x: UOp) -> tuple[UOp | None, ...]:
+    """The gradients a rule sends x's sources. An ALU op on float16 or bfloat16 gets its formula evaluated in float32
+    and each gradient rounded once to its source's dtype, as its forward value is (sin's cos(x) = sin(pi/2 - x) would
+    otherwise round pi/2 - x to half first)."""
+    if x.op not in ALU or x.op is Ops.CAST or not any(u.dtype.is_16bit_float for u in (x, *x.src)):
+        return rule(g, x)
+    src = tuple(s.cast(dtypes.float32) if s.dtype.is_16bit_float else s for s in x.src)
+    gs = rule(g.cast(dtypes.float32), UOp(x.op, src, x.arg))
+    return tuple(None if d is None else d.cast(s.dtype) for d, s in zip(gs, x.src, strict=True))
+
+
 def _differentiable(u: UOp) -> bool:
     """Only float values carry gradients (an index, a mask or a token id has none)."""
     return u.dtype is not None and u.dtype.is_float
@@ -237,7 +248,7 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: list[UOp]) -> dict[UOp,
         rule = GRAD_RULES.get(x.op)
         if rule is None:
             raise NotImplementedError(f"autodiff: no gradient rule for {x.op} (node {x!r})")
-        for s, gs in zip(x.src, rule(g, x), strict=True):
+        for s, gs in zip(x.src, _grads_of(rule, g, x), strict=True):
             if gs is None or s not in on_path or not _differentiable(s):
                 continue
             gs = _fit(_fold(gs), s.shape)

@@ -43,6 +43,11 @@ class DType:
         return self.kind == "b"
 
     @property
+    def is_16bit_float(self) -> bool:
+        """float16 or bfloat16 (or a vector of them): storage types, whose values compute in float32 (uopc.half)."""
+        return self.kind == "f" and self.itemsize == 2 * self.count
+
+    @property
     def min(self) -> float | int | bool:
         if self.is_float:
             return -math.inf
@@ -99,9 +104,9 @@ class dtypes:
     float16 = DType("float16", 2, "f", "_Float16")
     float32 = DType("float32", 4, "f", "float")
     float64 = DType("float64", 8, "f", "double")
-    # storage only: 2-byte buffers of float32's top 16 bits; values in registers are C floats (float32 math),
-    # widened on load and rounded to nearest even on store and on a cast to bfloat16
-    bfloat16 = DType("bfloat16", 2, "f", "float")
+    # float32's top 16 bits, in C an unsigned short: a cast from float32 rounds to nearest even, a cast to float32
+    # shifts the bits back. Like float16 it is storage only: uopc.half computes every op on it in float32
+    bfloat16 = DType("bfloat16", 2, "f", "unsigned short")
     bf16 = bfloat16
     # short aliases, as the chapters write them
     i8, i16, i32, i64 = int8, int16, int32, int64
@@ -144,7 +149,7 @@ _SCALAR: dict[DType, DType] = {}
 # C names of vector types (typedefs the renderer emits), OpenCL style: float16 is 16 floats (half is _Float16)
 _VEC_CNAME = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "uint32": "uint"}
 _VEC_CNAME.update(float16="half", int8="char", uint8="uchar", int16="short", uint16="ushort", uint64="ulong")
-_VEC_CNAME.update(bool="bool")
+_VEC_CNAME.update(bool="bool", bfloat16="bf16x")
 _SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64", "bfloat16": "bf16"}
 
 
@@ -205,7 +210,8 @@ def truncate(dt: DType, x):
 
 
 def float_scalar_type(dt: DType) -> type:
-    """The NumPy scalar type C computes a float dtype in (bfloat16 values are C floats)."""
+    """The NumPy scalar type a float dtype's constants fold in (bfloat16: float32, as NumPy has none; uopc.half rounds
+    a bfloat16 constant where it is used)."""
     return np.float32 if dt is dtypes.bfloat16 else dt.np.type
 
 

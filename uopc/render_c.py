@@ -17,8 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from uopc import helpers
-from uopc.dtype import DType, dtypes
+from uopc.dtype import DType, dtypes, float_to_bf16_bits
+from uopc.half import compute_in_float
 from uopc.linearize import Linearized, Loop, linearize
 from uopc.render_math import F32_BITS, F32_MATH
 from uopc.uop import ALU, AxisType, Ops, UOp
@@ -65,7 +68,8 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
   return 0;
 }
 """
-# bfloat16 storage: the top 16 bits of a float32; a store rounds to nearest even, NaN stays a quiet NaN
+# bfloat16 is the top 16 bits of a float32 (an unsigned short in C): the conversion from float rounds to nearest even,
+# NaN stays a quiet NaN
 _BF16 = """static inline float uopc_bf16_ld(unsigned short b) {
   unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
 }
@@ -83,6 +87,14 @@ _OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long
   return 0;
 }
 #define uopc_chkv(i, w, n, slot) uopc_chkv_(uopc_oob, i, w, n, slot)
+"""
+# uopc.half leaves no arithmetic on _Float16, but gcc 12 -O3 with AVX512-FP16 narrows the vectorized
+# (_Float16)((float)a * (float)b) to vmulph and then contracts (_Float16)((float)that + c) into vfmadd...ph: one
+# rounding instead of two, so results would depend on the CPU. Without the extension, half is only converted
+# (vcvtph2ps / vcvtps2ph, F16C or AVX-512F). "!!" sorts it before every function of the translation unit.
+_NO_HALF_ARITHMETIC = """#if defined(__AVX512FP16__)
+#pragma GCC target("no-avx512fp16")
+#endif
 """
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
@@ -113,6 +125,8 @@ def render_const(v, dt: DType) -> str:
     """A C literal of dtype `dt` (INFINITY/NAN for the non-finite floats)."""
     if dt.is_bool:
         return "1" if v else "0"
+    if dt is dtypes.bfloat16:  # its bits
+        return f"0x{int(float_to_bf16_bits(np.array([v], np.float32))[0]):04x}"
     if dt.is_float:
         suffix = "f" if dt is not dtypes.float64 else ""
         if math.isnan(v):
@@ -140,7 +154,7 @@ class CRenderer:
         self.n = 0
         self.lines: list[str] = []
         self.helpers: dict[str, str] = {}
-        self.check_oob = bool(helpers.CHECK_OOB)
+        self.check_oob = bool(helpers.settings().CHECK_OOB)
         if self.check_oob:
             self.helpers["~oob"] = _OOB_CHECK
 
@@ -228,19 +242,8 @@ class CRenderer:
         self.n += 1
         raw = f"val{self.n}"
         ref = self.ref(base, ie)
-        if self._bf16_buffer(u.src[0]):  # widen the stored bits to a float
-            self.helpers["~bf16"] = _BF16
-            ref = f"uopc_bf16_ld({ref})"
         self.lines.append(f"{ind}{u.dtype.cname} {raw} = {ref};")
         self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = ({self.expr(gate)}?{raw}:{zero});")
-
-    @staticmethod
-    def _bf16_buffer(idx: UOp) -> bool:
-        """Whether an INDEX addresses a bfloat16 BUFFER (stored as bits; accumulators hold plain floats)."""
-        base = idx.src[0]
-        while base.op is Ops.AFTER:
-            base = base.src[0]
-        return base.op is Ops.BUFFER and base.dtype is dtypes.bfloat16
 
     def vector_address(self, idx: UOp, buf: UOp) -> str:
         """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
@@ -260,16 +263,10 @@ class CRenderer:
                 self.gated_load(u, ind)
                 return
             ref = self.address(idx)
-            if self._bf16_buffer(idx):  # widen the stored bits to a float
-                self.helpers["~bf16"] = _BF16
-                ref = f"uopc_bf16_ld({ref})"
             name = self.var(u, "val")
             self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
         elif op is Ops.STORE:
             val = self.expr(u.src[1])
-            if self._bf16_buffer(u.src[0]):  # round the float to bfloat16 bits
-                self.helpers["~bf16"] = _BF16
-                val = f"uopc_bf16_st({val})"
             self.lines.append(f"{ind}{self.address(u.src[0])} = {val};")
         elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
             val = self.expr(u)
@@ -324,10 +321,13 @@ def _max(r: CRenderer, u: UOp) -> str:
 
 
 def _cast(r: CRenderer, u: UOp) -> str:
-    if u.dtype is dtypes.bfloat16:  # a cast to bfloat16 rounds the float value to bfloat16's precision
+    x = u.src[0]
+    if dtypes.bfloat16 in (u.dtype, x.dtype):  # float32 <-> bfloat16 (uopc.half leaves no other bfloat16 casts)
         r.helpers["~bf16"] = _BF16
-        return f"uopc_bf16_ld(uopc_bf16_st((float)({r.expr(u.src[0])})))"
-    return f"(({u.dtype.cname})({r.expr(u.src[0])}))"
+        return f"uopc_bf16_{'st' if u.dtype is dtypes.bfloat16 else 'ld'}({r.expr(x)})"
+    if u.dtype.count > 1:  # lane by lane (gcc's vector extension has no vector C cast that converts)
+        return f"__builtin_convertvector({r.expr(x)}, {u.dtype.cname})"
+    return f"(({u.dtype.cname})({r.expr(x)}))"
 
 
 def _multiple_of(i: UOp, w: int) -> bool:
@@ -360,8 +360,6 @@ def _math(r: CRenderer, u: UOp) -> str:
         f, code = F32_MATH[u.op]
         r.helpers["f32math"] = F32_BITS
         r.helpers[f] = code
-    if u.dtype is dtypes.float16:  # no half-precision libm: compute in float, round back
-        return f"((_Float16){f}((float){r.expr(u.src[0])}))"
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
 
 
@@ -394,21 +392,19 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
 CRenderer.code_for_op = code_for_op
 
 
-def _param_type(dt: DType) -> str:
-    """The C type of a buffer's elements: bfloat16 buffers hold 16-bit patterns."""
-    return "unsigned short" if dt is dtypes.bfloat16 else dt.cname
-
-
 def _render_function(ast: UOp, name: str, extra_param: str = "") -> tuple[dict[str, str], str, list[UOp]]:
     """One kernel's helper definitions (keyed for deduplication), its C function, and its BUFFERs by slot."""
+    ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
     lin = linearize(ast)
     r = CRenderer(lin, name)
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     r.helpers.update(_vector_typedefs(ast))
+    if any(u.dtype is not None and u.dtype.scalar() is dtypes.float16 for u in lin.users):
+        r.helpers["!!half"] = _NO_HALF_ARITHMETIC
     params = ", ".join(
-        [f"{_param_type(b.dtype)}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
+        [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
     )
     return r.helpers, f"void {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n", bufs
 
@@ -447,12 +443,12 @@ def render_plan(
     `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
     (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
     """
-    check = bool(helpers.CHECK_OOB)
+    check = bool(helpers.settings().CHECK_OOB)
     rendered, calls = [], []
     for i, (ast, name, where) in enumerate(kernels):
         khs, fn, bufs = _render_function(ast, name, "long long* restrict uopc_oob" if check else "")
         rendered.append((khs, fn))
-        args = [f"({_param_type(b.dtype)}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
+        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
         calls.append(f"  {name}({', '.join(args)});")
         calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
         if check:

@@ -12,6 +12,7 @@ import math
 from typing import Any, Self
 
 from uopc.dtype import dtypes
+from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
 
 
@@ -47,6 +48,7 @@ class AttentionMixin:
             raise ValueError(f"masked_fill: mask of shape {m.shape} does not broadcast to the tensor's {self.shape}")
         return out.cast(self.dtype)
 
+    @opmath
     def scaled_dot_product_attention(
         self,
         key: Any,

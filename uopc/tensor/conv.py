@@ -20,6 +20,7 @@ from typing import Any, Self
 import numpy as np
 
 from uopc.helpers import prod
+from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
 
 
@@ -128,6 +129,7 @@ class ConvMixin:
 
     # ---------------------------------------------------------------- convolution
 
+    @opmath
     def conv2d(
         self,
         weight: Any,
@@ -185,6 +187,7 @@ class ConvMixin:
             out = out + b.reshape(cout, *([1] * n))
         return out
 
+    @opmath
     def conv1d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups=1):
         """PyTorch's conv1d: x (N, Cin, L), weight (Cout, Cin/groups, k)."""
         w = weight if isinstance(weight, ConvMixin) else type(self)(weight)
@@ -192,6 +195,7 @@ class ConvMixin:
             raise ValueError(f"conv1d weight must be (Cout, Cin/groups, k), got shape {w.shape}")
         return self.conv2d(w, bias, stride, padding, dilation, groups)
 
+    @opmath
     def conv3d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups=1):
         """PyTorch's conv3d: x (N, Cin, D, H, W), weight (Cout, Cin/groups, kd, kh, kw)."""
         w = weight if isinstance(weight, ConvMixin) else type(self)(weight)
@@ -199,6 +203,7 @@ class ConvMixin:
             raise ValueError(f"conv3d weight must be (Cout, Cin/groups, kd, kh, kw), got shape {w.shape}")
         return self.conv2d(w, bias, stride, padding, dilation, groups)
 
+    @opmath
     def conv_transpose2d(
         self,
         weight: Any,
@@ -243,6 +248,7 @@ class ConvMixin:
         x = x.pad([None, None, *pads])  # a negative amount cuts
         return x.conv2d(wt, bias, 1, 0, dl, g)
 
+    @opmath
     def conv_transpose1d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, output_padding=0,
                          groups: int = 1, dilation: Any = 1) -> Self:  # fmt: skip
         """PyTorch's conv_transpose1d: weight (Cin, Cout/groups, k)."""
@@ -308,6 +314,7 @@ class ConvMixin:
         w = self._pool(ks, st, pads, dl, value=-math.inf if self.dtype.is_float else self.dtype.min)
         return w.max(-1)
 
+    @opmath
     def avg_pool2d(
         self,
         kernel_size: Any = 2,
@@ -335,6 +342,7 @@ class ConvMixin:
         counts = type(self)(mask)._windows(ks, st, dl).sum((-2, -1)).numpy()
         return sums * type(self)(1 / counts, dtype=x.dtype)
 
+    @opmath
     def avg_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
                    count_include_pad: bool = True) -> Self:  # fmt: skip
         """PyTorch's avg_pool1d on (N, C, L)."""
@@ -344,6 +352,7 @@ class ConvMixin:
                            count_include_pad)  # fmt: skip
         return out.squeeze(-2)
 
+    @opmath
     def adaptive_avg_pool2d(self, output_size: Any) -> Self:
         """PyTorch's adaptive_avg_pool2d: window j of a dim covers [floor(j*i/o), ceil((j+1)*i/o)).
 
@@ -369,6 +378,7 @@ class ConvMixin:
             x = (x.transpose(d, -1) @ mt).transpose(d, -1)
         return x
 
+    @opmath
     def interpolate(
         self,
         size: Any = None,

@@ -5,11 +5,20 @@ composite functions built from the IR's small ALU set.
 
 Every operand is cast to one dtype and broadcast to one shape first (`_operands`); a Python scalar becomes a
 shape-() CONST that the ALU op broadcasts itself.
+
+Half precision as PyTorch computes it: a primitive op on float16 or bfloat16 (a + b, x * y, sqrt) is one ALU op,
+which the backend computes in float32 and rounds once (uopc/half.py); a composite marked `@opmath` (exp, erf, softmax,
+layernorm, ...) casts its 16-bit inputs to float32, and its float32 results back, so nothing inside it is rounded:
+
+    x.half().erf()   ->   x.half().float().erf().half()
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
 from typing import Any, Self
 
 import numpy as np
@@ -23,6 +32,44 @@ def broadcast_uop(u: UOp, shape: tuple[int, ...]) -> UOp:
     """`u` broadcast to `shape` (already checked compatible): leading size-1 dims, then EXPAND, each only where it
     changes the shape."""
     return u.reshape((1,) * (len(shape) - len(u.shape)) + u.shape).expand(shape)
+
+
+def opmath(fn: Callable) -> Callable:
+    """PyTorch's "opmath" rule for a composite op: its float16 or bfloat16 tensor arguments (also inside a list) are
+    computed in float32 and the float32 results round back once, when every float argument had that one 16-bit dtype
+    (with float32 beside them the result is float32 anyway). A composite called inside one sees float32 and runs as it
+    is. An explicit `dtype` argument wins: then the op computes in what it was asked for."""
+    params = list(inspect.signature(fn).parameters)
+    at = params.index("dtype") if "dtype" in params else None
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        first = args[0] if args else None
+        if isinstance(first, ElementwiseMixin) and first.dtype.is_float and first.dtype.itemsize >= 4:
+            return fn(*args, **kwargs)  # the common case: a float32 self (ops promote to float32 or wider)
+        flat = [a for x in (*args, *kwargs.values()) for a in (x if isinstance(x, (list, tuple)) else (x,))]
+        floats = {t.dtype for t in flat if isinstance(t, ElementwiseMixin) and t.dtype.is_float}
+        asked = args[at] if at is not None and len(args) > at else kwargs.get("dtype")
+        if not any(dt.is_16bit_float for dt in floats) or asked is not None:
+            return fn(*args, **kwargs)
+        out = fn(*(_widen(a) for a in args), **{k: _widen(v) for k, v in kwargs.items()})
+        return _round_back(out, floats.pop()) if len(floats) == 1 else out
+
+    return run
+
+
+def _widen(x: Any) -> Any:
+    """A 16-bit float tensor as float32 (lists and tuples element by element); anything else as it is."""
+    if isinstance(x, (list, tuple)):
+        return type(x)(_widen(a) for a in x)
+    return x.float() if isinstance(x, ElementwiseMixin) and x.dtype.is_16bit_float else x
+
+
+def _round_back(out: Any, dt: DType) -> Any:
+    """The float32 tensors of `out` (a tensor or nested tuples) cast to `dt`; other results as they are."""
+    if isinstance(out, tuple):
+        return tuple(_round_back(o, dt) for o in out)
+    return out.cast(dt) if isinstance(out, ElementwiseMixin) and out.dtype is dtypes.float32 else out
 
 
 class ElementwiseMixin:
@@ -93,12 +140,14 @@ class ElementwiseMixin:
             return x._const(1.0 / v if v != 0 else math.copysign(math.inf, v))
         return x._alu(Ops.RECIP)
 
+    @opmath
     def div(self, other: Any, reverse: bool = False) -> Self:
         """True division: ints give float32, as Python's `/`."""
         a, b = self._operands(other, reverse)
         dt = least_upper_float(a.dtype)
         return a.cast(dt) * b.cast(dt).reciprocal()
 
+    @opmath
     def floordiv(self, other: Any, reverse: bool = False) -> Self:
         """Floor division (Python semantics; an integer x // 0 is 0)."""
         a, b = self._operands(other, reverse)
@@ -106,6 +155,7 @@ class ElementwiseMixin:
             raise TypeError("floor division (//) of bool tensors is not supported")
         return a._alu(Ops.IDIV, b) if a.dtype.is_int else (a / b).floor()
 
+    @opmath
     def mod(self, other: Any, reverse: bool = False) -> Self:
         """Remainder with the sign of the divisor (Python semantics; an integer x % 0 is 0)."""
         a, b = self._operands(other, reverse)
@@ -283,6 +333,7 @@ class ElementwiseMixin:
         """Square root (ints become float32)."""
         return self._to_float()._alu(Ops.SQRT)
 
+    @opmath
     def rsqrt(self) -> Self:
         """1 / sqrt(x)."""
         return self.sqrt().reciprocal()
@@ -295,10 +346,12 @@ class ElementwiseMixin:
         """Base-2 logarithm."""
         return self._to_float()._alu(Ops.LOG2)
 
+    @opmath
     def exp(self) -> Self:
         """e^x, the IR's way: exp2(x * log2(e))."""
         return (self._to_float() * (1 / math.log(2))).exp2()
 
+    @opmath
     def log(self) -> Self:
         """ln x = log2(x) * ln(2)."""
         return self.log2() * math.log(2)
@@ -307,10 +360,12 @@ class ElementwiseMixin:
         """Sine (radians)."""
         return self._to_float()._alu(Ops.SIN)
 
+    @opmath
     def cos(self) -> Self:
         """cos x = sin(pi/2 - x)."""
         return (math.pi / 2 - self._to_float()).sin()
 
+    @opmath
     def tan(self) -> Self:
         """sin / cos."""
         return self.sin() / self.cos()
@@ -333,6 +388,7 @@ class ElementwiseMixin:
         t = self.trunc()
         return (t < self).where(t + 1, t)
 
+    @opmath
     def sigmoid(self) -> Self:
         """1 / (1 + z) for x >= 0 and z / (1 + z) below, z = e^-|x| in (0, 1]: nothing overflows, so the value and
         the gradient are finite everywhere (e^-x would be inf at x = -300, and its gradient 0 * inf = NaN)."""
@@ -342,6 +398,7 @@ class ElementwiseMixin:
         r = (1 + z).reciprocal()
         return neg.where(z * r, r)
 
+    @opmath
     def tanh(self) -> Self:
         """sign(x) (1 - z) / (1 + z), z = e^-2|x| in (0, 1] (finite value and gradient everywhere); below |x| = 0.04,
         where 1 - z cancels, the odd Taylor polynomial x - x^3/3 + 2x^5/15 - 17x^7/315."""
@@ -355,6 +412,7 @@ class ElementwiseMixin:
         small = xs * (1 + x2 * (-1 / 3 + x2 * (2 / 15 - x2 * (17 / 315))))
         return near0.where(small, neg.where(-t, t))
 
+    @opmath
     def logsigmoid(self) -> Self:
         """log(sigmoid(x)) = -softplus(-x): finite for every x (log of a sigmoid that underflowed would be -inf)."""
         return -(-self._to_float()).softplus()
@@ -367,10 +425,12 @@ class ElementwiseMixin:
         """x where x > 0, else neg_slope * x."""
         return (0 < self).where(self, self * neg_slope)
 
+    @opmath
     def silu(self) -> Self:
         """x * sigmoid(x) (also called swish)."""
         return self * self.sigmoid()
 
+    @opmath
     def softplus(self) -> Self:
         """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^-|x| never overflows; the tie at 0 goes to the x side so the
         gradient there is 1 - 1/2, as PyTorch's sigmoid(0)."""
@@ -381,6 +441,7 @@ class ElementwiseMixin:
         log1p = (e < 1e-3).where(e * (1 + e * (-0.5 + e * (1 / 3))), (1 + e).log())
         return neg.where(0, x) + log1p
 
+    @opmath
     def pow(self, exponent: Any, reverse: bool = False) -> Self:
         """self ** exponent (or exponent ** self if reverse); small integer powers are exact multiplies."""
         if reverse:

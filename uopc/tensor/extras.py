@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from uopc.dtype import dtypes, to_dtype
+from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import Axis, is_int, norm_dim
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -176,6 +177,7 @@ class ExtrasMixin:
     # ---------------------------------------------------------------- einsum
 
     @staticmethod
+    @opmath
     def einsum(formula: str, *operands: Any) -> Any:
         """Einstein summation ("ij,jk->ik"): every operand is permuted and broadcast to all the letters, the
         product is summed over the letters missing from the output. No "..." and no repeated letter in one operand."""
@@ -217,6 +219,7 @@ class ExtrasMixin:
 
     # ---------------------------------------------------------------- losses on probabilities
 
+    @opmath
     def nll_loss(self, target: Any, weight: Any = None, ignore_index: int = -100, reduction: str = "mean") -> Self:
         """PyTorch's nll_loss on log-probabilities with the class dim 1 (or 0 for a 1-D input)."""
         if reduction not in _REDUCTIONS:
@@ -236,12 +239,14 @@ class ExtrasMixin:
             return loss
         return loss.sum() if reduction == "sum" else loss.sum() / wt.sum()
 
+    @opmath
     def binary_crossentropy(self, Y: Any, reduction: str = "mean") -> Self:
         """-(y log p + (1 - y) log(1 - p)) on probabilities, each log clamped at -100 as PyTorch."""
         p = self._to_float()
         loss = -(Y * _log_clamped(p) + (1 - Y) * _log_clamped(1 - p))
         return _reduce_loss(loss, reduction)
 
+    @opmath
     def binary_crossentropy_logits(self, Y: Any, reduction: str = "mean", pos_weight: Any = None) -> Self:
         """BCE on logits without overflow: (1 - y) x + (1 + (w - 1) y) softplus(-x)."""
         x = self._to_float()

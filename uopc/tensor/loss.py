@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Self
 
 from uopc.dtype import dtypes
+from uopc.tensor.elementwise import opmath
 
 
 class LossMixin:
@@ -20,6 +21,7 @@ class LossMixin:
         """int32 one-hot vectors (a new last dim of num_classes), via arange(C) == self."""
         return (self.arange(num_classes) == self.unsqueeze(-1)).cast(dtypes.int32)
 
+    @opmath
     def cross_entropy(
         self, target: Any, reduction: str = "mean", label_smoothing: float = 0.0, ignore_index: int = -100
     ) -> Self:
@@ -33,6 +35,7 @@ class LossMixin:
         target = target if isinstance(target, LossMixin) else type(self)(target)
         return self._cross_entropy(target, cdim, reduction, label_smoothing, ignore_index)
 
+    @opmath
     def sparse_categorical_crossentropy(
         self, Y: Any, ignore_index: int = -1, label_smoothing: float = 0.0, reduction: str = "mean"
     ) -> Self:

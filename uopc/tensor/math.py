@@ -12,6 +12,7 @@ import math
 from typing import Any, Self
 
 from uopc.dtype import dtypes
+from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import Axis, is_int
 
 _ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
@@ -104,10 +105,12 @@ class MathMixin:
         even = (f * 0.5).floor() * 2 == f
         return (diff > 0.5).where(f + 1, (diff < 0.5).where(f, even.where(f, f + 1)))
 
+    @opmath
     def lerp(self, end: Any, weight: Any) -> Self:
         """self + (end - self) * weight."""
         return self + (end - self) * weight
 
+    @opmath
     def fmod(self, x: Any) -> Self:
         """C's remainder: the sign of the dividend (PyTorch's fmod; % follows the divisor)."""
         a, b = self._operands(x)
@@ -122,6 +125,7 @@ class MathMixin:
         a = a._to_float()
         return (b._to_float() < 0).where(-a.abs(), a.abs())
 
+    @opmath
     def logaddexp(self, other: Any) -> Self:
         """log(e^a + e^b) = max + log(1 + e^-|a - b|), without overflow (a tie splits the gradient evenly)."""
         a, b = self._operands(other)
@@ -170,10 +174,12 @@ class MathMixin:
 
     # ---------------------------------------------------------------- logs and exponentials
 
+    @opmath
     def log10(self) -> Self:
         """Base-10 logarithm."""
         return self.log2() * math.log10(2)
 
+    @opmath
     def log1p(self) -> Self:
         """log(1 + x), accurate near 0: log(u) * x / (u - 1) with u = 1 + x (Goldberg's trick)."""
         x = self._to_float()
@@ -182,6 +188,7 @@ class MathMixin:
         # the untaken branch gets a safe denominator, so its gradient is never 0/0
         return plain.where(x, u.log() * (x / plain.where(1.0, u - 1)))
 
+    @opmath
     def expm1(self) -> Self:
         """e^x - 1, accurate near 0: (u - 1) * x / log(u) with u = e^x (Kahan's trick)."""
         x = self._to_float()
@@ -204,34 +211,39 @@ class MathMixin:
             s = s + term * ((-1) ** k / (2 * k + 1))
         return s * 4
 
+    @opmath
     def atan(self) -> Self:
         """Arctangent (radians)."""
         x = self._to_float()
         big = x.abs() > 1
         t = big.where(big.where(x, 1.0).reciprocal(), x)  # 1/x only where taken: no inf in the other gradient
         a = t._atan_small()
-        # the ±pi/2 select of two Python floats is float32: cast back so half stays half
-        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a).cast(x.dtype)
+        return big.where((x < 0).where(-math.pi / 2, math.pi / 2) - a, a)
 
+    @opmath
     def asin(self) -> Self:
         """Arcsine: atan(x / sqrt(1 - x^2)) (NaN outside [-1, 1])."""
         x = self._to_float()
         return (x / (1 - x * x).sqrt()).atan()
 
+    @opmath
     def acos(self) -> Self:
         """Arccosine: pi/2 - asin(x)."""
         return math.pi / 2 - self.asin()
 
+    @opmath
     def sinh(self) -> Self:
         """(e^x - e^-x) / 2, through expm1 so small x keeps its digits."""
         x = self._to_float()
         return (x.expm1() - (-x).expm1()) * 0.5
 
+    @opmath
     def cosh(self) -> Self:
         """(e^x + e^-x) / 2."""
         x = self._to_float()
         return (x.exp() + (-x).exp()) * 0.5
 
+    @opmath
     def asinh(self) -> Self:
         """sign(x) log(|x| + sqrt(x^2 + 1))."""
         x = self._to_float()
@@ -241,6 +253,7 @@ class MathMixin:
         r = big.where(big.where(a, 1.0).log() + math.log(2), (s + (s * s + 1).sqrt()).log())
         return (x < 0).where(-r, r)
 
+    @opmath
     def acosh(self) -> Self:
         """log(x + sqrt(x^2 - 1)) (NaN below 1); log(2x) for huge x, whose square would overflow."""
         x = self._to_float()
@@ -248,11 +261,13 @@ class MathMixin:
         s = big.where(2.0, x)
         return big.where(big.where(x, 1.0).log() + math.log(2), (s + (s * s - 1).sqrt()).log())
 
+    @opmath
     def atanh(self) -> Self:
         """log((1 + x) / (1 - x)) / 2."""
         x = self._to_float()
         return ((1 + x) / (1 - x)).log() * 0.5
 
+    @opmath
     def erf(self) -> Self:
         """The error function (Abramowitz-Stegun 7.1.26, |error| <= 1.5e-7)."""
         x = self._to_float()
@@ -264,36 +279,39 @@ class MathMixin:
 
     # ---------------------------------------------------------------- activations
 
+    @opmath
     def gelu(self, approximate: str = "none") -> Self:
         """GELU: x Phi(x) with the exact erf (approximate="none", PyTorch's default) or the tanh form ("tanh")."""
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         x = self._to_float()
-        xf = x.float() if x.dtype is dtypes.float16 else x  # x^3 overflows half at |x| > 40: compute in float
         if approximate == "tanh":
-            y = 0.5 * xf * (1 + (math.sqrt(2 / math.pi) * (xf + 0.044715 * xf * xf * xf)).tanh())
-        else:
-            y = 0.5 * xf * (1 + (xf * (1 / math.sqrt(2))).erf())
-        return y.cast(x.dtype)
+            return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
 
+    @opmath
     def quick_gelu(self) -> Self:
         """x * sigmoid(1.702 x)."""
         return self * (self * 1.702).sigmoid()
 
+    @opmath
     def elu(self, alpha: float = 1.0) -> Self:
         """x where x > 0, else alpha (e^x - 1)."""
         neg = (self > 0).where(0, self)  # the exponential sees only x <= 0: no inf in the untaken gradient
         return (self > 0).where(self, neg.expm1() * alpha)
 
+    @opmath
     def selu(self) -> Self:
         """scale * elu(x, alpha) with SELU's fixed constants."""
         return self.elu(_SELU_ALPHA) * _SELU_SCALE
 
+    @opmath
     def celu(self, alpha: float = 1.0) -> Self:
         """x where x > 0, else alpha (e^(x/alpha) - 1)."""
         neg = (self > 0).where(0, self)
         return (self > 0).where(self, (neg / alpha).expm1() * alpha)
 
+    @opmath
     def mish(self) -> Self:
         """x * tanh(softplus(x))."""
         return self * self.softplus().tanh()
@@ -311,14 +329,17 @@ class MathMixin:
         inside = (self > min_val) & (self < max_val)
         return inside.where(self, (self <= min_val).where(min_val, (self >= max_val).where(max_val, self)))
 
+    @opmath
     def hardsigmoid(self) -> Self:
         """relu6(x + 3) / 6 (PyTorch's)."""
         return (self + 3).relu6() * (1 / 6)
 
+    @opmath
     def hardswish(self) -> Self:
         """x * relu6(x + 3) / 6."""
         return self * (self + 3).relu6() * (1 / 6)
 
+    @opmath
     def softsign(self) -> Self:
         """x / (1 + |x|)."""
         return self / (1 + self.abs())

@@ -14,7 +14,7 @@ from typing import Any, Self
 from uopc.dtype import dtypes, promote, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.creation import full_uop
-from uopc.tensor.elementwise import broadcast_uop
+from uopc.tensor.elementwise import broadcast_uop, opmath
 from uopc.tensor.shape import Axis, broadcast_shape, norm_axes, norm_dim, reduced_shape
 from uopc.uop import Ops, identity_element
 
@@ -44,8 +44,8 @@ class ReduceMixin:
         return x._new(x.uop.reduce(op, len(axes))).reshape(out_shape)
 
     def sum(self, axis: Axis = None, keepdim: bool = False, dtype: Any = None) -> Self:
-        """Sum over `axis` (all if None); bool and small ints give int32 (PyTorch: int64), half accumulates in float.
-        `dtype` casts the input first and sums in that dtype."""
+        """Sum over `axis` (all if None); bool and small ints give int32 (PyTorch: int64), float16 and bfloat16
+        accumulate in float32 (UOp.reduce) and round once. `dtype` casts the input first and sums in that dtype."""
         if dtype is not None:
             return (
                 self.cast(dtype)._reduce(Ops.ADD, axis, keepdim)
@@ -54,8 +54,6 @@ class ReduceMixin:
             )
         if self.dtype.is_bool or (self.dtype.is_int and self.dtype.itemsize < 4):
             return self.cast(dtypes.default_int)._reduce(Ops.ADD, axis, keepdim)
-        if self.dtype is dtypes.float16:
-            return self.float()._reduce(Ops.ADD, axis, keepdim).half()
         return self._reduce(Ops.ADD, axis, keepdim)
 
     def max(self, axis: Axis = None, keepdim: bool = False) -> Self:
@@ -73,17 +71,20 @@ class ReduceMixin:
     def _count(self, axis: Axis) -> int:
         return prod(self.shape[i] for i in norm_axes(axis, self.shape))
 
+    @opmath
     def mean(self, axis: Axis = None, keepdim: bool = False) -> Self:
         """sum * (1/n); ints give float32, an empty reduction NaN."""
         n = self._count(axis)
         return self._to_float().sum(axis, keepdim) * (1 / n if n else math.nan)
 
+    @opmath
     def var(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:
         """Variance with PyTorch's `correction` (1: unbiased): sum((x - mean)^2) / (n - correction)."""
         x = self._to_float()
         d = max(0, self._count(axis) - correction)
         return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) * (1 / d if d else math.inf)
 
+    @opmath
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:
         """sqrt(var); where var is 0 the gradient is 0 (as PyTorch), not sqrt's 1 / 0 times a zero deviation."""
         v = self.var(axis, keepdim, correction)
@@ -110,6 +111,7 @@ class ReduceMixin:
         """Index of the first smallest value over `axis`."""
         return self._order_flip().argmax(axis, keepdim)
 
+    @opmath
     def softmax(self, axis: int = -1) -> Self:
         """exp(x - max) / sum(exp(x - max)): three kernels (max, sum, elementwise). The shift is detached: its
         gradient is 0 in exact arithmetic, and differentiating a max of recomputed values is fragile (see autodiff)."""
@@ -117,12 +119,14 @@ class ReduceMixin:
         e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
+    @opmath
     def log_softmax(self, axis: int = -1) -> Self:
         """x - max - log(sum(exp(x - max))): no overflow for large x."""
         x = self._to_float()
         s = x - x.max(axis, keepdim=True).detach()  # a constant shift, as in softmax
         return s - s.exp().sum(axis, keepdim=True).log()
 
+    @opmath
     def logsumexp(self, axis: Axis = None, keepdim: bool = False) -> Self:
         """log(sum(exp(x))) over `axis`, shifted by the max so it does not overflow."""
         x = self._to_float()
@@ -133,6 +137,7 @@ class ReduceMixin:
 
     # ---------------------------------------------------------------- matmul (the reduce axis is last)
 
+    @opmath
     def matmul(self, other: Any) -> Self:
         """Matrix product with NumPy's rules (1-D operands, broadcast batch dims); the reduce axis is last."""
         other = other if isinstance(other, ReduceMixin) else type(self)(other)

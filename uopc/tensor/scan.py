@@ -19,6 +19,7 @@ import numpy as np
 
 from uopc.dtype import dtypes
 from uopc.helpers import prod
+from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import norm_dim
 from uopc.uop import Ops
 
@@ -80,12 +81,10 @@ class ScanMixin:
         out = local._combine(excl.unsqueeze(-1), op).reshape(*lead, m * _BLOCK)
         return out.shrink(tuple((0, s) for s in lead) + ((0, n),)) if m * _BLOCK != n else out
 
+    @opmath
     def cumsum(self, axis: int = 0) -> Self:
         """Running sum along `axis` (bool and small ints sum in int32, as sum does)."""
-        x = self._widen_small_int()
-        if x.dtype is dtypes.float16:
-            return x.float()._scan(axis, Ops.ADD).half()
-        return x._scan(axis, Ops.ADD)
+        return self._widen_small_int()._scan(axis, Ops.ADD)
 
     def cummax(self, axis: int = 0) -> Self:
         """Running maximum along `axis` (values, as tinygrad; PyTorch's .values)."""
@@ -95,6 +94,7 @@ class ScanMixin:
         """Running minimum along `axis`."""
         return self._order_flip()._scan(axis, Ops.MAX)._order_flip()
 
+    @opmath
     def cumprod(self, axis: int = 0) -> Self:
         """Running product along `axis`: log2(n) doubling passes (x * x shifted by 1, 2, 4, ...), exact for ints."""
         if self.ndim == 0:
@@ -110,6 +110,7 @@ class ScanMixin:
             s *= 2
         return x
 
+    @opmath
     def logcumsumexp(self, axis: int = 0) -> Self:
         """log(cumsum(exp(x))) along `axis`: each prefix is its own shifted logsumexp (one shift for the whole
         axis would underflow the prefixes before a large value to log(0)), blocked as the other scans."""
@@ -141,6 +142,7 @@ class ScanMixin:
         out = out.reshape(*lead, m * _BLOCK)
         return out.shrink(tuple((0, s) for s in lead) + ((0, n),)) if m * _BLOCK != n else out
 
+    @opmath
     def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> Self:
         """Product over `axis` by a tree of multiplies (8 at a time per kernel): exact for ints, as PyTorch."""
         x = self if dtype is None else self.cast(dtype)
