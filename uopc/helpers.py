@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -111,6 +112,30 @@ def Context(**changes: Any) -> Iterator[Settings]:
         yield settings()
     finally:
         _settings.reset(token)
+
+
+class _Phases(threading.local):
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+
+_phases = _Phases()
+
+
+@contextlib.contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Add the block's wall time to this thread's total for `name`: where a first call spends its time (autodiff,
+    schedule, layout, lower, render, gcc, load). Phases nest: schedule includes layout and lower."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _phases.seconds[name] = _phases.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+def phase_totals() -> dict[str, float]:
+    """This thread's seconds per phase so far (take two and subtract to time a stretch of work)."""
+    return dict(_phases.seconds)
 
 
 def atomic_write(path: str, data: bytes | Callable[[IO[bytes]], Any], mode: int | None = None) -> None:

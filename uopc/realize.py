@@ -194,11 +194,12 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
     if not plan.kernels:
         return cp
     # a big plan (a training step: hundreds of kernels) is split into translation units that compile in parallel
-    srcs = render_plan(
-        [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)],
-        max_parts=min(os.cpu_count() or 1, _MAX_PARTS),
-        part_chars=_PART_CHARS,
-    )
+    with helpers.phase("render"):
+        srcs = render_plan(
+            [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)],
+            max_parts=min(os.cpu_count() or 1, _MAX_PARTS),
+            part_chars=_PART_CHARS,
+        )
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
         print(cp.src)
@@ -222,14 +223,35 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any, s: help
         if cp is None:
             if s.DEBUG >= 1 and (why := explain_miss(key)):
                 print(why)
-            plan, inputs = make_plan(roots, fuse_reduce, opt)
+            before = helpers.phase_totals()
+            with helpers.phase("schedule"):
+                plan, inputs = make_plan(roots, fuse_reduce, opt)
             cp = compile_plan(plan, len(inputs), s)
+            if s.DEBUG >= 1:
+                print(built_line(plan, before, helpers.phase_totals()))
             with _plans_lock:
                 _plans[key] = cp
                 _building.pop(key, None)
                 while len(_plans) > max(1, s.PLAN_CACHE):  # least recently used plans go first
                     _plans.popitem(last=False)
     return cp
+
+
+def phase_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Seconds per phase between two `helpers.phase_totals()`; schedule without the layout and lower inside it."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    d["schedule"] = d.get("schedule", 0.0) - d.get("layout", 0.0) - d.get("lower", 0.0)
+    return {k: v for k, v in d.items() if v > 0}
+
+
+PHASES = ("autodiff", "schedule", "layout", "lower", "render", "gcc", "load")
+
+
+def built_line(plan: Plan, before: dict[str, float], after: dict[str, float]) -> str:
+    """DEBUG=1's line for a plan build: where its time went, phase by phase."""
+    d = phase_split(before, after)
+    parts = ", ".join(f"{k} {d[k] * 1e3:.1f} ms" for k in PHASES if k in d and k != "autodiff")
+    return f"realize: built plan of {len(plan.kernels)} kernels: {parts}"
 
 
 def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> list[UOp]:

@@ -341,7 +341,8 @@ def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], 
         return so_path
     if os.path.exists(so_path) or os.path.exists(json_path):
         stats["rebuilds"] += 1  # missing, truncated or altered entry: recompile over it
-    so_path = _compile(src, cc_path, flags, cache, key)
+    with helpers.phase("gcc"):
+        so_path = _compile(src, cc_path, flags, cache, key)
     evict(cache, keep=so_path)
     return so_path
 
@@ -458,7 +459,8 @@ def _load(src: str | tuple[str, ...]) -> tuple[ctypes.CDLL, str]:
             return hit
         path = _compile_cached(src, cc_path, flags, key)
         try:
-            lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
+            with helpers.phase("load"):
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
         except OSError:
             # Verified but unloadable (e.g. a consistent-but-bad pair written by something else): rebuild once.
             _unlink_quiet(path)

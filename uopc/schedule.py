@@ -237,7 +237,8 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
         roots = stage_broadcast_compute(roots)
     # 3. the optimizer's layout pass may stage transposed operands
     if opt is not None:
-        roots = opt.layout(roots)
+        with helpers.phase("layout"):
+            roots = opt.layout(roots)
     # 4. cut: every materialization point gets a reference and a placeholder buffer
     points = _materialize_points(roots, fuse_reduce)
     ref, temps, outs = _assign_refs(points, roots, in_idx)
@@ -291,7 +292,7 @@ def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, i
 # (optimizer, body, output, index checks) -> (ast, opts): a model's repeated layers lower to the same renumbered
 # kernel body (hash-consed, so the same object), which is optimized and lowered once per process, not once per layer
 # and plan. Bounded: the entries keep their UOps alive.
-_LOWERED_MAX = 4096
+_LOWERED_MAX = 1024
 _lowered_memo: OrderedDict[tuple, tuple[UOp, Any]] = OrderedDict()
 _lowered_lock = threading.Lock()
 lowered_stats = {"hits": 0, "misses": 0}
@@ -305,7 +306,8 @@ def _lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
             _lowered_memo.move_to_end(key)
             lowered_stats["hits"] += 1
             return hit
-    res = opt.lower(body, out) if opt is not None else (lower(body, out), None)
+    with helpers.phase("lower"):
+        res = opt.lower(body, out) if opt is not None else (lower(body, out), None)
     with _lowered_lock:
         lowered_stats["misses"] += 1
         _lowered_memo[key] = res

@@ -187,6 +187,31 @@ def test_profile_tiny_script_and_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_profile_compile_split(tmp_path):
+    # where a first call's time went: every phase named with its milliseconds, and the parts add up to the wall time
+    script = tmp_path / "tiny.py"
+    step = "x.grad = None; (x @ x).softmax(-1).sum().backward(); x.grad.realize()"
+    script.write_text(TINY.replace("(x @ x).softmax(-1).realize()", step))
+    p = uopc_cmd("profile", str(script), "--compile", cache=str(tmp_path / "c"))
+    assert p.returncode == 0, p.stderr
+    m = re.search(r"where ([\d.]+) s went", p.stdout)
+    assert m, p.stdout
+    rows = dict(re.findall(r"^  (\S.*?) +([\d.-]+) ms", p.stdout, re.M))
+    for phase in ("kernels", "autodiff", "schedule", "lower", "render", "gcc", "graph building and other Python"):
+        assert phase in rows, (phase, p.stdout)
+    assert float(rows["gcc"]) > 0 and float(rows["lower"]) > 0
+    assert abs(sum(map(float, rows.values())) / 1e3 - float(m.group(1))) < 0.01
+
+
+def test_debug1_prints_the_phases_of_a_plan_build(context, capsys):
+    context(DEBUG=1)
+    (Tensor(r(7, 13)).exp2() * 3 - 1).softmax(-1).realize()  # a structure built nowhere else
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("realize: built plan"))
+    assert re.fullmatch(
+        r"realize: built plan of \d+ kernels: schedule [\d.]+ ms, .*lower [\d.]+ ms, render [\d.]+ ms.*", line
+    )
+
+
 def test_profile_missing_script():
     p = uopc_cmd("profile", "/no/such/script.py")
     assert p.returncode != 0 and "no such script" in p.stderr

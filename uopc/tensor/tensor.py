@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from uopc import helpers
 from uopc.autodiff import compute_gradient, zeros_like
 from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
 from uopc.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
@@ -271,7 +272,9 @@ class Tensor(
                 )
         else:
             params = list(params)
-        for p, g in zip(params, self.gradient(*params), strict=True):
+        with helpers.phase("autodiff"):
+            grads = self.gradient(*params)
+        for p, g in zip(params, grads, strict=True):
             # accumulate until cleared (p.grad = None), as PyTorch does
             p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)
 

@@ -40,6 +40,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--png", metavar="FILE", help="draw the roofline with one point per kernel (needs matplotlib)")
     p.add_argument("--top", type=int, default=0, metavar="N", help="print only the N kernels with most time")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="also print where the time outside kernels went: graph building, autodiff, scheduling, the optimizer's "
+        "layout pass, lowering, rendering, gcc, loading",
+    )
     p.add_argument("script", help="the Python script to run (as __main__)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
 
@@ -57,14 +63,19 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _own_options(rest: list[str]) -> tuple[list[str], str | None, int | None]:
-    """Take `--png FILE` / `--top N` that follow SCRIPT (before any `--`) for profile; the rest is the script's."""
-    args, png, top, i = [], None, None, 0
+def _own_options(rest: list[str]) -> tuple[list[str], str | None, int | None, bool]:
+    """Take `--png FILE` / `--top N` / `--compile` that follow SCRIPT (before any `--`) for profile; the rest is the
+    script's."""
+    args, png, top, compile_split, i = [], None, None, False, 0
     while i < len(rest):
         a = rest[i]
         if a == "--":
             args += rest[i + 1 :]
             break
+        if a == "--compile":
+            compile_split = True
+            i += 1
+            continue
         if a in ("--png", "--top") and i + 1 < len(rest):
             if a == "--png":
                 png = rest[i + 1]
@@ -77,7 +88,7 @@ def _own_options(rest: list[str]) -> tuple[list[str], str | None, int | None]:
         else:
             args.append(a)
         i += 1
-    return args, png, top
+    return args, png, top, compile_split
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         bench_suite.run_suite(quick=ns.quick, as_json=ns.json, threads=ns.threads)
         return 0
     if ns.cmd == "profile":
-        args, png, top = _own_options(ns.args)
-        return profile.run(ns.script, args, png or ns.png, top if top is not None else ns.top)
+        args, png, top, compile_split = _own_options(ns.args)
+        top = top if top is not None else ns.top
+        return profile.run(ns.script, args, png or ns.png, top, compile_split=compile_split or ns.compile)
     if ns.cmd == "cache":
         if ns.action == "info":
             return cache.info()

@@ -12,10 +12,11 @@ import importlib.util
 import os
 import runpy
 import sys
+import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from uopc import realize
+from uopc import helpers, realize
 from uopc.schedule import Kernel
 from uopc.tools import harness, roofline
 
@@ -50,8 +51,11 @@ class KernelStats:
         return 100 * self.gflops / min(peak_gflops, self.intensity * bw_gbs)
 
 
-def profile_script(script: str, args: list[str]) -> tuple[list[KernelStats], BaseException | None]:
-    """Run `script` as __main__ with `args` and collect per-kernel stats. Returns them and the script's error."""
+def profile_script(
+    script: str, args: list[str], phases: dict[str, float] | None = None
+) -> tuple[list[KernelStats], BaseException | None]:
+    """Run `script` as __main__ with `args` and collect per-kernel stats. Returns them and the script's error.
+    `phases`, if given, receives the seconds of each compile phase (uopc.helpers.phase) and the script's wall time."""
     if not os.path.isfile(script):
         raise FileNotFoundError(f"uopc profile: no such script: {script}")
     stats: dict[tuple[str, object], KernelStats] = {}
@@ -68,6 +72,7 @@ def profile_script(script: str, args: list[str]) -> tuple[list[KernelStats], Bas
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     prev = realize.set_kernel_hook(hook)
     err: BaseException | None = None
+    before, t0 = helpers.phase_totals(), time.perf_counter()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
@@ -75,6 +80,9 @@ def profile_script(script: str, args: list[str]) -> tuple[list[KernelStats], Bas
     except Exception as e:  # report what ran before the failure, then re-raise in the caller
         err = e
     finally:
+        if phases is not None:
+            phases.update(realize.phase_split(before, helpers.phase_totals()))
+            phases["wall"] = time.perf_counter() - t0
         realize.set_kernel_hook(prev)
         sys.argv, sys.path[:] = old_argv, old_path
     out = sorted(stats.values(), key=lambda s: -s.total_s)
@@ -109,7 +117,20 @@ def format_table(stats: list[KernelStats], m: dict, top: int = 0) -> str:
     return "\n".join(lines)
 
 
-def run(script: str, args: list[str], png: str | None, top: int, out: TextIO = sys.stdout) -> int:
+def format_phases(phases: dict[str, float], kernel_s: float) -> str:
+    """Where the script's wall time went outside kernels, phase by phase (the rest is graph building and Python)."""
+    wall = phases["wall"]
+    named = {k: phases[k] for k in realize.PHASES if k in phases}
+    rest = wall - kernel_s - sum(named.values())
+    rows = [("kernels", kernel_s), *named.items(), ("graph building and other Python", rest)]
+    lines = [f"where {wall:.2f} s went (wall time of the script):"]
+    lines += [f"  {k:32s} {v * 1e3:10.1f} ms  {100 * v / max(wall, 1e-12):5.1f}%" for k, v in rows]
+    return "\n".join(lines)
+
+
+def run(
+    script: str, args: list[str], png: str | None, top: int, out: TextIO = sys.stdout, compile_split: bool = False
+) -> int:
     """The `uopc profile` command: run, print the machine and the table, draw the roofline if asked."""
     if png and importlib.util.find_spec("matplotlib") is None:  # say so before a long script runs, not after
         print(
@@ -118,8 +139,11 @@ def run(script: str, args: list[str], png: str | None, top: int, out: TextIO = s
         )
         return 2
     m = harness.machine()
-    stats, err = profile_script(script, args)
+    phases: dict[str, float] = {}
+    stats, err = profile_script(script, args, phases)
     print("\n" + harness.format_machine(m), file=out)
+    if compile_split:
+        print(format_phases(phases, sum(s.total_s for s in stats)), file=out)
     if not stats:
         print("uopc profile: the script ran no uopc kernels", file=out)
     else:
