@@ -101,12 +101,12 @@ class dtypes:
     uint16 = DType("uint16", 2, "u", "unsigned short")
     uint32 = DType("uint32", 4, "u", "unsigned int")
     uint64 = DType("uint64", 8, "u", "unsigned long long")
-    float16 = DType("float16", 2, "f", "_Float16")
+    # the 16-bit floats are storage only: in C their bits in an unsigned short, converted to and from float32 (the
+    # renderer's uopc_f16_ld/st, uopc_bf16_ld/st); uopc.half computes every op on them in float32
+    float16 = DType("float16", 2, "f", "unsigned short")
     float32 = DType("float32", 4, "f", "float")
     float64 = DType("float64", 8, "f", "double")
-    # float32's top 16 bits, in C an unsigned short: a cast from float32 rounds to nearest even, a cast to float32
-    # shifts the bits back. Like float16 it is storage only: uopc.half computes every op on it in float32
-    bfloat16 = DType("bfloat16", 2, "f", "unsigned short")
+    bfloat16 = DType("bfloat16", 2, "f", "unsigned short")  # float32's top 16 bits
     bf16 = bfloat16
     # short aliases, as the chapters write them
     i8, i16, i32, i64 = int8, int16, int32, int64
@@ -146,7 +146,7 @@ _BY_NAME = {n: getattr(dtypes, n) for n in _NP_NAMES}  # the NumPy-backed dtypes
 _NP_NAMES["bfloat16"] = "uint16"  # NumPy has no bfloat16: its buffers hold the bit patterns
 _VECS: dict[tuple[str, int], DType] = {}
 _SCALAR: dict[DType, DType] = {}
-# C names of vector types (typedefs the renderer emits), OpenCL style: float16 is 16 floats (half is _Float16)
+# C names of vector types (typedefs the renderer emits), OpenCL style: float16 is 16 floats (half16 is 16 halves)
 _VEC_CNAME = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "uint32": "uint"}
 _VEC_CNAME.update(float16="half", int8="char", uint8="uchar", int16="short", uint16="ushort", uint64="ulong")
 _VEC_CNAME.update(bool="bool", bfloat16="bf16x")

@@ -1,15 +1,15 @@
 """float16 and bfloat16 are storage types: before rendering, every ALU op on them computes in float32.
 
-    half val0 = data0[i];  data2[i] = val0 * val1 + ...          (C arithmetic on _Float16: with AVX512-FP16 gcc
-                                                                 computes it in half precision, elsewhere in float)
-      ->  data2[i] = (_Float16)((float)val0 * (float)val1);     (widened, computed in float, rounded once)
+    data2[i] = val1 * val3;         (val1, val3: halves; C arithmetic on _Float16 ran in half precision with
+                                     AVX512-FP16, in float elsewhere, so results depended on the CPU)
+      ->  data2[i] = uopc_f16_st((uopc_f16_ld(val1) * uopc_f16_ld(val3)));      (in float, rounded once)
 
 A lowered kernel goes in (after vectorize, before linearize); out comes the same kernel in which a 16-bit float is only
-stored, loaded, selected by a gated load and converted to and from float32. Each ALU op on 16-bit floats becomes the
-op on float32 (vector ops on float vectors) with its result rounded back: a primitive op rounds once, as PyTorch
-rounds every op. A composite op (erf, softmax) is computed in float32 already: the Tensor layer casts its inputs
-(`opmath` in uopc/tensor/elementwise.py), so nothing of it is here. Kernels without a 16-bit float are returned as
-they are, so their C does not change.
+loaded, stored, selected by a gated load and converted to and from float32 (the renderer's integer conversions on the
+bits). Each ALU op on 16-bit floats becomes the float32 op with its result rounded back: a primitive op rounds once,
+as PyTorch rounds every op. A composite op (erf, softmax) is computed in float32 already: the Tensor layer casts its
+inputs (`opmath` in uopc/tensor/elementwise.py), so nothing of it is here. Kernels without a 16-bit float are
+returned as they are, so their C does not change.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _alu_in_float(u: UOp) -> UOp | None:
 
 def _cast_through_float(u: UOp, x: UOp) -> UOp | None:
     """A conversion to or from a 16-bit float goes through float32, so only those two conversions are rendered:
-    half -> int is (int)(float)h, double -> half is (half)(float)d (which is also how PyTorch converts)."""
+    half -> int is (int)(float)h, double -> half is (half)(float)d (as PyTorch converts)."""
     if _low(x) and u.dtype.scalar() is not dtypes.float32:
         return x.cast(_wide(x.dtype)).cast(u.dtype)
     if _low(u) and x.dtype.scalar() is not dtypes.float32:

@@ -68,8 +68,39 @@ _GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, 
   return 0;
 }
 """
-# bfloat16 is the top 16 bits of a float32 (an unsigned short in C): the conversion from float rounds to nearest even,
-# NaN stays a quiet NaN
+# float16 and bfloat16 values are their bits in an unsigned short, converted to and from float by integer operations
+# (exact, rounding to nearest even, NaN staying a quiet NaN). gcc vectorizes these at full width; it vectorizes
+# no _Float16 conversion without AVX512-FP16 (gcc 12: "unsupported data-type"), and with it, it narrows
+# (_Float16)((float)a * (float)b) to vmulph and contracts the add after it into a half FMA (results would depend on
+# the CPU). Measured on a Zen 4: a*b + c over 2^24 halves 22 ms, against 34 ms with _Float16 (scalar vcvtph2ps).
+# float16: a normal half rebiases its exponent by 127 - 15 = 112; a subnormal is (2^-14 + m 2^-24) - 2^-14 in
+# normal floats (no float denormal is touched, so flush-to-zero modes do not matter); below 2^-14 the FPU rounds
+# |x| + 0.5 to a multiple of 2^-24; from 65520 up (a carry into exponent 31) it is inf
+_F16 = """static inline float uopc_f16_ld(unsigned short h) {
+  unsigned int u = (unsigned int)(h & 0x7FFFu) << 13, e = u & 0x0F800000u, t = u + 0x38800000u, s, r;
+  float f;
+  __builtin_memcpy(&f, &t, 4);
+  f -= 6.103515625e-05f;
+  __builtin_memcpy(&s, &f, 4);
+  r = e == 0x0F800000u ? u + 0x70000000u : e == 0 ? s : u + 0x38000000u;
+  r |= (unsigned int)(h & 0x8000u) << 16;
+  __builtin_memcpy(&f, &r, 4);
+  return f;
+}
+static inline unsigned short uopc_f16_st(float x) {
+  unsigned int u, a, d, r;
+  float f;
+  __builtin_memcpy(&u, &x, 4);
+  a = u & 0x7FFFFFFFu;
+  __builtin_memcpy(&f, &a, 4);
+  f += 0.5f;
+  __builtin_memcpy(&d, &f, 4);
+  r = (a + 0xC8000FFFu + ((a >> 13) & 1u)) >> 13;
+  r = a >= 0x47800000u ? (a > 0x7F800000u ? 0x7E00u : 0x7C00u) : a < 0x38800000u ? d - 0x3F000000u : r;
+  return (unsigned short)(r | ((u >> 16) & 0x8000u));
+}
+"""
+# bfloat16 is the top 16 bits of a float32
 _BF16 = """static inline float uopc_bf16_ld(unsigned short b) {
   unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
 }
@@ -87,14 +118,6 @@ _OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long
   return 0;
 }
 #define uopc_chkv(i, w, n, slot) uopc_chkv_(uopc_oob, i, w, n, slot)
-"""
-# uopc.half leaves no arithmetic on _Float16, but gcc 12 -O3 with AVX512-FP16 narrows the vectorized
-# (_Float16)((float)a * (float)b) to vmulph and then contracts (_Float16)((float)that + c) into vfmadd...ph: one
-# rounding instead of two, so results would depend on the CPU. Without the extension, half is only converted
-# (vcvtph2ps / vcvtps2ph, F16C or AVX-512F). "!!" sorts it before every function of the translation unit.
-_NO_HALF_ARITHMETIC = """#if defined(__AVX512FP16__)
-#pragma GCC target("no-avx512fp16")
-#endif
 """
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
@@ -125,8 +148,11 @@ def render_const(v, dt: DType) -> str:
     """A C literal of dtype `dt` (INFINITY/NAN for the non-finite floats)."""
     if dt.is_bool:
         return "1" if v else "0"
-    if dt is dtypes.bfloat16:  # its bits
-        return f"0x{int(float_to_bf16_bits(np.array([v], np.float32))[0]):04x}"
+    if dt.is_16bit_float:  # its bits
+        with np.errstate(over="ignore"):  # from 65520 up a half is inf
+            x = np.array([v], np.float32 if dt is dtypes.bfloat16 else np.float16)
+        bits = float_to_bf16_bits(x) if dt is dtypes.bfloat16 else x.view(np.uint16)
+        return f"0x{int(bits[0]):04x}"
     if dt.is_float:
         suffix = "f" if dt is not dtypes.float64 else ""
         if math.isnan(v):
@@ -135,7 +161,7 @@ def render_const(v, dt: DType) -> str:
             s = "INFINITY" if v > 0 else "-INFINITY"
         else:
             s = repr(float(v)) + suffix
-        return s if dt is not dtypes.float16 else f"(_Float16){s}"
+        return s
     if dt.is_unsigned:
         return f"{v}u" if dt.itemsize <= 4 else f"{v}ull"
     if v == dt.min:  # -2147483648 is not a literal in C: it is -(2147483648), which is a long
@@ -320,13 +346,18 @@ def _max(r: CRenderer, u: UOp) -> str:
     return f"(({a}>{b})?{a}:{b})"
 
 
+_CONVERT = {dtypes.float16: ("f16", _F16), dtypes.bfloat16: ("bf16", _BF16)}
+
+
 def _cast(r: CRenderer, u: UOp) -> str:
     x = u.src[0]
-    if dtypes.bfloat16 in (u.dtype, x.dtype):  # float32 <-> bfloat16 (uopc.half leaves no other bfloat16 casts)
-        r.helpers["~bf16"] = _BF16
-        return f"uopc_bf16_{'st' if u.dtype is dtypes.bfloat16 else 'ld'}({r.expr(x)})"
-    if u.dtype.count > 1:  # lane by lane (gcc's vector extension has no vector C cast that converts)
-        return f"__builtin_convertvector({r.expr(x)}, {u.dtype.cname})"
+    for dt, way in ((u.dtype, "st"), (x.dtype, "ld")):  # float32 <-> 16 bits (uopc.half leaves no other casts)
+        if dt in _CONVERT:
+            tag, code = _CONVERT[dt]
+            r.helpers[f"~{tag}"] = code
+            return f"uopc_{tag}_{way}({r.expr(x)})"
+    if u.dtype.count > 1:  # vectors of 16-bit floats are never made (uopc.vectorize)
+        raise NotImplementedError(f"render_c: no C form for a vector cast to {u.dtype!r}")
     return f"(({u.dtype.cname})({r.expr(x)}))"
 
 
@@ -401,8 +432,6 @@ def _render_function(ast: UOp, name: str, extra_param: str = "") -> tuple[dict[s
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     r.helpers.update(_vector_typedefs(ast))
-    if any(u.dtype is not None and u.dtype.scalar() is dtypes.float16 for u in lin.users):
-        r.helpers["!!half"] = _NO_HALF_ARITHMETIC
     params = ", ".join(
         [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
     )

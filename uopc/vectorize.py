@@ -5,14 +5,15 @@
 Stores into one buffer at `width` consecutive indices form a group, and their values are rebuilt lane by lane:
 a node that is the same in every lane stays scalar (broadcast with VECTORIZE where a vector needs it), loads at
 consecutive indices become one vector load, loads elsewhere a VECTORIZE of scalar loads, the same ALU op the
-vector op, a conversion to or from float16 a vector conversion, and `width` accumulators one vector accumulator. A
-group holding anything else (a select on lanes, a libm call, an integer division, a bfloat16, whose conversions
-are bit operations) is left scalar: gcc's vector extension has no C form for those.
+vector op, and `width` accumulators one vector accumulator. A group holding anything else (a select on lanes, a
+libm call, an integer division) is left scalar: gcc's vector extension has no C form for those. So is a group with a
+float16 or bfloat16: their values are bits converted by integer helpers (render_c's uopc_f16_ld, ...), which gcc
+vectorizes from the scalar loop (a half vector through __builtin_convertvector it converts lane by lane: gcc 12,
+113 instructions for 16 lanes).
 """
 
 from __future__ import annotations
 
-from uopc.dtype import dtypes
 from uopc.symbolic import simplify
 from uopc.uop import Ops, UOp
 
@@ -83,7 +84,7 @@ class _Lanes:
         if any(x.op is not u.op or len(x.src) != len(u.src) for x in lanes):
             raise _Scalar
         n, op = self.width, u.op
-        if u.dtype is not None and u.dtype.scalar() is dtypes.bfloat16:
+        if u.dtype is not None and u.dtype.is_16bit_float:
             raise _Scalar
         if op is Ops.ALLOC:
             if any(x.arg[1] != 1 or x.dtype is not u.dtype for x in lanes):
@@ -106,10 +107,6 @@ class _Lanes:
         if op is Ops.WHERE and all(x.src[0] is u.src[0] for x in lanes):  # one scalar condition for all lanes
             a, b = self.wide(tuple(x.src[1] for x in lanes)), self.wide(tuple(x.src[2] for x in lanes))
             return UOp(Ops.WHERE, (u.src[0], a, b), None, a.dtype)
-        if op is Ops.CAST and (u.dtype.is_16bit_float or u.src[0].dtype.is_16bit_float):  # __builtin_convertvector
-            if any(x.dtype is not u.dtype for x in lanes):
-                raise _Scalar
-            return UOp(Ops.CAST, (self.wide(tuple(x.src[0] for x in lanes)),), u.dtype.vec(n))
         if op in VECTOR_ALU and u.dtype.is_float and all(x.dtype is u.dtype for x in lanes):
             srcs = tuple(self.wide(tuple(x.src[k] for x in lanes)) for k in range(len(u.src)))
             return UOp(op, srcs, u.arg, u.dtype.vec(n))

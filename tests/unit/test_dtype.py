@@ -22,7 +22,7 @@ TABLE = {
     "uint16": ("unsigned short", np.uint16, 2),
     "uint32": ("unsigned int", np.uint32, 4),
     "uint64": ("unsigned long long", np.uint64, 8),
-    "float16": ("_Float16", np.float16, 2),
+    "float16": ("unsigned short", np.float16, 2),  # its bits (uopc/half.py: storage only)
     "float32": ("float", np.float32, 4),
     "float64": ("double", np.float64, 8),
 }

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from uopc.tensor import Tensor
+from uopc.tensor.elementwise import opmath
 
 
 def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:
@@ -42,6 +43,7 @@ class LayerNorm:
         self.weight = Tensor(np.ones(dim, np.float32), requires_grad=True)
         self.bias = Tensor(np.zeros(dim, np.float32), requires_grad=True)
 
+    @opmath
     def __call__(self, x: Tensor) -> Tensor:
         xc = x - x.mean(-1, keepdim=True)
         inv = (xc.square().mean(-1, keepdim=True) + self.eps).sqrt().reciprocal()

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from uopc.tensor import Tensor
+from uopc.tensor.elementwise import opmath
 
 
 def _param(n: int, value: float) -> Tensor:
@@ -113,6 +114,7 @@ class GroupNorm:
         self.weight = _param(num_channels, 1.0) if affine else None
         self.bias = _param(num_channels, 0.0) if affine else None
 
+    @opmath
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.num_channels:
             raise ValueError(f"GroupNorm expects (N, {self.num_channels}, ...), got shape {x.shape}")
@@ -134,6 +136,7 @@ class InstanceNorm:
         self.weight = _param(num_features, 1.0) if affine else None
         self.bias = _param(num_features, 0.0) if affine else None
 
+    @opmath
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 3 or x.shape[1] != self.num_features:
             raise ValueError(f"InstanceNorm expects (N, {self.num_features}, *spatial), got shape {x.shape}")
@@ -156,6 +159,7 @@ class RMSNorm:
         self.eps = float(np.finfo(np.float32).eps) if eps is None else eps
         self.weight = _param(dim, 1.0) if elementwise_affine else None
 
+    @opmath
     def __call__(self, x: Tensor) -> Tensor:
         y = x * (x.square().mean(-1, keepdim=True) + self.eps).rsqrt()
         return y * self.weight if self.weight is not None else y
