@@ -53,14 +53,6 @@ def _cast_const(u: UOp, c: UOp) -> UOp | None:
     return UOp.const(truncate(c.dtype, c.arg), u.dtype) if _low(c) and u.dtype is dtypes.float32 else None
 
 
-def _cast_vectorize(u: UOp, v: UOp) -> UOp | None:
-    """A conversion of a broadcast or of constants, lane by lane: the scalar is converted once (constants fold)."""
-    if not (_low(u) or _low(v)) or not (all(s is v.src[0] for s in v.src) or all(s.op is Ops.CONST for s in v.src)):
-        return None
-    lanes = {s: s.cast(u.dtype.scalar()) for s in v.src}
-    return UOp(Ops.VECTORIZE, tuple(lanes[s] for s in v.src))
-
-
 rules = PatternMatcher(
     [
         # round(float(h)) -> h: a 16-bit value widened is exact, so rounding it back gives the value itself
@@ -70,9 +62,9 @@ rules = PatternMatcher(
         ),
         # float(c) of a 16-bit constant -> the float32 constant of its 16-bit value
         (UPat(Ops.CAST, name="u", src=(UPat(Ops.CONST, name="c"),)), _cast_const),
-        (UPat(Ops.CAST, name="u", src=(UPat(Ops.VECTORIZE, name="v"),)), _cast_vectorize),
+        # T(h) -> T(float(h)), h(x) -> h(float(x)) for every other T and x
         (UPat(Ops.CAST, name="u", src=(UPat.var("x"),)), _cast_through_float),
-        # every other ALU op: computed in float32, rounded back
+        # op(a, b) -> h(op(float(a), float(b))) for every other ALU op: computed in float32, rounded back once
         (UPat(ALU - {Ops.CAST}, name="u"), _alu_in_float),
     ]
 )

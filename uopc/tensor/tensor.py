@@ -330,7 +330,7 @@ class Tensor(
         return self.cast(dtypes.float32)
 
     def bfloat16(self) -> Tensor:
-        """Cast to bfloat16 (stored as 16 bits, computed in float32, rounded on store)."""
+        """Cast to bfloat16 (stored as 16 bits; each op computes in float32 and rounds, as PyTorch)."""
         return self.cast(dtypes.bfloat16)
 
     def half(self) -> Tensor:
