@@ -13,7 +13,6 @@ counter, so two buffers never hash-cons into one.
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import weakref
@@ -129,14 +128,12 @@ _attach_lock = threading.Lock()
 
 
 def _new_locks_in_child() -> None:
-    # a lock held by another thread at fork time would stay locked forever in the child
     global _attach_lock
     _attach_lock = threading.Lock()
     pool._lock = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_locks_in_child)
+helpers.in_forked_child(_new_locks_in_child)
 
 
 def _dead(ref: _Ref) -> None:

@@ -174,13 +174,14 @@ _recursion_lock = threading.Lock()
 _recursion_users = [0, 0]  # threads inside deep_recursion, the limit to restore when the last one leaves
 
 
-def _new_lock_in_child() -> None:
-    global _recursion_lock
-    _recursion_lock = threading.Lock()
+def in_forked_child(fn: Callable[[], None]) -> None:
+    """Run `fn` in the child after every fork(): each module makes its locks anew there, since one that another
+    thread held at fork time would stay held in the child forever."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=fn)
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+in_forked_child(lambda: globals().__setitem__("_recursion_lock", threading.Lock()))
 
 
 @contextlib.contextmanager

@@ -23,8 +23,6 @@ class Opts:
     tile: dict[int, int] = field(default_factory=dict)  # output axis -> cache block size
     ktile: int = 0  # chunk of the innermost reduce axis, looped outside the register tiles of a cache block
     vec: int = 0  # SIMD width in elements: upcast copies at consecutive addresses become vector ops (0: none)
-    gpu: bool = False  # output axes become GLOBAL ranges (not implemented on the CPU backend)
-    local: dict[int, int] = field(default_factory=dict)  # output axis -> threads per block (LOCAL)
 
     def key(self) -> tuple:
         """A hashable identity of these choices, from every field (dicts as sorted item tuples)."""

@@ -451,8 +451,6 @@ def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
 
 
 def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
-    if ctx.opts.gpu:
-        raise NotImplementedError("Opts.gpu: the GPU backend is not built yet (only the CPU/C renderer exists)")
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     _setup_checks(ctx, root, out)
     kchunk = _kchunk(root, out, ctx.opts)

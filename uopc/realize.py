@@ -149,15 +149,13 @@ _building: dict[tuple, threading.Lock] = {}  # plan key -> the lock its one buil
 
 
 def _new_locks_in_child() -> None:
-    # a lock held by another thread at fork time would stay locked forever in the child (and so would a plan that
-    # thread was building: its key's lock goes too, so the child builds it itself)
+    # a plan another thread was building at fork time is never finished in the child: its key's lock goes too
     global _plans_lock
     _plans_lock = threading.Lock()
     _building.clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_locks_in_child)
+helpers.in_forked_child(_new_locks_in_child)
 # called after every kernel run as hook(kernel, seconds) when set (uopc profile sets it)
 _kernel_hook: Callable[[Kernel, float], None] | None = None
 

@@ -17,7 +17,6 @@ Building the same (op, dtype, src, arg) twice returns the same object, so struct
 from __future__ import annotations
 
 import math
-import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from uopc.dtype import DType, dtypes, truncate
-from uopc.helpers import prod
+from uopc.helpers import in_forked_child, prod
 
 
 class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__ on this hot path
@@ -102,23 +101,20 @@ REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX})
 
 
 class ParamArg(NamedTuple):
-    """The arg of a BUFFER: its slot (identity), dtype, flat shape, and address space (None = host)."""
+    """The arg of a BUFFER: its slot (identity), dtype and flat shape."""
 
     slot: int
     dtype: DType
     shape: tuple[int, ...]
-    addrspace: str | None = None
 
 
 class AxisType(Enum):
-    """What a RANGE loop is: a plain loop, a parallel (OpenMP) one, a reduction, or a GPU axis."""
+    """What a RANGE loop is: a plain loop, a parallel (OpenMP) one, a reduction, or an upcast (unrolled) one."""
 
     LOOP = auto()
     THREAD = auto()
     REDUCE = auto()
     UPCAST = auto()
-    GLOBAL = auto()
-    LOCAL = auto()
 
     def __repr__(self) -> str:
         return f"AxisType.{self.name}"
@@ -172,16 +168,7 @@ def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
 
 _cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
 _cache_lock = threading.Lock()
-
-
-def _new_lock_in_child() -> None:
-    # a lock held by another thread at fork time would stay locked forever in the child
-    global _cache_lock
-    _cache_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lock_in_child)
+in_forked_child(lambda: globals().__setitem__("_cache_lock", threading.Lock()))
 
 
 class UOp:
