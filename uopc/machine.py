@@ -87,6 +87,14 @@ class Machine:
     extra_flags: tuple[str, ...] = ()  # what uopc adds to CFLAGS for this machine (part of every compile key)
     notes: tuple[str, ...] = field(default=(), compare=False)  # why: printed at DEBUG=1 when a flag was added
 
+    def __hash__(self) -> int:  # part of every plan key, hashed on every realize: once per record
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.model, self.isa, self.vector_bytes, self.auto_vector_bytes, self.vector_registers))
+            h = hash((h, self.cores, self.l1d_bytes, self.l2_bytes, self.extra_flags))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def register(self) -> str:
         """The register name prefix of auto-vectorized code: zmm, ymm or xmm."""

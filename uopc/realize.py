@@ -174,7 +174,13 @@ def default_opt(s: helpers.Settings | None = None, m: Machine | None = None) -> 
     if s.OPT <= 0:
         return None
     m = m or machine()
-    return SearchOpt(m) if s.OPT >= 2 else HandOpt(m)
+    key = (s.OPT >= 2, m)
+    if (o := _opts.get(key)) is None:
+        o = _opts[key] = SearchOpt(m) if s.OPT >= 2 else HandOpt(m)
+    return o
+
+
+_opts: dict[tuple, Any] = {}  # one optimizer object per (kind, Machine): asked on every realize
 
 
 def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: Machine) -> tuple:

@@ -391,9 +391,21 @@ def base_cflags() -> list[str]:
 def machine() -> Machine:
     """The machine the current compiler and CFLAGS target (probed once per compiler and flag set, see
     uopc.machine); what it says at DEBUG=1 is printed the first time."""
+    global _last_machine
+    s = helpers.settings()
+    last = _last_machine  # read once: another thread may rebind it
+    if last[0] is s:  # every realize asks: the same settings snapshot (no Context entered since) has its answer
+        return last[1]
+    env = os.environ
+    memo = (s.CC, s.CFLAGS, s.DEBUG >= 1, env.get("PATH"), env.get("UOPC_CACHE"), env.get("XDG_CACHE_HOME"))
+    if (m := _machines.get(memo)) is not None:
+        _last_machine = (s, m)
+        return m
     cc_path, flags = _resolve_compiler(), base_cflags()
     cache = _check_cache_dir(helpers.cache_dir())
     m = probe(cc_path, flags, _compiler_version(cc_path), cache)
+    _machines[memo] = m
+    _last_machine = (s, m)
     if m.notes and helpers.settings().DEBUG >= 1 and (cc_path, tuple(flags)) not in _told:
         _told.add((cc_path, tuple(flags)))
         for note in m.notes:
@@ -402,6 +414,8 @@ def machine() -> Machine:
 
 
 _told: set[tuple] = set()
+_machines: dict[tuple, Machine] = {}
+_last_machine: tuple = (None, None)  # (settings snapshot, its Machine), rebound whole
 
 
 def cflags() -> list[str]:
