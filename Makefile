@@ -2,6 +2,10 @@
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
+# the ISA-sensitive tests, run once more for an AVX2-only x86-64 (x86-64-v3) on whatever machine runs make test
+ISA_TESTS := tests/backend/test_vectorize.py tests/backend/test_gemm.py tests/backend/test_transcendental.py \
+	tests/backend/test_half.py tests/unit/test_machine.py tests/backend/test_torch_sweep.py
+export V3_CFLAGS := from uopc.runtime import _DEFAULT_CFLAGS as f; print(" ".join(x.replace("=native", "=x86-64-v3") for x in f))
 export WHEEL_CHECK := import uopc, uopc.nn, uopc.opt, uopc.tensor; assert "/site/uopc/" in uopc.__file__, uopc.__file__; from uopc import Tensor; print("wheel ok:", uopc.__file__, Tensor([1.0, 2.0]).softmax(-1).numpy())
 
 $(VENV)/.installed: pyproject.toml
@@ -10,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: demo test lint wheel-check clean
+.PHONY: demo test test-v3 lint wheel-check clean
 demo: $(VENV)/.installed
 	$(VPY) examples/demo.py
 	$(VPY) examples/train_mnist.py
@@ -21,7 +25,15 @@ test: $(VENV)/.installed
 	UOPC_CHECK_OOB=1 OPT=0 $(VPY) -m pytest tests -q
 	# and the autotuner (OPT=2) on the reductions and matmuls of the Tensor suite
 	OPT=2 $(VPY) -m pytest tests/backend/test_tensor_ops.py -q -k "matmul or softmax or sum or mean or var or max"
-	$(MAKE) --no-print-directory wheel-check lint
+	$(MAKE) --no-print-directory test-v3 wheel-check lint
+
+# -march in CFLAGS decides the ISA uopc targets (the Machine record), so an AVX-512 machine runs the AVX2 paths here;
+# the sweep runs its float16 and bfloat16 cases only
+test-v3: $(VENV)/.installed
+	@if [ "$$(uname -m)" != x86_64 ]; then echo "x86-64-v3 pass: not an x86-64 machine, skipped"; exit 0; fi; \
+	start=$$(date +%s); \
+	CFLAGS="$$($(VPY) -c "$$V3_CFLAGS")" $(VPY) -m pytest $(ISA_TESTS) -q --sweep-dtypes=f16,bf16 && \
+	echo "x86-64-v3 pass: $$(( $$(date +%s) - start )) s"
 
 # build the wheel and import uopc from it alone (not from this checkout): every subpackage must ship
 wheel-check: $(VENV)/.installed

@@ -28,3 +28,11 @@ def context():
 
     with contextlib.ExitStack() as stack:
         yield lambda **kw: stack.enter_context(Context(**kw))
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--sweep-dtypes",
+        default="",
+        help="comma-separated input dtypes (f16,bf16,...): the torch sweep builds only the cases that take one",
+    )
