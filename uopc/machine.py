@@ -19,6 +19,7 @@ flags, this CPU and `PROBE_VERSION`), so a warm process asks the compiler nothin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -86,6 +87,14 @@ class Machine:
     l2_bytes: int = 1 << 20  # per core
     extra_flags: tuple[str, ...] = ()  # what uopc adds to CFLAGS for this machine (part of every compile key)
     notes: tuple[str, ...] = field(default=(), compare=False)  # why: printed at DEBUG=1 when a flag was added
+
+    def __repr__(self) -> str:  # stable across processes (a frozenset's order is not): it keys caches on disk
+        fields = ", ".join(
+            f"{f.name}={sorted(v) if isinstance(v := getattr(self, f.name), frozenset) else v!r}"
+            for f in dataclasses.fields(self)
+            if f.compare
+        )
+        return f"Machine({fields})"
 
     def __hash__(self) -> int:  # part of every plan key, hashed on every realize: once per record
         h = self.__dict__.get("_hash")

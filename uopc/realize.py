@@ -16,18 +16,18 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from uopc import helpers
+from uopc import helpers, plan_store
 from uopc.buffer import buffer_ptr, output_buffer, pool
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
 from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_plan
-from uopc.runtime import Program, machine
+from uopc.runtime import Program, compiler_identity, machine
 from uopc.schedule import Kernel, Plan, Ref, make_plan
 from uopc.threads import ensure_threads
 from uopc.uop import Ops, UOp, structure_key
@@ -66,6 +66,7 @@ class CompiledPlan:
     n_in: int
     names: tuple[str, ...]  # each kernel's function name in the plan's C
     check_oob: bool = False  # built with UOPC_CHECK_OOB: its entry point then reads an error record, always
+    srcs: list[str] = field(default_factory=list)  # the translation units src joins (what the plan store keeps)
 
     def __post_init__(self) -> None:
         plan = self.plan
@@ -207,10 +208,28 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
         print(cp.src)
+    _load_entry(cp, srcs)
+    cp.srcs = srcs
+    return cp
+
+
+def _load_entry(cp: CompiledPlan, srcs: list[str]) -> None:
+    """Compile (or find in the compile cache) the plan's C and bind its entry point."""
     ptr = ctypes.POINTER(ctypes.c_longlong)
     cp.fn = Program(srcs[0] if len(srcs) == 1 else tuple(srcs), "plan").entry(
         [ctypes.POINTER(ctypes.c_void_p), ptr, ptr]
     )
+
+
+def _stored_plan(name: str) -> CompiledPlan | None:
+    """A plan a previous process built with this digest (uopc.plan_store), loaded and bound; None if there is none."""
+    d = plan_store.load(name)
+    if d is None:
+        return None
+    cp = CompiledPlan(d["plan"], "\n".join(d["srcs"]), None, d["n_in"], d["names"], d["check_oob"])
+    if d["srcs"]:
+        _load_entry(cp, d["srcs"])
+    cp.srcs = d["srcs"]
     return cp
 
 
@@ -228,11 +247,20 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any, s: help
             if s.DEBUG >= 1 and (why := explain_miss(key)):
                 print(why)
             before = helpers.phase_totals()
-            with helpers.phase("schedule"):
-                plan, inputs = make_plan(roots, fuse_reduce, opt)
-            cp = compile_plan(plan, len(inputs), s)
-            if s.DEBUG >= 1:
-                print(built_line(plan, before, helpers.phase_totals()))
+            name = plan_store.digest(key, compiler_identity())
+            with helpers.phase("stored"):
+                cp = _stored_plan(name)
+            if cp is not None:
+                if s.DEBUG >= 1:
+                    ms = phase_split(before, helpers.phase_totals()).get("stored", 0.0) * 1e3
+                    print(f"realize: plan of {len(cp.kernels)} kernels read from the plan store in {ms:.1f} ms")
+            else:
+                with helpers.phase("schedule"):
+                    plan, inputs = make_plan(roots, fuse_reduce, opt)
+                cp = compile_plan(plan, len(inputs), s)
+                plan_store.save(name, plan, cp.srcs, cp.names, cp.n_in, cp.check_oob)
+                if s.DEBUG >= 1:
+                    print(built_line(plan, before, helpers.phase_totals()))
             with _plans_lock:
                 _plans[key] = cp
                 _building.pop(key, None)
@@ -248,13 +276,13 @@ def phase_split(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return {k: v for k, v in d.items() if v > 0}
 
 
-PHASES = ("autodiff", "schedule", "layout", "lower", "render", "gcc", "load")
+PHASES = ("autodiff", "stored", "schedule", "layout", "lower", "render", "gcc", "load")
 
 
 def built_line(plan: Plan, before: dict[str, float], after: dict[str, float]) -> str:
     """DEBUG=1's line for a plan build: where its time went, phase by phase."""
     d = phase_split(before, after)
-    parts = ", ".join(f"{k} {d[k] * 1e3:.1f} ms" for k in PHASES if k in d and k != "autodiff")
+    parts = ", ".join(f"{k} {d[k] * 1e3:.1f} ms" for k in PHASES if k in d and k not in ("autodiff", "stored"))
     return f"realize: built plan of {len(plan.kernels)} kernels: {parts}"
 
 

@@ -8,7 +8,10 @@ compiler is asked only for what every x86-64 gcc knows (-march=x86-64-v3, an AVX
 
 from __future__ import annotations
 
+import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -109,3 +112,13 @@ def test_another_machine_is_another_plan():
     assert a == b == np.float32(x.astype(np.float64).sum() * 2)
     new = list(realize._plans)[n0:]
     assert new and all("avx512f" not in k[-1].isa for k in new), "the x86-64-v3 plan must not reuse the default one"
+
+
+def test_repr_is_the_same_in_every_process():
+    # it keys the search and plan caches on disk: a frozenset's order changes with the hash seed
+    code = "from uopc import runtime; print(repr(runtime.machine()))"
+    outs = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        outs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout)
+    assert len(outs) == 1 and "isa=[" in outs.pop()

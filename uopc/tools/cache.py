@@ -1,9 +1,9 @@
 """`uopc cache info|clear|verify`: what the on-disk cache holds, emptying it, and checking it without loading code.
 
 Layout of `helpers.cache_dir()`: `<key>.so` + `<key>.json` per compiled kernel (size and sha256 of the .so),
-`search/` (OPT=2 search results), `machine/` (the Machine records of uopc.machine), `probes.json` (the machine
-probes of `uopc bench`), `failed/` (sources of failed compiles), `datasets/` and `wheels/` (downloaded data, kept by
-`clear` unless --all).
+`search/` (OPT=2 search results), `machine/` (the Machine records of uopc.machine), `plans/` (plans stored by
+uopc.plan_store), `probes.json` (the machine probes of `uopc bench`), `failed/` (sources of failed compiles),
+`datasets/` and `wheels/` (downloaded data, kept by `clear` unless --all).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def info(out: TextIO = sys.stdout) -> int:
     for sub, what in (
         ("search", "OPT=2 search results"),
         ("machine", "Machine records (what the compiler targets)"),
+        ("plans", "stored plans (uopc.plan_store)"),
         ("failed", "sources of failed compiles"),
         ("datasets", "datasets"),
         ("wheels", "downloaded wheels"),
@@ -104,7 +105,7 @@ def clear(everything: bool = False, out: TextIO = sys.stdout) -> int:
             n += 1
         except OSError:
             pass
-    for sub in ("search", "machine", "failed", *(("datasets", "wheels") if everything else ())):
+    for sub in ("search", "machine", "plans", "failed", *(("datasets", "wheels") if everything else ())):
         files, _ = _tree_size(os.path.join(cache, sub))
         shutil.rmtree(os.path.join(cache, sub), ignore_errors=True)
         n += files
