@@ -4,14 +4,14 @@
 
 `_plans` maps a plan key (the graph's structure key with buffers abstracted away, plus every setting that changes
 the generated code) to a compiled plan: the same graph shape reuses the same compiled object, whatever the buffers
-hold. A plan is one C translation unit (every kernel plus an entry point that runs them in order over one array of
-buffer pointers), compiled by one gcc run and cached on disk like a kernel.
+hold. A plan is one shared object: each distinct kernel is its own C translation unit (its object file cached by its
+source, so plans share kernels), linked with an entry point that runs them in order over one array of buffer
+pointers; one ctypes call runs the whole plan.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -48,8 +48,6 @@ __all__ = [
 ]
 
 _ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
-_MAX_PARTS = 8  # translation units of one plan at most (each is one compiler process)
-_PART_CHARS = 100_000  # characters of kernel C per unit at least: below that one gcc run beats spawn + link
 
 
 @dataclass
@@ -191,19 +189,17 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: M
 
 
 def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> CompiledPlan:
-    """Render every kernel into one C translation unit with a `plan` entry point and compile it (one gcc run,
-    cached on disk by source and flags). The compiled plan records the settings it was built with."""
+    """Render each distinct kernel into its own C translation unit, plus a `plan` entry point that calls them in
+    order, and link them into one shared object (each unit's object file cached by its own source, compiled in
+    parallel when missing). The compiled plan records the settings it was built with."""
     s = s or helpers.settings()
     names = tuple(f"k{i}_{k.name}" for i, k in enumerate(plan.kernels))
     cp = CompiledPlan(plan, "", None, n_in, names, bool(s.CHECK_OOB))
     if not plan.kernels:
         return cp
-    # a big plan (a training step: hundreds of kernels) is split into translation units that compile in parallel
     with helpers.phase("render"):
         srcs = render_plan(
-            [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)],
-            max_parts=min(os.cpu_count() or 1, _MAX_PARTS),
-            part_chars=_PART_CHARS,
+            [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)]
         )
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
@@ -216,9 +212,7 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
 def _load_entry(cp: CompiledPlan, srcs: list[str]) -> None:
     """Compile (or find in the compile cache) the plan's C and bind its entry point."""
     ptr = ctypes.POINTER(ctypes.c_longlong)
-    cp.fn = Program(srcs[0] if len(srcs) == 1 else tuple(srcs), "plan").entry(
-        [ctypes.POINTER(ctypes.c_void_p), ptr, ptr]
-    )
+    cp.fn = Program(tuple(srcs), "plan").entry([ctypes.POINTER(ctypes.c_void_p), ptr, ptr])
 
 
 def _stored_plan(name: str) -> CompiledPlan | None:

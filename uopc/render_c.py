@@ -14,7 +14,9 @@ Each op's C form is one entry of a table.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -461,51 +463,43 @@ _PLAN_TIMER = """static inline long long uopc_now(void) {
 """
 
 
-def render_plan(
-    kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", max_parts: int = 1, part_chars: int = 100_000
-) -> list[str]:
-    """All kernels of a plan, plus `void entry(void** bufs, long long* ns, long long* err)` that runs them in
-    order, as C translation units of at least `part_chars` characters of kernels, at most `max_parts` of them
-    (compiled in parallel and linked; the last holds the entry point).
-    Each kernel is (ast, name unique in the plan, index into bufs of each parameter).
+def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan") -> list[str]:
+    """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
+    digest of its own C
+    (so the same kernel in any plan is the same unit, compiled once into the object cache), then the unit of
+    `void entry(void** bufs, long long* ns, long long* err)`, which calls them in order.
+    Each kernel is (ast, its name in the plan, index into bufs of each parameter).
 
     `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
     (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
     """
     check = bool(helpers.settings().CHECK_OOB)
-    rendered, calls = [], []
+    units: dict[str, str] = {}  # function name -> its unit
+    protos: dict[str, str] = {}
+    done: dict[UOp, tuple[str, list[UOp]]] = {}
+    calls = []
     for i, (ast, name, where) in enumerate(kernels):
-        khs, fn, bufs = _render_function(ast, name, "long long* restrict uopc_oob" if check else "")
-        rendered.append((khs, fn))
+        if ast not in done:
+            khs, fn, bufs = _render_function(ast, "uopc_kernel", "long long* restrict uopc_oob" if check else "")
+            if check:
+                khs["~oob"] = _PLAN_OOB_CHECK
+            head = PRELUDE + "".join(khs[k] for k in sorted(khs))
+            # the kernel's shape name (without the plan's k0_ prefix and n1 suffix) and a digest of its C
+            base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
+            sym = f"{base}_{hashlib.sha256((head + fn).encode()).hexdigest()[:16]}"
+            # hidden: the entry point calls it directly, not through the PLT, and no other object can interpose it
+            sig = fn[: fn.index(" {\n")].replace(
+                "void uopc_kernel(", f'__attribute__((visibility("hidden"))) void {sym}(', 1
+            )
+            units[sym] = head + "\n" + sig + fn[fn.index(" {\n") :]
+            protos[sym] = sig + ";"
+            done[ast] = (sym, bufs)
+        sym, bufs = done[ast]
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
-        calls.append(f"  {name}({', '.join(args)});")
+        calls.append(f"  {sym}({', '.join(args)});")
         calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
         if check:
             calls.append(f"  if (err[0]) {{ err[4] = {i}; return; }}")
-    # contiguous groups of about equal source size; a kernel outside the entry's unit is declared there
-    total, groups, size = sum(len(fn) for _, fn in rendered), [[]], 0
-    parts = max(1, min(max_parts, total // part_chars))
-    for k in rendered:
-        if size >= total * len(groups) / max(1, parts) and len(groups) < parts:
-            groups.append([])
-        groups[-1].append(k)
-        size += len(k[1])
-    srcs = []
-    for gi, group in enumerate(groups):
-        last = gi == len(groups) - 1
-        hs: dict[str, str] = {}
-        for khs, _ in group:
-            hs.update(khs)
-        if check:
-            hs["~oob"] = _PLAN_OOB_CHECK
-        fns = [("static " if last else "") + fn for _, fn in group]
-        head = PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER
-        if not last:
-            srcs.append(head + "\n" + "\n".join(fns))
-            continue
-        decls = [fn.split(" {", 1)[0] + ";" for g in groups[:-1] for _, fn in g]
-        body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
-        srcs.append(
-            head + "\n" + "".join(d + "\n" for d in decls) + "\n".join(fns) + "\n" + body + "\n".join(calls) + "\n}\n"
-        )
-    return srcs
+    body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
+    head = "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + "\n".join(protos.values()) + "\n"
+    return [*units.values(), head + body + "\n".join(calls) + "\n}\n"]

@@ -13,6 +13,7 @@ used entries are deleted (under a lock file, see `evict`). OpenMP threads: `set_
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import fcntl
@@ -31,7 +32,7 @@ import numpy as np
 
 from uopc import helpers
 from uopc.helpers import atomic_write
-from uopc.machine import Machine, cpu_fingerprint, probe
+from uopc.machine import Machine, available_cpus, cpu_fingerprint, probe
 from uopc.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
 
 __all__ = [
@@ -75,7 +76,7 @@ _FIXED_FLAGS = ["-shared", "-fPIC"]
 # Libraries go after the input on the command line (link order matters for static archives).
 _LIBS = ["-lm"]
 
-stats: dict[str, int] = {"compiles": 0, "loads": 0, "disk_hits": 0, "rebuilds": 0}
+stats: dict[str, int] = {"compiles": 0, "loads": 0, "disk_hits": 0, "rebuilds": 0, "object_hits": 0}
 
 
 class CompileError(RuntimeError):
@@ -270,25 +271,68 @@ def _compile_error(
     )
 
 
+def _object_key(src: str, cc_path: str, flags: list[str]) -> str:
+    """The cache key of one translation unit compiled to an object file (`-c`): its own source, compiler, flags."""
+    return _cache_key(("object", src), cc_path, flags)
+
+
+def _write_entry(path: str, data: bytes, mode: int) -> None:
+    """A cache entry: the file, then its json (size and sha256) last, so a crash in between leaves no trusted entry."""
+    atomic_write(path, data, mode=mode)
+    meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write(os.path.splitext(path)[0] + ".json", json.dumps(meta).encode())
+
+
 def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str, tmpdir: str) -> str:
-    """Compile each translation unit to an object file, all at once (one compiler process per core), then link."""
-    procs, objs = [], []
-    for i, src in enumerate(srcs):
-        c_file, obj = os.path.join(tmpdir, f"part{i}.c"), os.path.join(tmpdir, f"part{i}.o")
-        with open(c_file, "w") as f:
-            f.write(src)
-        cmd = [cc_path, *flags, "-fPIC", "-c", "-o", obj, c_file]
-        try:
-            procs.append((cmd, src, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-        except OSError as e:
-            raise _not_found(cc_path, f"could not be executed ({e})") from e
-        objs.append(obj)
+    """Link translation units into one shared object: each unit's object file comes from the object cache
+    (`<cache>/obj/`, keyed by its own source, so a kernel shared by two plans or two models compiles once), or is
+    compiled now, as many compiler processes at a time as this process has CPUs."""
+    objdir = os.path.join(cache, "obj")
+    os.makedirs(objdir, mode=0o700, exist_ok=True)
+    objs, todo = [], []
+    for i, src in enumerate(dict.fromkeys(srcs)):  # a unit twice is one object
+        okey = _object_key(src, cc_path, flags)
+        obj, local = os.path.join(objdir, f"{okey}.o"), os.path.join(tmpdir, f"part{i}.o")
+        objs.append(local)
+        try:  # a hard link keeps the object for the link step even if another process evicts it meanwhile
+            if not _entry_ok(obj, os.path.join(objdir, f"{okey}.json")):
+                raise FileNotFoundError(obj)
+            os.link(obj, local)
+            stats["object_hits"] += 1
+            with contextlib.suppress(OSError):
+                os.utime(obj)
+        except OSError:
+            todo.append((i, src, obj))
+    running: list[tuple[list[str], str, str, str, subprocess.Popen]] = []
     failed = None
-    for cmd, src, proc in procs:
+
+    def finish(job: tuple[list[str], str, str, str, subprocess.Popen]) -> None:
+        nonlocal failed
+        cmd, src, tmp_obj, obj, proc = job
         stderr = proc.communicate()[1].decode(errors="replace")
         stats["compiles"] += 1
-        if proc.returncode != 0 and failed is None:
-            failed = _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
+        if proc.returncode != 0:
+            if failed is None:
+                failed = _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
+            return
+        with open(tmp_obj, "rb") as f:
+            _write_entry(obj, f.read(), 0o600)
+
+    width = max(1, available_cpus())
+    for i, src, obj in todo:
+        if len(running) >= width:
+            finish(running.pop(0))
+        c_file, tmp_obj = os.path.join(tmpdir, f"part{i}.c"), os.path.join(tmpdir, f"part{i}.o")
+        with open(c_file, "w") as f:
+            f.write(src)
+        cmd = [cc_path, *flags, "-fPIC", "-c", "-o", tmp_obj, c_file]
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except OSError as e:
+            raise _not_found(cc_path, f"could not be executed ({e})") from e
+        running.append((cmd, src, tmp_obj, obj, proc))
+    for job in running:
+        finish(job)
     if failed is not None:
         raise failed
     tmp = os.path.join(tmpdir, "k.so")
@@ -302,9 +346,10 @@ def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: s
 def _compile(src: str | tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str) -> str:
     """Run the compiler into a temp file, then move the .so and its json into place; return the .so path.
 
-    A tuple of sources is several translation units of one object (a big plan), compiled in parallel and linked.
+    A tuple of sources is several translation units of one object (a plan: one per kernel and its entry point),
+    each compiled through the object cache and linked.
     """
-    so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
+    so_path = os.path.join(cache, f"{key}.so")
     with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmpdir:
         if isinstance(src, tuple):
             tmp = _build_parts(src, cc_path, flags, cache, key, tmpdir)
@@ -321,10 +366,7 @@ def _compile(src: str | tuple[str, ...], cc_path: str, flags: list[str], cache: 
                 raise _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
         with open(tmp, "rb") as f:
             data = f.read()
-    atomic_write(so_path, data, mode=0o700)
-    # The json goes last: a .so without a matching json is treated as corrupt, so a crash in between is safe.
-    meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    atomic_write(json_path, json.dumps(meta).encode())
+    _write_entry(so_path, data, 0o700)
     return so_path
 
 
@@ -348,11 +390,12 @@ def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], 
 
 
 def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> int:
-    """Delete least recently used kernel entries until the cache's .so + .json files fit `max_bytes`
-    (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many entries were deleted.
+    """Delete least recently used entries until the cache's compiled files (plans' .so and kernels' .o in obj/, each
+    with its .json) fit `max_bytes` (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many were deleted.
 
     Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
-    load is safe: a loaded .so stays mapped after unlink, and a load that finds it gone rebuilds it.
+    load is safe: a loaded .so stays mapped after unlink, a link that finds an object gone fails over to compiling
+    it, and a load that finds its .so gone rebuilds it.
     """
     cap = helpers.settings().CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
     if cap <= 0:
@@ -360,24 +403,27 @@ def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> 
     with open(os.path.join(cache, ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         entries, total = [], 0
-        for entry in os.scandir(cache):
-            if not entry.name.endswith(".so") or not entry.is_file(follow_symlinks=False):
+        for folder, ext in ((cache, ".so"), (os.path.join(cache, "obj"), ".o")):
+            if not os.path.isdir(folder):
                 continue
-            json_path = entry.path[:-3] + ".json"
-            try:
-                size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
-                entries.append((entry.stat().st_mtime, entry.path, size))
-            except OSError:
-                continue  # deleted meanwhile by a process that does not take the lock (clear)
-            total += size
+            for entry in os.scandir(folder):
+                if not entry.name.endswith(ext) or not entry.is_file(follow_symlinks=False):
+                    continue
+                json_path = entry.path[: -len(ext)] + ".json"
+                try:
+                    size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
+                    entries.append((entry.stat().st_mtime, entry.path, size, json_path))
+                except OSError:
+                    continue  # deleted meanwhile by a process that does not take the lock (clear)
+                total += size
         n = 0
-        for _, so_path, size in sorted(entries):
+        for _, path, size, json_path in sorted(entries):
             if total <= cap:
                 break
-            if so_path == keep:
+            if path == keep:
                 continue
-            _unlink_quiet(so_path[:-3] + ".json")  # json first: a .so without its json is never trusted
-            _unlink_quiet(so_path)
+            _unlink_quiet(json_path)  # json first: a file without its json is never trusted
+            _unlink_quiet(path)
             total, n = total - size, n + 1
         return n
 
