@@ -26,6 +26,7 @@ import numpy as np
 from uopc import TinyJit, realize, runtime
 from uopc.buffer import pool
 from uopc.helpers import cache_dir
+from uopc.machine import available_cpus
 from uopc.tensor import Tensor
 
 CHILD = """
@@ -49,14 +50,23 @@ def child_seconds(cache: str) -> float:
     return time.perf_counter() - t
 
 
-def gcc_seconds(src: str, tmp: str) -> float:
-    """One compile of the plan's C with the flags uopc uses, as the runtime runs it."""
-    c, so = os.path.join(tmp, "plan.c"), os.path.join(tmp, "plan.so")
-    with open(c, "w") as f:
-        f.write(src)
-    cmd = [os.environ.get("CC", "gcc"), *runtime.cflags(), "-shared", "-fPIC", "-o", so, c, "-lm"]
+def gcc_seconds(srcs: list[str], tmp: str) -> float:
+    """One compile of the plan's C with the flags uopc uses, as the runtime runs it: each translation unit to an
+    object (as many compilers at a time as this process has CPUs), then one link."""
+    cc, flags = runtime._resolve_compiler(), runtime.cflags()
     t = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    objs, running = [], []
+    for i, src in enumerate(srcs):
+        c, o = os.path.join(tmp, f"u{i}.c"), os.path.join(tmp, f"u{i}.o")
+        with open(c, "w") as f:
+            f.write(src)
+        if len(running) >= available_cpus():
+            running.pop(0).wait()
+        running.append(subprocess.Popen([cc, *flags, "-fPIC", "-c", "-o", o, c]))
+        objs.append(o)
+    for p in running:
+        assert p.wait() == 0
+    subprocess.run([cc, *flags, "-shared", "-fPIC", "-o", os.path.join(tmp, "plan.so"), *objs, "-lm"], check=True)
     return time.perf_counter() - t
 
 
@@ -97,16 +107,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cold, warm, gcc = [], [], []
         Tensor(np.zeros((512, 512), np.float32)).softmax(-1).realize()
-        src = next(reversed(realize._plans.values())).src
+        srcs = next(reversed(realize._plans.values())).srcs
         for r in range(args.cold_rounds):
             cache = os.path.join(tmp, f"cache{r}")
             cold.append(child_seconds(cache))
             warm.append(child_seconds(cache))
-            gcc.append(gcc_seconds(src, tmp))
+            gcc.append(gcc_seconds(srcs, tmp))
         c, w, g = (statistics.median(x) * 1e3 for x in (cold, warm, gcc))
         print(f"cold softmax 512x512 plan in a fresh process (median of {args.cold_rounds}):")
-        print(f"  empty cache {c:7.1f} ms; warm cache {w:7.1f} ms; one gcc run of the plan's C {g:7.1f} ms")
-        print(f"  cold - warm = {c - w:.1f} ms = {(c - w) / g:.2f}x one gcc run (target <= 1.2x)")
+        print(f"  empty cache {c:7.1f} ms; warm cache {w:7.1f} ms; gcc on the plan's C as uopc runs it {g:7.1f} ms")
+        print(f"  cold - warm = {c - w:.1f} ms = {(c - w) / g:.2f}x that gcc time (target <= 1.2x)")
     print(f"(kernel cache of this process: {cache_dir()})")
 
 
