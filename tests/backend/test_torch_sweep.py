@@ -343,9 +343,7 @@ def sweep(request) -> dict[str, list[str]]:
     t0 = time.perf_counter()
     Tensor.manual_seed(0)
     only = {d for d in request.config.getoption("--sweep-dtypes").split(",") if d}
-    cases = [
-        Case(row, inputs, i) for row in ROWS for i, inputs in enumerate(row.cases) if _selected(row, inputs, only)
-    ]
+    cases = [Case(row, inputs, i) for row in ROWS for i, inputs in enumerate(row.cases) if _selected(row, inputs, only)]
     # one flat float64 vector per row (every output and gradient of its cases, cast exactly): a row is one fused
     # kernel plus its reductions, and all rows are one plan
     by_row: dict[str, list[Case]] = {}
