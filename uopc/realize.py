@@ -188,6 +188,12 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: M
     return (skey, fuse_reduce, opt, s.code_key(), m)
 
 
+# a plan with less kernel C than this compiles as one translation unit: one gcc run beats a run per kernel plus the
+# link there (the test suite's thousands of small plans: 580 s per pass compiled per kernel); bigger plans compile per
+# kernel through the object cache, in parallel, sharing kernels between plans and models
+ONE_UNIT_CHARS = 100_000
+
+
 def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> CompiledPlan:
     """Render each distinct kernel into its own C translation unit, plus a `plan` entry point that calls them in
     order, and link them into one shared object (each unit's object file cached by its own source, compiled in
@@ -198,9 +204,8 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
     if not plan.kernels:
         return cp
     with helpers.phase("render"):
-        srcs = render_plan(
-            [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)]
-        )
+        kernels = [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)]
+        srcs = render_plan(kernels, one_unit_below=ONE_UNIT_CHARS)
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
         print(cp.src)
@@ -212,7 +217,9 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
 def _load_entry(cp: CompiledPlan, srcs: list[str]) -> None:
     """Compile (or find in the compile cache) the plan's C and bind its entry point."""
     ptr = ctypes.POINTER(ctypes.c_longlong)
-    cp.fn = Program(tuple(srcs), "plan").entry([ctypes.POINTER(ctypes.c_void_p), ptr, ptr])
+    cp.fn = Program(srcs[0] if len(srcs) == 1 else tuple(srcs), "plan").entry(
+        [ctypes.POINTER(ctypes.c_void_p), ptr, ptr]
+    )
 
 
 def _stored_plan(name: str) -> CompiledPlan | None:

@@ -463,19 +463,19 @@ _PLAN_TIMER = """static inline long long uopc_now(void) {
 """
 
 
-def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan") -> list[str]:
+def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", one_unit_below: int = 0) -> list[str]:
     """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
-    digest of its own C
-    (so the same kernel in any plan is the same unit, compiled once into the object cache), then the unit of
-    `void entry(void** bufs, long long* ns, long long* err)`, which calls them in order.
+    digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
+    the unit of `void entry(void** bufs, long long* ns, long long* err)`, which calls them in order. A plan whose
+    kernels come to fewer than `one_unit_below` characters of C is one unit instead (one compiler run: spawning and
+    linking several costs more than sharing saves there).
     Each kernel is (ast, its name in the plan, index into bufs of each parameter).
 
     `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
     (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
     """
     check = bool(helpers.settings().CHECK_OOB)
-    units: dict[str, str] = {}  # function name -> its unit
-    protos: dict[str, str] = {}
+    funcs: dict[str, tuple[dict[str, str], str]] = {}  # function name -> (its helpers, its definition after "void ")
     done: dict[UOp, tuple[str, list[UOp]]] = {}
     calls = []
     for i, (ast, name, where) in enumerate(kernels):
@@ -483,16 +483,11 @@ def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan") 
             khs, fn, bufs = _render_function(ast, "uopc_kernel", "long long* restrict uopc_oob" if check else "")
             if check:
                 khs["~oob"] = _PLAN_OOB_CHECK
-            head = PRELUDE + "".join(khs[k] for k in sorted(khs))
             # the kernel's shape name (without the plan's k0_ prefix and n1 suffix) and a digest of its C
             base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
-            sym = f"{base}_{hashlib.sha256((head + fn).encode()).hexdigest()[:16]}"
-            # hidden: the entry point calls it directly, not through the PLT, and no other object can interpose it
-            sig = fn[: fn.index(" {\n")].replace(
-                "void uopc_kernel(", f'__attribute__((visibility("hidden"))) void {sym}(', 1
-            )
-            units[sym] = head + "\n" + sig + fn[fn.index(" {\n") :]
-            protos[sym] = sig + ";"
+            digest = hashlib.sha256((PRELUDE + "".join(khs[k] for k in sorted(khs)) + fn).encode()).hexdigest()
+            sym = f"{base}_{digest[:16]}"
+            funcs[sym] = (khs, fn.replace("void uopc_kernel(", f"void {sym}(", 1))
             done[ast] = (sym, bufs)
         sym, bufs = done[ast]
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
@@ -501,5 +496,15 @@ def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan") 
         if check:
             calls.append(f"  if (err[0]) {{ err[4] = {i}; return; }}")
     body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
-    head = "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + "\n".join(protos.values()) + "\n"
-    return [*units.values(), head + body + "\n".join(calls) + "\n}\n"]
+    body += "\n".join(calls) + "\n}\n"
+    if sum(len(fn) for _, fn in funcs.values()) < one_unit_below:
+        hs: dict[str, str] = {}
+        for khs, _ in funcs.values():
+            hs.update(khs)
+        fns = "\n".join("static " + fn for _, fn in funcs.values())
+        return [PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER + fns + body]
+    # hidden: the entry point calls each kernel directly, not through the PLT, and no other object can interpose it
+    hidden = '__attribute__((visibility("hidden"))) '
+    units = [PRELUDE + "".join(khs[k] for k in sorted(khs)) + "\n" + hidden + fn for khs, fn in funcs.values()]
+    protos = "".join(hidden + fn[: fn.index(" {\n")] + ";\n" for _, fn in funcs.values())
+    return [*units, "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]

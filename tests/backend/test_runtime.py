@@ -488,8 +488,9 @@ def test_forked_child_runs_parallel_kernel(threads):
     assert runtime.get_num_threads() == 2 and run_par(prg)[1] == 2  # the parent is unaffected
 
 
-def test_plan_compiles_one_unit_per_kernel_and_links_one_object():
+def test_plan_compiles_one_unit_per_kernel_and_links_one_object(monkeypatch):
     """A plan is one object linked from a unit per distinct kernel plus its entry point; results are unchanged."""
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)  # every plan per kernel, however small
     x = np.random.default_rng(0).standard_normal((24, 40)).astype(np.float32)
     got = (Tensor(x).softmax(-1) * 3 - 1).exp2().sum(0).numpy()  # a structure used nowhere else: compiled here
     cp = next(reversed(realize._plans.values()))
@@ -508,8 +509,20 @@ def _fresh_plans():
     return plan_store
 
 
-def test_a_kernel_shared_by_two_plans_compiles_once(cache: Path):
+def test_small_plans_compile_as_one_unit():
+    # under realize.ONE_UNIT_CHARS of kernel C one compiler run builds the whole plan
+    x = np.random.default_rng(3).standard_normal((6, 10)).astype(np.float32)
+    before = runtime.stats["compiles"]
+    got = (Tensor(x).softmax(-1) + 0.25).numpy()
+    cp = next(reversed(realize._plans.values()))
+    assert len(cp.srcs) == 1 and runtime.stats["compiles"] == before + 1 and len(cp.kernels) == 3
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True) + 0.25, rtol=1e-6)
+
+
+def test_a_kernel_shared_by_two_plans_compiles_once(cache: Path, monkeypatch):
     # the same row-softmax kernels in two different plans: the second plan compiles only what is new to it
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
     _fresh_plans()
     x = np.random.default_rng(1).standard_normal((16, 48)).astype(np.float32)
     a = Tensor(x).softmax(-1).numpy()
@@ -525,7 +538,8 @@ def test_a_kernel_shared_by_two_plans_compiles_once(cache: Path):
     assert len(objs) == len(list((cache / "obj").glob("*.json")))
 
 
-def test_a_corrupted_kernel_object_is_rebuilt(cache: Path):
+def test_a_corrupted_kernel_object_is_rebuilt(cache: Path, monkeypatch):
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
     _fresh_plans()
     x = np.random.default_rng(2).standard_normal((8, 33)).astype(np.float32)
     ref = (Tensor(x) * 3.0).exp2().numpy()
@@ -546,7 +560,9 @@ def test_two_processes_compiling_one_plan_at_once(cache: Path):
     # both succeed, and the cache holds one entry per kernel (atomic writes of identical content under one key)
     code = textwrap.dedent("""
         import numpy as np
+        from uopc import realize
         from uopc.tensor import Tensor
+        realize.ONE_UNIT_CHARS = 0  # per kernel, however small
         x = np.arange(600, dtype=np.float32).reshape(20, 30) / 100
         y = (Tensor(x).softmax(-1) * Tensor(x).sum(0)).numpy()
         e = np.exp(x - x.max(-1, keepdims=True))
