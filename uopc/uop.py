@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from enum import Enum, IntEnum, auto
 from functools import cached_property
 from typing import Any, NamedTuple
@@ -225,8 +225,8 @@ class UOp:
 
     # ---------------------------------------------------------------- graph utilities
 
-    def toposort(self) -> list[UOp]:
-        """Every node of the graph, each after its sources (iterative DFS, children in src order)."""
+    def toposort(self, stop: Container[UOp] = ()) -> list[UOp]:
+        """Every node of the graph, each after its sources (iterative DFS); a node in `stop` is not walked into."""
         out: list[UOp] = []
         seen: set[int] = set()
         stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -239,7 +239,7 @@ class UOp:
                 continue
             seen.add(id(u))
             stack.append((u, True))
-            stack.extend((s, False) for s in reversed(u.src) if id(s) not in seen)
+            stack.extend((s, False) for s in reversed(u.src) if id(s) not in seen and u not in stop)
         return out
 
     def replace(self, **kw: Any) -> UOp:
@@ -247,11 +247,11 @@ class UOp:
         return UOp(kw.get("op", self.op), kw.get("src", self.src), kw.get("arg", self.arg), kw.get("dtype", self.dtype))
 
     def substitute(self, mapping: dict[UOp, UOp]) -> UOp:
-        """Rebuild the graph with every node in `mapping` replaced (replacements are not recursed into)."""
+        """Rebuild the graph with every node in `mapping` replaced (what lies only under one is not even walked)."""
         if not mapping:
             return self
         new: dict[UOp, UOp] = {}
-        for u in self.toposort():
+        for u in self.toposort(mapping):
             if u in mapping:
                 new[u] = mapping[u]
                 continue
