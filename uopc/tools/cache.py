@@ -1,9 +1,10 @@
 """`uopc cache info|clear|verify`: what the on-disk cache holds, emptying it, and checking it without loading code.
 
-Layout of `helpers.cache_dir()`: `<key>.so` + `<key>.json` per compiled kernel (size and sha256 of the .so),
-`search/` (OPT=2 search results), `machine/` (the Machine records of uopc.machine), `plans/` (plans stored by
-uopc.plan_store), `probes.json` (the machine probes of `uopc bench`), `failed/` (sources of failed compiles),
-`datasets/` and `wheels/` (downloaded data, kept by `clear` unless --all).
+Layout of `helpers.cache_dir()`: `<key>.so` + `<key>.json` per compiled plan (size and sha256 of the .so), `obj/`
+(each kernel's object file and its json, shared by every plan that links it), `search/` (OPT=2 search results),
+`machine/` (the Machine records of uopc.machine), `plans/` (plans stored by uopc.plan_store), `probes.json` (the
+machine probes of `uopc bench`), `failed/` (sources of failed compiles), `datasets/` and `wheels/` (downloaded data,
+kept by `clear` unless --all).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def info(out: TextIO = sys.stdout) -> int:
         file=out,
     )
     for sub, what in (
+        ("obj", "per-kernel objects (linked into plans)"),
         ("search", "OPT=2 search results"),
         ("machine", "Machine records (what the compiler targets)"),
         ("plans", "stored plans (uopc.plan_store)"),
@@ -75,10 +77,19 @@ def info(out: TextIO = sys.stdout) -> int:
 
 
 def verify(out: TextIO = sys.stdout) -> int:
-    """Check every kernel entry's size and sha256 against its json (nothing is loaded). 1 if any is bad."""
+    """Check every compiled entry's size and sha256 against its json: plans' .so and the per-kernel objects in obj/
+    (nothing is loaded). 1 if any is bad."""
     cache = helpers.cache_dir()
-    keys = _kernels(cache)
-    bad = [k for k in keys if not entry_ok(os.path.join(cache, k + ".so"), os.path.join(cache, k + ".json"))]
+    objdir = os.path.join(cache, "obj")
+    objs = sorted(f[:-2] for f in os.listdir(objdir) if f.endswith(".o")) if os.path.isdir(objdir) else []
+    keys = _kernels(cache) + [os.path.join("obj", k) for k in objs]
+    bad = [
+        k
+        for k in keys
+        if not entry_ok(
+            os.path.join(cache, k + (".o" if k.startswith("obj") else ".so")), os.path.join(cache, k + ".json")
+        )
+    ]
     for k in bad:
         print(f"BAD  {k}: missing, truncated or altered (it will be rebuilt on its next use)", file=out)
     print(f"verified {len(keys)} entries in {cache}: {len(keys) - len(bad)} ok, {len(bad)} bad", file=out)
@@ -105,7 +116,7 @@ def clear(everything: bool = False, out: TextIO = sys.stdout) -> int:
             n += 1
         except OSError:
             pass
-    for sub in ("search", "machine", "plans", "failed", *(("datasets", "wheels") if everything else ())):
+    for sub in ("obj", "search", "machine", "plans", "failed", *(("datasets", "wheels") if everything else ())):
         files, _ = _tree_size(os.path.join(cache, sub))
         shutil.rmtree(os.path.join(cache, sub), ignore_errors=True)
         n += files
