@@ -4,9 +4,10 @@
 
 `_plans` maps a plan key (the graph's structure key with buffers abstracted away, plus every setting that changes
 the generated code) to a compiled plan: the same graph shape reuses the same compiled object, whatever the buffers
-hold. A plan is one shared object: each distinct kernel is its own C translation unit (its object file cached by its
-source, so plans share kernels), linked with an entry point that runs them in order over one array of buffer
-pointers; one ctypes call runs the whole plan.
+hold. A plan is one shared object with an entry point that runs its kernels in order over one array of buffer
+pointers: one ctypes call runs the whole plan. A small plan is one C translation unit; in a bigger one each distinct
+kernel is its own unit, its object file cached by its source, so plans share kernels (see ONE_UNIT_CHARS). Plans are
+also stored across processes (uopc.plan_store).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class CompiledPlan:
     src: str
     fn: Any  # the ctypes entry point (None for a plan without kernels)
     n_in: int
-    names: tuple[str, ...]  # each kernel's function name in the plan's C
+    names: tuple[str, ...]  # each kernel's name in the plan, k0_e_4_8 ... (its C function: shape name + digest)
     check_oob: bool = False  # built with UOPC_CHECK_OOB: its entry point then reads an error record, always
     srcs: list[str] = field(default_factory=list)  # the translation units src joins (what the plan store keeps)
 
@@ -195,9 +196,10 @@ ONE_UNIT_CHARS = 100_000
 
 
 def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> CompiledPlan:
-    """Render each distinct kernel into its own C translation unit, plus a `plan` entry point that calls them in
-    order, and link them into one shared object (each unit's object file cached by its own source, compiled in
-    parallel when missing). The compiled plan records the settings it was built with."""
+    """Render the plan's kernels and a `plan` entry point that calls them in order and compile them into one shared
+    object: one translation unit under ONE_UNIT_CHARS of kernel C, else a unit per distinct kernel (each object
+    cached by its own source, compiled in parallel when missing) linked with the entry's. The compiled plan records
+    the settings it was built with."""
     s = s or helpers.settings()
     names = tuple(f"k{i}_{k.name}" for i, k in enumerate(plan.kernels))
     cp = CompiledPlan(plan, "", None, n_in, names, bool(s.CHECK_OOB))
