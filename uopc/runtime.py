@@ -482,8 +482,8 @@ def compiler_identity() -> str:
     set or CPU is never applied under another.
     """
     cc_path, flags = _resolve_compiler(), cflags()
-    ident = [f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *flags, cpu_fingerprint()]
-    return "\n".join([*ident, repr(machine())])
+    # the Machine's additions are in `flags`; the record itself keys the search and plan caches where they use it
+    return "\n".join([f"uopc-cache-v{CACHE_VERSION}", cc_path, _compiler_version(cc_path), *flags, cpu_fingerprint()])
 
 
 def _build(src: str) -> str:

@@ -123,7 +123,7 @@ def _asm(src: str) -> str:
 def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
     # whole tiles only (no remainder loop nests): every FMA in the kernel is the microkernel's
     asm = _asm(_gemm_kernel(4 * MR, 2 * NR, 256))
-    reg = "zmm" if W == 16 else "ymm"
+    reg = {64: "zmm", 32: "ymm"}.get(MACHINE.vector_bytes, "xmm")  # the microkernel's explicit vectors
     packed = re.findall(rf"vfmadd\w+ps\s+[^\n]*%{reg}", asm)
     assert len(packed) >= MR * NR // W, f"expected >= {MR * NR // W} packed FMAs on {reg}, found {len(packed)}"
     assert not re.search(r"vfmadd\w+ss", asm), "scalar FMA in the GEMM kernel"
