@@ -22,7 +22,7 @@ import numpy as np
 
 from uopc import helpers
 from uopc.dtype import DType
-from uopc.uop import Ops, ParamArg, UOp, base
+from uopc.uop import Ops, ParamArg, UOp, base_buffer
 
 __all__ = [
     "ALIGN",
@@ -239,11 +239,6 @@ def has_data(u: UOp) -> bool:
     return id(u) in _storage
 
 
-def base_buffer(u: UOp) -> UOp:
-    """The BUFFER (or other node) under a chain of RESHAPEs."""
-    return base(u)
-
-
 def is_contiguous_buffer(u: UOp) -> bool:
     """A BUFFER, or RESHAPEs of one: the data is already where a realize would put it."""
-    return base(u).op is Ops.BUFFER
+    return base_buffer(u).op is Ops.BUFFER

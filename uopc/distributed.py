@@ -27,9 +27,10 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from uopc import helpers, realize, set_num_threads
-from uopc.buffer import ALIGN, aligned_empty, base_buffer, buffer_data, buffer_from
+from uopc.buffer import ALIGN, aligned_empty, buffer_data, buffer_from
 from uopc.dtype import DType
 from uopc.tensor import Tensor
+from uopc.uop import base_buffer
 
 try:
     from mpi4py import MPI

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from uopc import realize
-from uopc.buffer import base_buffer, is_contiguous_buffer
+from uopc.buffer import is_contiguous_buffer
 from uopc.tensor import Tensor
-from uopc.uop import UOp
+from uopc.uop import UOp, base_buffer
 
 __all__ = ["TinyJit"]
 

@@ -2,12 +2,13 @@
 
 `uopc.schedule` cuts the graph into a plan of kernel ASTs (`make_plan`, `Plan`, `Kernel`,
 `stage_broadcast_compute`); `uopc.realize` caches compiled plans by structure and runs them (`realize`, `_plans`).
-Storage moved to `uopc.buffer`.
+Storage moved to `uopc.buffer`; `base_buffer` lives with the IR in `uopc.uop`.
 """
 
-from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
+from uopc.buffer import buffer_data, is_contiguous_buffer, new_buffer
 from uopc.realize import _plans, default_opt, realize
 from uopc.schedule import Kernel, Plan, make_plan, stage_broadcast_compute
+from uopc.uop import base_buffer
 
 __all__ = [
     "Kernel",

@@ -27,7 +27,7 @@ from uopc.dtype import DType
 from uopc.helpers import prod
 from uopc.rangeify import checks_of, lower, lower_scatter
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
-from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base
+from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base_buffer
 
 __all__ = ["Kernel", "Plan", "Ref", "make_plan", "plan_memory", "stage_broadcast_compute", "strip_detach"]
 
@@ -124,7 +124,7 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
         if u.op in (Ops.STAGE, Ops.SCATTER) or (u.op is Ops.REDUCE and not fuse_reduce):
             points.append(u)
-        elif u in rootset and base(u).op is not Ops.BUFFER:
+        elif u in rootset and base_buffer(u).op is not Ops.BUFFER:
             points.append(u)
     return points
 
@@ -231,7 +231,7 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
     in_idx = {u: i for i, u in enumerate(inputs)}
     # 1. strip detach markers (they only stop gradients) and reshapes of roots (outputs are flat buffers anyway,
     #    and a reshaped reduce would otherwise be a reduce kernel plus a copy)
-    roots = [base(graph_rewrite(r, strip_detach)) for r in roots]
+    roots = [base_buffer(graph_rewrite(r, strip_detach)) for r in roots]
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:
         roots = stage_broadcast_compute(roots)
@@ -246,7 +246,7 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
     for u in points:  # negative slots: placeholders can never collide with real buffers
         ph = UOp(Ops.BUFFER, (), ParamArg(-1 - len(place), u.dtype, (max(1, prod(u.shape)),)))
         place[u] = ph.reshape(u.shape) if u.shape != ph.shape else ph
-    ph_ref = {base(place[u]).arg.slot: ref[u] for u in points}
+    ph_ref = {base_buffer(place[u]).arg.slot: ref[u] for u in points}
     # 5. lower each piece into its own kernel (a SCATTER into two: copy its base, then add the values in)
     kernels: list[Kernel] = []
     n_err = 0  # error records so far: a kernel with index checks gets the next one
@@ -327,8 +327,8 @@ def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):
             temps.append((u.dtype, max(1, prod(u.shape))))
     outs: list[Any] = []
     for r, u in enumerate(roots):
-        if base(u).op is Ops.BUFFER:
-            outs.append(Ref("in", in_idx[base(u)]))
+        if base_buffer(u).op is Ops.BUFFER:
+            outs.append(Ref("in", in_idx[base_buffer(u)]))
         elif u in ref and ref[u].kind == "out":  # the same value as an earlier root (e.g. x.sum(1) and its keepdim)
             outs.append(ref[u])
         else:

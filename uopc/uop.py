@@ -559,8 +559,8 @@ def sink(*xs: UOp) -> UOp:
     return UOp(Ops.SINK, xs)
 
 
-def base(u: UOp) -> UOp:
-    """`u` without the RESHAPEs on top of it (a reshaped buffer's data is the buffer's own)."""
+def base_buffer(u: UOp) -> UOp:
+    """`u` without the RESHAPEs on top of it: the BUFFER (or other node) whose data a reshape of it shares."""
     while u.op is Ops.RESHAPE:
         u = u.src[0]
     return u

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from uopc import TinyJit, runtime
-from uopc.buffer import base_buffer, buffer_ptr, pool
+from uopc.buffer import buffer_ptr, pool
 from uopc.nn import SGD, AdamW, LayerNorm, Linear, parameters
 from uopc.tensor import Tensor
+from uopc.uop import base_buffer
 
 
 def _mlp(seed: int = 0, hidden: int = 32):

@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from uopc.buffer import base_buffer, buffer_data
+from uopc.buffer import buffer_data
 from uopc.tensor import Tensor
+from uopc.uop import base_buffer
 
 
 def _state(value: float) -> Tensor:

@@ -26,7 +26,7 @@ import numpy as np
 
 from uopc import helpers
 from uopc.autodiff import compute_gradient, zeros_like
-from uopc.buffer import base_buffer, buffer_data, is_contiguous_buffer, new_buffer
+from uopc.buffer import buffer_data, is_contiguous_buffer, new_buffer
 from uopc.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.attention import AttentionMixin
@@ -42,7 +42,7 @@ from uopc.tensor.random import RandomMixin
 from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
-from uopc.uop import Ops, UOp
+from uopc.uop import Ops, UOp, base_buffer
 
 # repr shows the values of a realized tensor with at most this many elements
 REPR_MAX_VALUES = 64
