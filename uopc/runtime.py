@@ -219,8 +219,8 @@ def _unlink_quiet(path: str) -> None:
 # building and loading
 
 
-def _entry_ok(so_path: str, json_path: str) -> bool:
-    """True when the .so exists and matches the size and sha256 recorded in its json."""
+def entry_ok(so_path: str, json_path: str) -> bool:
+    """Whether a cache entry's file exists and matches the size and sha256 recorded in its json, without loading it."""
     try:
         with open(json_path) as f:
             meta = json.load(f)
@@ -233,11 +233,6 @@ def _entry_ok(so_path: str, json_path: str) -> bool:
             return hashlib.sha256(f.read()).hexdigest() == digest
     except (OSError, ValueError, KeyError, TypeError):
         return False
-
-
-def entry_ok(so_path: str, json_path: str) -> bool:
-    """Whether a cache entry's .so matches its json (size, then sha256), without loading it."""
-    return _entry_ok(so_path, json_path)
 
 
 def _save_failed_source(cache: str, key: str, src: str) -> str | None:
@@ -295,7 +290,7 @@ def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: s
         obj, local = os.path.join(objdir, f"{okey}.o"), os.path.join(tmpdir, f"part{i}.o")
         objs.append(local)
         try:  # a hard link keeps the object for the link step even if another process evicts it meanwhile
-            if not _entry_ok(obj, os.path.join(objdir, f"{okey}.json")):
+            if not entry_ok(obj, os.path.join(objdir, f"{okey}.json")):
                 raise FileNotFoundError(obj)
             os.link(obj, local)
             stats["object_hits"] += 1
@@ -374,7 +369,7 @@ def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], 
     """Path of a verified .so for `src` in the cache directory, compiling or rebuilding it if needed."""
     cache = _check_cache_dir(helpers.cache_dir())
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
-    if _entry_ok(so_path, json_path):
+    if entry_ok(so_path, json_path):
         stats["disk_hits"] += 1
         try:
             os.utime(so_path)  # the mtime is the entry's last use: eviction goes oldest first
