@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from uopc.helpers import prod
 from uopc.machine import Machine
-from uopc.opt.strides import _last_axis_stride, _views, push_views
+from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.opts import Opts
 from uopc.rewrite import graph_rewrite
 from uopc.uop import MOVEMENT, Ops, UOp
@@ -46,18 +46,18 @@ def matmul_operands(r: UOp) -> tuple[UOp, UOp] | None:
 
 def _constant_along(x: UOp, axis: int) -> bool:
     """Does every view feeding `x` read the same element all along `axis`?"""
-    views = list(_views(x))
-    return bool(views) and all(_last_axis_stride(v, b, axis) == 0 for v, b in views)
+    views = list(operand_views(x))
+    return bool(views) and all(last_axis_stride(v, b, axis) == 0 for v, b in views)
 
 
 def _plain(x: UOp, contiguous_axis: int | None) -> bool:
     """Is `x` a view of memory (no computation, no PAD gate), unit-stride along `contiguous_axis` if given?"""
     if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE):
         return False
-    views = list(_views(x))
-    if not views or any(_last_axis_stride(v, b) is None for v, b in views):
+    views = list(operand_views(x))
+    if not views or any(last_axis_stride(v, b) is None for v, b in views):
         return False
-    return contiguous_axis is None or all(_last_axis_stride(v, b, contiguous_axis) == 1 for v, b in views)
+    return contiguous_axis is None or all(last_axis_stride(v, b, contiguous_axis) == 1 for v, b in views)
 
 
 def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, int, int]:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.gemm import gemm_opts
-from uopc.opt.layout import _last_axis_stride, _views, layout_pass
+from uopc.opt.layout import layout_pass
+from uopc.opt.strides import last_axis_stride, operand_views
 from uopc.opts import Opts
 from uopc.rangeify import Ctx, lower
 from uopc.uop import MOVEMENT, Ops, UOp
@@ -25,7 +26,7 @@ THREAD_MIN_WORK = 1 << 16
 UNROLL_MAX_REDUCE = 64
 
 
-def _reduce_size(body: UOp) -> int:
+def reduce_size(body: UOp) -> int:
     """Elements reduced per output element (the largest REDUCE in the kernel; 1 if none)."""
     return max(
         (prod(u.src[0].shape[len(u.src[0].shape) - u.arg[1] :]) for u in body.toposort() if u.op is Ops.REDUCE),
@@ -37,7 +38,7 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
     """Register tile on the last two output axes, unroll short untiled reductions, threads above a work threshold."""
     if (gemm := gemm_opts(body, machine)) is not None:  # a packed matmul: the register-blocked microkernel
         return gemm
-    shape, rsize = body.shape, _reduce_size(body)
+    shape, rsize = body.shape, reduce_size(body)
     upcast: dict[int, int] = {}
     unroll, thread, tile = 1, None, {}
     if rsize > 1:
@@ -82,12 +83,12 @@ def _block(shape: tuple[int, ...], row_bytes: int, l2_bytes: int) -> dict[int, i
 
 def _strided_read(body: UOp) -> bool:
     """Does the kernel read some buffer with a non-unit stride along its innermost output axis?"""
-    tops = [body] if body.op in MOVEMENT else [view for view, _ in _views(body)]
+    tops = [body] if body.op in MOVEMENT else [view for view, _ in operand_views(body)]
     for view in tops:
         base = view
         while base.op in MOVEMENT:
             base = base.src[0]
-        if base.op is Ops.BUFFER and _last_axis_stride(view, base) not in (0, 1, None):
+        if base.op is Ops.BUFFER and last_axis_stride(view, base) not in (0, 1, None):
             return True
     return False
 

@@ -2,7 +2,7 @@
 
     (A @ B).sum over k reads B down its columns   -->   STAGE(B.T): one transposing copy, then unit-stride reads
 
-`_last_axis_stride` asks rangeify for the stride a view reads with; `push_views` moves views through ALU ops so
+`last_axis_stride` asks rangeify for the stride a view reads with; `push_views` moves views through ALU ops so
 each operand's own chain of views is visible.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.gemm import pack_matmuls, split_k, uses_microkernel
-from uopc.opt.strides import _last_axis_stride, _views, push_views
+from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.rewrite import graph_rewrite
 from uopc.uop import Ops, UOp
 
-__all__ = ["_last_axis_stride", "_views", "layout_pass", "push_views"]
+__all__ = ["layout_pass", "push_views"]
 
 
 def layout_pass(roots: list[UOp], machine: Machine) -> list[UOp]:
@@ -34,8 +34,8 @@ def layout_pass(roots: list[UOp], machine: Machine) -> list[UOp]:
     for r in UOp(Ops.SINK, tuple(roots)).toposort():
         if r.op is not Ops.REDUCE or uses_microkernel(r, machine):
             continue
-        for view, base in _views(r.src[0]):
-            s = _last_axis_stride(view, base)
+        for view, base in operand_views(r.src[0]):
+            s = last_axis_stride(view, base)
             if s in (0, 1, None):
                 continue
             c = view
@@ -44,6 +44,6 @@ def layout_pass(roots: list[UOp], machine: Machine) -> list[UOp]:
             if prod(c.shape) > prod(base.shape) or prod(c.shape) >= prod(r.src[0].shape) or c in todo:
                 continue
             staged = UOp(Ops.STAGE, (c,))
-            if _last_axis_stride(view.substitute({c: staged}), staged) == 1:
+            if last_axis_stride(view.substitute({c: staged}), staged) == 1:
                 todo.add(c)
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots

@@ -20,7 +20,7 @@ from uopc.buffer import aligned_empty
 from uopc.dtype import DType
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
-from uopc.opt.heuristic import _reduce_size, hand_opt_choice
+from uopc.opt.heuristic import hand_opt_choice, reduce_size
 from uopc.opt.layout import layout_pass
 from uopc.opts import Opts
 from uopc.rangeify import ERROR_RECORD, Ctx, checks_of, lower
@@ -32,7 +32,7 @@ from uopc.uop import Ops, UOp, structure_key
 
 def candidate_opts(body: UOp, machine: Machine) -> list[Opts]:
     """Plausible Opts: none, the heuristic's, register tiles of the last two axes (+/- unroll), cache blocks."""
-    shape, rsize = body.shape, _reduce_size(body)
+    shape, rsize = body.shape, reduce_size(body)
     outs = [a for a, s in enumerate(shape) if s > 1]
     hand = hand_opt_choice(body, machine)
     cands = [Opts(), hand]

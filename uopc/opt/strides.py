@@ -1,11 +1,12 @@
 """Views and strides on the shape graph: which buffer elements a view reads, asked of rangeify.
 
-`push_views` moves views through ALU ops so each operand's own chain of views is visible; `_views` lists those
-chains; `_last_axis_stride` is the distance in memory between neighbours along one axis of a view.
+`push_views` moves views through ALU ops so each operand's own chain of views is visible; `operand_views` lists
+those chains; `last_axis_stride` is the distance in memory between neighbours along one axis of a view.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import lru_cache
 
 from uopc.helpers import prod
@@ -38,7 +39,7 @@ push_views = PatternMatcher(
 )
 
 
-def _views(x: UOp):
+def operand_views(x: UOp) -> Iterator[tuple[UOp, UOp]]:
     """The movement-op chains feeding x through ALU ops: (top of chain, materialized base)."""
     seen, stack = set(), [x]
     while stack:
@@ -59,7 +60,7 @@ def _views(x: UOp):
 # a pure function of hash-consed nodes, asked again and again by the layout pass and the GEMM checks (1,312 times,
 # 3.9 s, in the char-GPT step's first call): each distinct question is answered once
 @lru_cache(maxsize=8192)
-def _last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
+def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
     """Distance in memory between view[..., k] and view[..., k+1] (along `axis`, the last by default), or None
     if the view is not affine there.
 
