@@ -15,6 +15,8 @@ the linearizer places them, not by a separate pass.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import NamedTuple
 
 from uopc import helpers
 from uopc.dtype import DType, dtypes
@@ -36,7 +38,6 @@ class Ctx:
         self.n_allocs = 0
         self.reduce_ranges: dict[tuple, list[tuple[UOp, int]]] = {}
         self.memo: dict[tuple, UOp] = {}
-        self.kchunk: tuple | None = None  # (root REDUCE, chunk loop, chunk size, out buffer, out shape) under ktile
         self.idx: DType = dtypes.int32  # index arithmetic: int64 when a buffer or a shape reaches 2^31 elements
         self.err: UOp | None = None  # the error record data-dependent index checks write to (a BUFFER parameter)
         self.checks: dict[UOp, int] = {}  # GATHER -> its number in the error record
@@ -52,6 +53,15 @@ class Ctx:
         a = UOp(Ops.ALLOC, (), (self.n_allocs, size), dtype)
         self.n_allocs += 1
         return a
+
+
+class KChunk(NamedTuple):
+    """Opts.ktile on a root REDUCE: its innermost axis runs in chunks, one iteration of `loop` per chunk (a loop
+    between the cache-block loops and the register tiles); the partial result lives in `out` between chunks."""
+
+    loop: UOp  # the chunk loop
+    size: int  # elements of the reduce axis per chunk
+    out: UOp  # the output BUFFER, read back at the start of every chunk after the first
 
 
 def ranges_in(*xs: UOp) -> list[UOp]:
@@ -279,18 +289,54 @@ def _accumulate(ctx: Ctx, rop: Ops, dtype: DType, val: UOp, loops: list[UOp], ar
     return acc0.after(upd.end(*loops)).index(0).load()
 
 
-def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+# a REDUCE strategy: (reduce, output index, ctx, PAD gate, memo key of its loops, loops its accumulators live in)
+Strategy = Callable[[UOp, tuple[UOp, ...], Ctx, UOp | None, tuple, list[UOp]], UOp]
+
+
+def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, chunk: KChunk | None = None) -> UOp:
+    """The value of REDUCE `u` at output index `idx`, lowered by the strategy _strategy picks; `chunk` (the root
+    reduce under Opts.ktile, from lower) always takes the single accumulator, which can resume a partial result."""
+    # unrolled copies of one reduce differ only by constants in idx: they share one set of loops (this memo key)
+    key = (u, frozenset(ranges_in(*idx)), valid)
+    # the accumulators live inside the loops the output index (and a PAD gate over it) uses
+    around = ranges_in(*idx, *([valid] if valid is not None else []))
+    if chunk is not None:
+        return _one_acc(u, idx, ctx, valid, key, around, chunk)
+    return _strategy(u, ctx.opts)(u, idx, ctx, valid, key, around)
+
+
+def _rshape(u: UOp) -> tuple[int, ...]:
+    """The reduced axes of REDUCE `u` (the last n of its source)."""
+    x, n = u.src[0], u.arg[1]
+    return x.shape[len(x.shape) - n :]
+
+
+def _strategy(u: UOp, o: Opts) -> Strategy:
+    """How REDUCE `u` is lowered: a long float sum as a tree of levels, a float max over whole lanes as LANES
+    accumulators, anything else as one accumulator (Opts.unroll copies of its innermost axis)."""
+    rop, rshape = u.arg[0], _rshape(u)
+    # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
+    # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
+    long = prod(rshape) > (TILE_LEVELS_MIN if len(o.upcast) >= 2 else LEAF)
+    # levels win over Opts.unroll (the search may pick it for a long sum): gcc vectorizes the leaf anyway
+    if rop is Ops.ADD and u.dtype.is_float and long:
+        return _tree_sum
+    lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
+    if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1:
+        return _lane_max
+    return _one_acc
+
+
+def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, around: list[UOp]) -> UOp:
     """A float ADD reduce as nested levels of accumulators (see LEAF)."""
-    x, (rop, n) = u.src[0], u.arg
-    rshape = x.shape[len(x.shape) - n :]
-    rkey = (u, frozenset(ranges_in(*idx)), valid)
-    if (hit := ctx.reduce_ranges.get(rkey)) is None:
-        # a whole-tensor sum has no output loop to spread over threads: its outermost level becomes one
-        parallel = not rkey[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN
-        hit = ctx.reduce_ranges[rkey] = _level_loops(ctx, rshape, parallel)
+    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    if (hit := ctx.reduce_ranges.get(key)) is None:
+        # a whole-tensor sum (no output loop in the key) has no output loop to spread over threads: its outermost
+        # level becomes one
+        parallel = not key[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN
+        hit = ctx.reduce_ranges[key] = _level_loops(ctx, rshape, parallel)
     loops, ridx = hit
     val = rangeify(x, idx + ridx, ctx, valid)
-    around = ranges_in(*idx, *([valid] if valid is not None else []))
     for li, lv in enumerate(loops):  # innermost level first; each accumulator lives inside the levels above it
         if lv[0].arg.kind is AxisType.THREAD:  # each iteration stores its partial; one thread then adds them up
             size = prod(r.src[0].arg for r in lv)
@@ -309,22 +355,19 @@ def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
 LANES = 64
 
 
-def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, around: list[UOp]) -> UOp:
     """A float MAX reduce whose innermost axis splits into LANES: lane[l] = max(lane[l], x[.., a*LANES + l]), then a
     tree over the lanes."""
-    x, (rop, n) = u.src[0], u.arg
-    rshape = x.shape[len(x.shape) - n :]
-    rkey = (u, frozenset(ranges_in(*idx)), valid)
-    if (hit := ctx.reduce_ranges.get(rkey)) is None:
+    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    if (hit := ctx.reduce_ranges.get(key)) is None:
         init_loop = ctx.rng(LANES)
         outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, ctx.idx) for s in rshape[:-1]]
         a, lane = ctx.rng(rshape[-1] // LANES, AxisType.REDUCE), ctx.rng(LANES, AxisType.REDUCE)
         folds = [ctx.rng(h) for h in _halves(LANES)]
-        hit = ctx.reduce_ranges[rkey] = (init_loop, outer, a, lane, folds)
+        hit = ctx.reduce_ranges[key] = (init_loop, outer, a, lane, folds)
     init_loop, outer, a, lane, folds = hit
     val = rangeify(x, idx + (*outer, a * LANES + lane), ctx, valid)
     loops = [r for r in outer if r.op is Ops.RANGE] + [a, lane]
-    around = ranges_in(*idx, *([valid] if valid is not None else []))
     lanes = ctx.alloc(u.dtype, LANES).after(*around)
     init = lanes.index(init_loop).store(UOp.const(identity_element(rop, u.dtype), u.dtype)).end(init_loop)
     acc = lanes.after(init, *loops)
@@ -342,46 +385,41 @@ def _halves(n: int) -> list[int]:
     return [n >> k for k in range(1, n.bit_length())]
 
 
-def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
-    rop, n = u.arg
-    x = u.src[0]
-    rshape = x.shape[len(x.shape) - n :]
-    # unrolled copies of one reduce differ only by constants in idx: they share one set of loops
-    rkey = (u, frozenset(ranges_in(*idx)), valid)
-    chunked = ctx.kchunk is not None and ctx.kchunk[0] is u and valid is None
-    o = ctx.opts
-    # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
-    # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
-    long = prod(rshape) > (TILE_LEVELS_MIN if len(o.upcast) >= 2 else LEAF)
-    # levels win over Opts.unroll (the search may pick it for a long sum): gcc vectorizes the leaf anyway
-    if rop is Ops.ADD and u.dtype.is_float and long and not chunked:
-        return _tree_sum(u, idx, ctx, valid)
-    lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
-    if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1 and not chunked:
-        return _lane_max(u, idx, ctx, valid)
-    if (parts := ctx.reduce_ranges.get(rkey)) is None:
+def _one_acc(
+    u: UOp,
+    idx: tuple[UOp, ...],
+    ctx: Ctx,
+    valid: UOp | None,
+    key: tuple,
+    around: list[UOp],
+    chunk: KChunk | None = None,
+) -> UOp:
+    """A reduce into one accumulator, the Opts.unroll copies of its innermost axis combined in a balanced tree. Under
+    K chunking (`chunk`) the innermost axis is chunk * size + inner and each chunk resumes the partial result the
+    chunks before it stored in the output."""
+    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    if (parts := ctx.reduce_ranges.get(key)) is None:
         unroll = ctx.opts.unroll
-        parts = [_axis_parts(ctx, s, unroll if k == n - 1 else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
-        if chunked:  # the innermost axis is chunk * size + inner; the chunk loop was made by lower, outside
-            _, kc, size, _, _ = ctx.kchunk
-            parts[-1] = (kc * size + ctx.rng(size, AxisType.REDUCE), 1)
-        ctx.reduce_ranges[rkey] = parts
-    outside = {ctx.kchunk[1]} if chunked else set()
+        last = len(rshape) - 1
+        parts = [_axis_parts(ctx, s, unroll if k == last else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
+        if chunk is not None:  # the chunk loop was made by lower, outside the output's register tiles
+            parts[-1] = (chunk.loop * chunk.size + ctx.rng(chunk.size, AxisType.REDUCE), 1)
+        ctx.reduce_ranges[key] = parts
+    outside = [chunk.loop] if chunk is not None else []
     real = [r for r in ranges_in(*(b for b, _ in parts)) if r not in outside]
     vals = [rangeify(x, idx + c, ctx, valid) for c in _combos(parts)]
     while len(vals) > 1:  # unrolled reduce axis: combine the copies in a balanced tree
         vals = [UOp(rop, (vals[i], vals[i + 1])) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
     if not real:
         return vals[0]
-    acc = ctx.alloc(u.dtype)
-    # the accumulator lives inside the loops the output index (and a PAD gate over it) uses...
-    acc0 = acc.after(*ranges_in(*idx, *([valid] if valid is not None else []), *outside))
+    # the accumulator lives inside the loops the output index uses (and the chunk loop)...
+    acc0 = ctx.alloc(u.dtype).after(*ranges_in(*around, *outside))
     start = UOp.const(identity_element(rop, u.dtype), u.dtype)
-    if chunked:  # later chunks continue from the partial result already stored in the output
-        _, kc, _, out, oshape = ctx.kchunk
-        # the load is AFTER the chunk loop: its index does not depend on kc, and hoisted out of the loop it would
-        # read the output once, before any chunk stored into it (16x784 @ 784x32 was off by 78)
-        start = (kc < 1).where(start, out.after(kc).index(ravel(idx, oshape)).load())
+    if chunk is not None:  # later chunks continue from the partial result already stored in the output
+        # the load is AFTER the chunk loop: its index does not depend on the chunk, and hoisted out of the loop it
+        # would read the output once, before any chunk stored into it (16x784 @ 784x32 was off by 78)
+        partial = chunk.out.after(chunk.loop).index(ravel(idx, u.shape)).load()
+        start = (chunk.loop < 1).where(start, partial)
     init = acc0.index(0).store(start)
     accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))
@@ -402,31 +440,41 @@ def merge_ends(root: UOp) -> UOp:
         root = root.substitute({e: merged for e in dup})
 
 
-def _output_parts(
-    ctx: Ctx, shape: tuple[int, ...], full: tuple[int, ...], ups: dict[int, int], kchunk: tuple | None = None
-) -> list[tuple[UOp, int]]:
-    """The loops of the output axes of one region (`shape`, inside the output's `full` shape): THREAD first,
-    cache-block loops outside the loops within a block, `ups` copies per axis."""
+def _axis_kind(o: Opts, k: int) -> AxisType:
+    return AxisType.THREAD if k == o.thread else AxisType.LOOP
+
+
+def _axis_order(o: Opts, n: int) -> list[int]:
+    """The n output axes in the order their loops are made (and nest): the THREAD axis first."""
+    return ([o.thread] if o.thread is not None else []) + [k for k in range(n) if k != o.thread]
+
+
+def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[int, UOp]:
+    """The cache-block loops of one region's output axes (`shape`, `ups` copies per axis): axis -> loop over its
+    blocks. A block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache."""
     o = ctx.opts
-    kind = {k: AxisType.THREAD if k == o.thread else AxisType.LOOP for k in range(len(shape))}
-    order = ([o.thread] if o.thread is not None else []) + [k for k in range(len(shape)) if k != o.thread]
     tiled = {
-        k: t
+        k
         for k, t in o.tile.items()
         if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % ups.get(k, 1) == 0
     }
-    # a block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache
-    outer = {k: ctx.rng(shape[k] // tiled[k], kind[k]) for k in order if k in tiled}
-    if kchunk is not None:  # ktile: the reduce-chunk loop sits between the block loops and the tiles
-        ctx.kchunk = (kchunk[0], ctx.rng(kchunk[1] // kchunk[2]), kchunk[2], kchunk[3], full)
+    return {k: ctx.rng(shape[k] // o.tile[k], _axis_kind(o, k)) for k in _axis_order(o, len(shape)) if k in tiled}
+
+
+def _output_parts(
+    ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int], blocks: dict[int, UOp]
+) -> list[tuple[UOp, int]]:
+    """The index parts (loop or CONST 0, copies) of one region's output axes: the loops within a cache block
+    (`blocks`, from _block_loops, nest outside them), THREAD first, `ups` copies per axis."""
+    o = ctx.opts
     parts: dict[int, tuple[UOp, int]] = {}
-    for k in order:
+    for k in _axis_order(o, len(shape)):
         f = ups.get(k, 1)
-        if k in tiled:
-            inner = tiled[k] // f
-            parts[k] = (outer[k] * inner + ctx.rng(inner) if inner > 1 else outer[k], f)
+        if k in blocks:
+            inner = o.tile[k] // f
+            parts[k] = (blocks[k] * inner + ctx.rng(inner) if inner > 1 else blocks[k], f)
         else:
-            parts[k] = _axis_parts(ctx, shape[k], f, kind[k])
+            parts[k] = _axis_parts(ctx, shape[k], f, _axis_kind(o, k))
     return [parts[k] for k in range(len(shape))]
 
 
@@ -461,18 +509,22 @@ def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
 def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     _setup_checks(ctx, root, out)
-    kchunk = _kchunk(root, out, ctx.opts)
+    ktile = _ktile(root, ctx.opts)
     nests = []
     # each region (whole tiles, the remainders) is a loop nest of its own
     for offs, sizes, ups in _regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
-        plist = _output_parts(ctx, sizes, root.shape, ups, kchunk)
+        blocks = _block_loops(ctx, sizes, ups)
+        # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
+        chunk = KChunk(ctx.rng(root.src[0].shape[-1] // ktile), ktile, out) if ktile else None
+        plist = _output_parts(ctx, sizes, ups, blocks)
         stores = []
         for idx in _combos(plist):
             idx = tuple(i + o if o else i for i, o in zip(idx, offs))
-            val = rangeify(root, idx, ctx)
+            # a chunked root reduce is lowered here, with its chunk: nothing under it is chunked
+            val = rangeify(root, idx, ctx) if chunk is None else _reduce(root, idx, ctx, None, chunk)
             flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
             stores.append(out.index(flat).store(val))
-        loops = ranges_in(*(b for b, _ in plist), *([ctx.kchunk[1]] if ctx.kchunk else []))
+        loops = ranges_in(*(b for b, _ in plist), *([chunk.loop] if chunk is not None else []))
         nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
     ast = sink(*nests)
     if ctx.opts.vec > 1:  # SIMD: copies of an upcast axis whose index is contiguous become vector ops
@@ -553,15 +605,15 @@ def _needs_64bit(root: UOp, out: UOp) -> bool:
     )
 
 
-def _kchunk(root: UOp, out: UOp, o: Opts) -> tuple | None:
-    """(reduce, reduce size, chunk, out) when Opts.ktile applies: the root is an ADD/MAX reduce whose innermost
-    axis the chunk divides. The partial result lives in the output buffer between chunks, so any op after the
-    reduce would be applied to partial sums: then ktile is ignored."""
+def _ktile(root: UOp, o: Opts) -> int:
+    """The chunk Opts.ktile splits the root reduce's innermost axis into, or 0 where it does not apply: the root must
+    be an ADD/MAX reduce whose innermost axis the chunk divides. The partial result lives in the output buffer between
+    chunks, so any op after the reduce would be applied to partial sums: then ktile is ignored."""
     if not o.ktile or root.op is not Ops.REDUCE or o.unroll > 1:
-        return None
+        return 0
     if root.arg[0] is Ops.ADD and root.dtype.is_float and len(o.upcast) < 2:  # a float sum keeps its levels
-        return None
+        return 0
     size = root.src[0].shape[-1]
     if o.ktile >= size or size % o.ktile:
-        return None
-    return (root, size, o.ktile, out)
+        return 0
+    return o.ktile
