@@ -10,6 +10,7 @@ and returns a replacement UOp, or None to decline.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,16 @@ from uopc.dtype import DType
 from uopc.uop import Ops, UOp
 
 _ANY = object()
+
+
+def _same_arg(want: Any, arg: Any) -> bool:
+    """A pattern's arg matches by value: a number matches an int or a float of that value (one rule for `x+0`,
+    not one for 0 and one for 0.0), but a bool matches only a bool (True == 1 in Python; a bool CONST is a bool)."""
+    if isinstance(want, bool) or isinstance(arg, bool):
+        return type(want) is type(arg) and want == arg
+    if isinstance(want, numbers.Real) and isinstance(arg, numbers.Real):
+        return want == arg
+    return type(want) is type(arg) and want == arg
 
 
 class UPat:
@@ -42,7 +53,7 @@ class UPat:
 
     @staticmethod
     def cvar(name: str | None = None, value: Any = _ANY, dtype: DType | tuple[DType, ...] | None = None) -> UPat:
-        """Matches a CONST (with the given value, if any)."""
+        """Matches a CONST (with the given value, if any: `value=0` matches 0 and 0.0, never False)."""
         return UPat(Ops.CONST, dtype, arg=value, name=name)
 
     def match(self, u: UOp, store: dict[str, UOp]) -> bool:
@@ -50,7 +61,7 @@ class UPat:
             return False
         if self.dtypes is not None and u.dtype not in self.dtypes:
             return False
-        if self.arg is not _ANY and not (u.arg == self.arg and type(u.arg) is type(self.arg)):
+        if self.arg is not _ANY and not _same_arg(self.arg, u.arg):
             return False
         if self.name is not None:
             if self.name in store and store[self.name] is not u:

@@ -224,6 +224,14 @@ def _const(v, dt: DType) -> UOp:
     return UOp.const(v, dt)
 
 
+def _times_zero(x: UOp, c: UOp) -> UOp | None:
+    """x*0: the int 0; for a float x+(-x), the same value (0, or NaN for NaN/inf) where 0 would lose NaN and inf.
+    NOTE: not a literal x*0.0 either: gcc's -fno-signed-zeros folds x*0.0f to 0."""
+    if _is_int(x):
+        return c
+    return x + (-x) if x.dtype.is_float else None
+
+
 x, y, c1, c2 = UPat.var("x"), UPat.var("y"), UPat.cvar("c1"), UPat.cvar("c2")
 
 symbolic = PatternMatcher(
@@ -235,15 +243,11 @@ symbolic = PatternMatcher(
         ),
         # canonical order: a+b and b+a are one UOp, constants go last
         (UPat(COMMUTATIVE, name="u"), _canonical),
-        (UPat(Ops.ADD, src=(x, UPat.cvar(value=0))), lambda x: x),  # x+0 -> x
-        (UPat(Ops.ADD, src=(x, UPat.cvar(value=0.0))), lambda x: x),  # x+0.0 -> x (signed zeros are not kept)
+        # a numeric constant matches by value, int or float (0 matches 0.0, never False); the rule decides by dtype
+        (UPat(Ops.ADD, src=(x, UPat.cvar(value=0))), lambda x: x),  # x+0 -> x (signed zeros are not kept)
         (UPat(Ops.MUL, src=(x, UPat.cvar(value=1))), lambda x: x),  # x*1 -> x
-        (UPat(Ops.MUL, src=(x, UPat.cvar(value=1.0))), lambda x: x),  # x*1.0 -> x
-        (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=0))), lambda x, c: c if _is_int(x) else None),  # int x*0 -> 0
+        (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=0))), _times_zero),  # int x*0 -> 0, float x*0 -> x+(-x)
         (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=False))), lambda x, c: c),  # bool x*False -> False
-        # float x*0.0 -> x+(-x): same value (0, or NaN for NaN/inf), but gcc's -fno-signed-zeros folds a literal
-        # x*0.0f to 0 and would turn NaN and inf into 0
-        (UPat(Ops.MUL, src=(x, UPat.cvar("c", value=0.0))), lambda x, c: x + (-x) if x.dtype.is_float else None),
         (UPat(Ops.AND, src=(x, UPat.cvar(value=True))), lambda x: x),  # x & True -> x
         (UPat(Ops.AND, src=(x, UPat.cvar("c", value=False))), lambda x, c: c),  # x & False -> False
         (UPat(Ops.OR, src=(x, UPat.cvar(value=False))), lambda x: x),  # x | False -> x

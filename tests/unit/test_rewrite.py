@@ -20,10 +20,28 @@ def test_x_times_one_rule():
     assert MUL_ONE.rewrite(x * 2) is None
     assert MUL_ONE.rewrite(x + 1) is None
     assert graph_rewrite((x * 1) + (x * 1), MUL_ONE) is x + x
-    # a typed arg: the int 1 does not match the float 1.0 nor True
+    # a constant matches by value whatever its Python type: the int 1 matches the float 1.0, never True
     xf = buf(1, 4)
-    assert MUL_ONE.rewrite(xf * 1.0) is None
+    assert MUL_ONE.rewrite(xf * 1.0) is xf
     assert MUL_ONE.rewrite(buf(2, 4, dtypes.bool) * True) is None
+
+
+def test_constant_pattern_matches_int_and_float_never_bool():
+    zero, false = UPat.cvar(value=0), UPat.cvar(value=False)
+    for dt in (dtypes.i32, dtypes.u8, dtypes.i64, dtypes.f32, dtypes.f64, dtypes.f16):
+        assert zero.match(UOp.const(0, dt), {}), dt
+        assert not zero.match(UOp.const(1, dt), {}), dt
+        assert not false.match(UOp.const(0, dt), {}), dt
+    assert zero.match(UOp.const(-0.0, dtypes.f32), {})  # -0.0 == 0: a rule that must tell them apart checks the sign
+    assert not zero.match(UOp.const(False, dtypes.bool), {})
+    assert false.match(UOp.const(False, dtypes.bool), {})
+    assert UPat.cvar(value=0.5).match(UOp.const(0.5, dtypes.f32), {})
+    assert not UPat.cvar(value=True).match(UOp.const(1, dtypes.i32), {})
+    # a dtype on the pattern still restricts it
+    assert not UPat.cvar(value=0, dtype=dtypes.i32).match(UOp.const(0.0, dtypes.f32), {})
+    # args that are not numbers compare as before: by type and value
+    assert UPat(Ops.STAGE, arg="detach").match(UOp(Ops.STAGE, (buf(0, 4),), "detach"), {})
+    assert not UPat(arg=(1,)).match(UOp(Ops.RESHAPE, (buf(0, 4),), [1]), {})
 
 
 def test_named_var_bound_twice_matches_only_identical_nodes():

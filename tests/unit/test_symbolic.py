@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from tests.helpers import buf, gemm_graph, int_alu_rhs, render_graph
 from uopc.dtype import DType, dtypes
 from uopc.rangeify import Opts
-from uopc.symbolic import simplify
+from uopc.symbolic import simplify, symbolic
 from uopc.uop import Ops, RangeArg, UOp
 
 i32, f32, f64 = dtypes.int32, dtypes.float32, dtypes.float64
@@ -160,6 +160,33 @@ def test_identities():
     assert simplify(-nxf) is xf
     assert simplify(xf.maximum(xf)) is xf
     assert simplify(xf.cast(f32)) is xf
+
+
+def test_one_rule_per_identity_for_int_and_float():
+    # x+0, x*1 and x*0 are one rule each, whatever the constant's Python type; the rule decides by dtype
+    def rules(op: Ops, value: float) -> int:
+        """How many rules match op(x, CONST value) with a number (not a bool) as the pattern's value."""
+        found = 0
+        for pat, _ in symbolic.rules:
+            c = pat.src[1] if pat.ops == {op} and pat.src and len(pat.src) == 2 else None
+            if c is not None and c.ops == {Ops.CONST} and type(c.arg) in (int, float) and c.arg == value:
+                found += 1
+        return found
+
+    assert (rules(Ops.ADD, 0), rules(Ops.MUL, 1), rules(Ops.MUL, 0)) == (1, 1, 1)
+    for dt in (i32, dtypes.u8, dtypes.i64, f32, f64, dtypes.f16, dtypes.bf16):
+        x = buf(0, 4, dt)
+        assert simplify(x + UOp.const(0, dt)) is x, dt
+        assert simplify(x * UOp.const(1, dt)) is x, dt
+        zero = simplify(x * UOp.const(0, dt))
+        if dt.is_float:
+            assert zero.op is Ops.ADD and x in zero.src, dt  # x+(-x), as below
+        else:
+            assert zero is UOp.const(0, dt), dt
+    # a bool is not a number here: x*False is the bool rule's, and True does not stand for 1
+    xb = buf(1, 4, dtypes.bool)
+    assert simplify(xb * False) is C(False, dtypes.bool)
+    assert simplify(xb * True) is xb * True
 
 
 def test_float_times_zero_is_not_folded_to_zero():
