@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from uopc.realize import capture
 from uopc.tensor import Tensor
 
 RTOL = ATOL = 1e-4
@@ -141,6 +142,22 @@ def test_avg_pool2d(k, s, p, d, ceil, include):
         lambda x: F.avg_pool2d(x, k, s, p, ceil, include),
         r(1, 2, 9, 11),
     )
+
+
+# past the end of the input a ceil_mode window may run past the padding too: that part never counts
+@pytest.mark.parametrize(
+    "k,s,p,ceil,include",
+    [(3, 2, 1, False, True), (2, 2, 0, True, True), (3, 2, 1, True, False), ((2, 3), (2, 2), (1, 1), True, True)],
+)
+def test_avg_pool2d_builds_its_graph_without_running_a_plan(k, s, p, ceil, include):
+    # regression: avg_pool2d realized its divisors (.numpy()) while the graph was built: a plan compiled and ran
+    # in the middle of graph construction, and a TinyJit capture recorded it
+    x = r(2, 3, 9, 11)
+    with capture() as calls:
+        out = Tensor(x).avg_pool2d(k, s, p, ceil, include)
+    assert calls == []
+    ref = F.avg_pool2d(torch.tensor(x), k, s, p, ceil, include)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=RTOL, atol=ATOL)
 
 
 def test_pool1d():

@@ -73,6 +73,20 @@ def _resize_matrix(i: int, o: int, mode: str, align_corners: bool | None, scale:
     return m
 
 
+def _window_counts(i: int, k: int, s: int, pads: tuple[int, int], o: int, include_pad: bool) -> np.ndarray:
+    """Per window of one dim (o windows of k taps, stride s, over i elements padded by pads): how many taps fall on
+    the input, or on the input and its padding if include_pad; a ceil_mode window's part past the padding never
+    counts. avg_pool's divisors are the outer product of these, computed from the sizes alone on the host."""
+    lo, hi = pads
+    counted = np.zeros(i + lo + hi, np.int64)
+    if include_pad:
+        counted[: i + 2 * lo] = 1  # the extra ceil_mode pad (hi - lo) is not padding PyTorch counts
+    else:
+        counted[lo : lo + i] = 1
+    taps = np.arange(o)[:, None] * s + np.arange(k)[None, :]
+    return counted[taps].sum(1)
+
+
 def _adaptive_matrix(i: int, o: int) -> np.ndarray:
     """The (o, i) averaging matrix of adaptive pooling: window j covers [floor(j*i/o), ceil((j+1)*i/o))."""
     m = np.zeros((o, i), np.float64)
@@ -327,20 +341,16 @@ class ConvMixin:
         """PyTorch's avg_pool2d: the mean of each window; the divisor counts padded positions if count_include_pad
         (but never the part of a ceil_mode window past the padding), or is `divisor_override`."""
         ks, st, pd, dl = self._pool_args("avg_pool2d", kernel_size, stride, padding, 1, 2)
-        pads, _ = self._pool_pads(ks, st, pd, dl, ceil_mode)
+        pads, outs = self._pool_pads(ks, st, pd, dl, ceil_mode)
         x = self._to_float()
         sums = x._pool(ks, st, pads, dl).sum((-2, -1))
         if divisor_override is not None:
             return sums / divisor_override
-        # the divisor depends on the sizes alone: count the ones of a mask over the same windows, on the host
-        sp = self.shape[-2:]
-        mask = np.zeros([i + lo + hi for i, (lo, hi) in zip(sp, pads, strict=True)], np.float32)
-        if count_include_pad:
-            mask[: sp[0] + 2 * pd[0], : sp[1] + 2 * pd[1]] = 1
-        else:
-            mask[pd[0] : pd[0] + sp[0], pd[1] : pd[1] + sp[1]] = 1
-        counts = type(self)(mask)._windows(ks, st, dl).sum((-2, -1)).numpy()
-        return sums * type(self)(1 / counts, dtype=x.dtype)
+        # NOTE: the divisors come from NumPy, not from a uopc graph: realizing one here would compile and run a plan
+        # while the caller builds its graph (and a TinyJit capture would record it)
+        dims = zip(self.shape[-2:], ks, st, pads, outs, strict=True)
+        rows, cols = [_window_counts(i, k, s, pad, o, count_include_pad) for i, k, s, pad, o in dims]
+        return sums * type(self)(1 / np.outer(rows, cols), dtype=x.dtype)
 
     @opmath
     def avg_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
