@@ -13,7 +13,6 @@ counter, so two buffers never hash-cons into one.
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import weakref
 from typing import NamedTuple
@@ -31,9 +30,11 @@ __all__ = [
     "buffer_data",
     "buffer_ptr",
     "buffer_from",
+    "is_shared",
     "new_buffer",
     "output_buffer",
     "pool",
+    "storage_view",
 ]
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every vector width the kernels use
@@ -115,15 +116,24 @@ class _Ref(weakref.ref):
     __slots__ = ("key",)
 
 
-# id(BUFFER UOp) -> (its flat array or None until first asked for, the weak reference whose callback drops the
-# entry, the pool block or None, the address of the data: a plan call reads it without going through NumPy).
-# Keyed by id, not by the UOp: the entry must not keep the UOp alive, and the callback runs before the id is reused.
-_storage: dict[int, tuple[np.ndarray | None, _Ref, Block | None, int]] = {}
+class _Entry:
+    """The storage of one BUFFER: its flat array (None until first asked for), the weak reference whose callback
+    drops the entry, the pool block (None for an array taken over by buffer_from), the address of the data (a plan
+    call reads it without going through NumPy), and whether buffer_data has handed a view of it out."""
+
+    __slots__ = ("arr", "ref", "block", "addr", "shared")
+
+    def __init__(self, arr: np.ndarray | None, ref: _Ref, block: Block | None, addr: int):
+        self.arr, self.ref, self.block, self.addr = arr, ref, block, addr
+        # a NumPy view of it is out there: the pool never reuses it and nothing writes it in place
+        self.shared = False
+
+
+# id(BUFFER UOp) -> its entry. Keyed by id, not by the UOp: the entry must not keep the UOp alive, and the callback
+# runs before the id is reused.
+_storage: dict[int, _Entry] = {}
 # next(count) is atomic under the GIL: two threads never get the same slot
 _slots = itertools.count(1)
-# references to a pool block's base array when nobody else uses it: the block's view, the local name and
-# getrefcount's argument
-_IDLE_REFS = 3
 _attach_lock = threading.Lock()
 
 
@@ -138,21 +148,16 @@ helpers.in_forked_child(_new_locks_in_child)
 
 def _dead(ref: _Ref) -> None:
     entry = _storage.pop(ref.key, None)
-    if entry is None or entry[2] is None:
-        return
-    block = entry[2]
-    del entry
-    raw = block.data.base
-    # someone still holds a view of the data (e.g. np.asarray of it): the memory is theirs, never reuse it
-    if raw is not None and sys.getrefcount(raw) <= _IDLE_REFS:
-        pool.free(block)
+    # storage whose view was handed out belongs to whoever holds the view: the garbage collector frees it
+    if entry is not None and entry.block is not None and not entry.shared:
+        pool.free(entry.block)
 
 
 def _attach(u: UOp, arr: np.ndarray | None, block: Block | None, addr: int) -> None:
     key = id(u)
     r = _Ref(u, _dead)
     r.key = key
-    _storage[key] = (arr, r, block, addr)
+    _storage[key] = _Entry(arr, r, block, addr)
 
 
 def aligned_empty(n: int, dtype: DType) -> np.ndarray:
@@ -175,7 +180,7 @@ def new_buffer(dtype: DType, size: int, data: np.ndarray | None = None) -> UOp:
     if data is not None:
         flat = np.asarray(data).reshape(-1)
         output_storage(u)
-        _typed_view(u)[: flat.size] = flat
+        storage_view(u)[: flat.size] = flat
     return u
 
 
@@ -206,32 +211,45 @@ def buffer_from(arr: np.ndarray, dtype: DType) -> UOp:
 
 
 def buffer_data(u: UOp) -> np.ndarray:
-    """The flat array of a BUFFER UOp (zero-filled on first use)."""
+    """The flat array of a BUFFER UOp (zero-filled on first use): a view of uopc's storage, handed out.
+
+    From then on the storage is the view's as much as uopc's: the pool never reuses it, and no plan writes into it
+    in place (an assign to its tensor goes to fresh storage), so the view keeps the values it shows.
+    """
+    _entry(u).shared = True
+    return storage_view(u)
+
+
+def storage_view(u: UOp) -> np.ndarray:
+    """The flat array of a BUFFER UOp for uopc's own short use (a copy out, a write in): not handed out, so the
+    caller must not keep it."""
+    entry = _entry(u)
+    if entry.arr is None:
+        entry.arr = _typed(entry.block, u.arg.shape[0], u.dtype)
+    return entry.arr
+
+
+def _entry(u: UOp) -> _Entry:
     entry = _storage.get(id(u))
     if entry is None:
         with _attach_lock:  # two threads touching a fresh buffer at once must attach one array
             if id(u) not in _storage:
                 output_storage(u)
-                _typed_view(u).fill(0)
+                _typed(_storage[id(u)].block, u.arg.shape[0], u.dtype).fill(0)
         entry = _storage[id(u)]
-    return entry[0] if entry[0] is not None else _typed_view(u)
-
-
-def _typed_view(u: UOp) -> np.ndarray:
-    arr, r, block, addr = _storage[id(u)]
-    if arr is None:
-        arr = _typed(block, u.arg.shape[0], u.dtype)
-        _storage[id(u)] = (arr, r, block, addr)
-    return arr
+    return entry
 
 
 def buffer_ptr(u: UOp) -> int:
     """The address of a BUFFER's data (attaching zeroed storage on first use, as buffer_data does)."""
     entry = _storage.get(id(u))
-    if entry is not None:
-        return entry[3]
-    buffer_data(u)
-    return _storage[id(u)][3]
+    return entry.addr if entry is not None else _entry(u).addr
+
+
+def is_shared(u: UOp) -> bool:
+    """Whether buffer_data has handed out a view of this BUFFER's storage (see buffer_data)."""
+    entry = _storage.get(id(u))
+    return entry is not None and entry.shared
 
 
 def has_data(u: UOp) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from uopc import helpers, realize, set_num_threads
-from uopc.buffer import ALIGN, aligned_empty, buffer_data, buffer_from
+from uopc.buffer import ALIGN, aligned_empty, buffer_from, storage_view
 from uopc.dtype import DType
 from uopc.tensor import Tensor
 from uopc.uop import base_buffer
@@ -116,7 +116,7 @@ def mpiexec_path() -> str:
 def _realized_array(t: Tensor) -> np.ndarray:
     """Realize `t` and return its flat storage (a contiguous buffer after realize, so no copy)."""
     t.realize()
-    return buffer_data(base_buffer(t.uop))[: t.numel()]
+    return storage_view(base_buffer(t.uop))[: t.numel()]
 
 
 def _wrap(arr: np.ndarray, dtype: DType, shape: tuple[int, ...]) -> Tensor:

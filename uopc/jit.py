@@ -25,21 +25,67 @@ in place (as the same step would without the JIT); captures are per thread.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from uopc import realize
-from uopc.buffer import is_contiguous_buffer
+from uopc.buffer import is_contiguous_buffer, is_shared
 from uopc.tensor import Tensor
-from uopc.uop import UOp, base_buffer
+from uopc.uop import UOp, base_buffer, read_only_by
 
 __all__ = ["TinyJit"]
 
-# references to a state tensor's uop when only the tensor holds it: the tensor's attribute, the local name and
-# getrefcount's argument; to the BUFFER under its RESHAPE: the RESHAPE's sources and getrefcount's argument
-_SOLE_UOP, _SOLE_BASE = 3, 2
+
+# Where a captured plan's input comes from on replay: each kind knows how to find its BUFFER.
+class _Arg(NamedTuple):
+    """The k-th Tensor argument of the call."""
+
+    k: int
+
+    def get(self, args: list[UOp], results: list[list[UOp]]) -> UOp:
+        return args[self.k]
+
+
+class _Out(NamedTuple):
+    """Root `root` of an earlier captured call of the same step."""
+
+    call: int
+    root: int
+
+    def get(self, args: list[UOp], results: list[list[UOp]]) -> UOp:
+        return results[self.call][self.root]
+
+
+class _State(NamedTuple):
+    """A tensor assigned during the step (a parameter, an optimizer moment): its buffer at the time of the call."""
+
+    tensor: Tensor
+
+    def get(self, args: list[UOp], results: list[list[UOp]]) -> UOp:
+        return base_buffer(self.tensor.uop)
+
+
+class _Const(NamedTuple):
+    """A buffer read as captured: a constant, or host data made inside the function."""
+
+    buf: UOp
+
+    def get(self, args: list[UOp], results: list[list[UOp]]) -> UOp:
+        return self.buf
+
+
+_Binding = _Arg | _Out | _State | _Const
+
+
+class _Update(NamedTuple):
+    """A root of a captured call that a tensor was assigned to: the tensor follows it on every replay, and the
+    root is written into the tensor's storage when the plan allows it (`in_place`, decided once at capture) and
+    nothing else reads that storage (checked on each replay)."""
+
+    root: int
+    tensor: Tensor
+    in_place: bool
 
 
 @dataclass
@@ -47,8 +93,8 @@ class _Call:
     """One captured realize, with its buffers turned into bindings."""
 
     cp: realize.CompiledPlan
-    inputs: list[tuple]  # per input: ("arg", k) | ("out", call, root) | ("state", tensor) | ("const", BUFFER)
-    owners: list[tuple[int, Tensor, bool]]  # (root, tensor realized into it, written in place when it can be)
+    inputs: list[_Binding]
+    updates: list[_Update]
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[Tensor], dict[str, Any]]:
@@ -97,14 +143,11 @@ def _describe(s: Any) -> str:
     return f"{type(s[1]).__name__} {s[1]!r}"
 
 
-def _sole_owner(t: Tensor) -> bool:
-    """Nothing but `t` holds its buffer: no lazy graph, view or other tensor can still read the old value."""
+def _sole_reader(t: Tensor) -> bool:
+    """Nothing but `t` reads its storage: no lazy graph, view or other tensor can still see the old value, and no
+    NumPy view of it was handed out."""
     u = t.uop
-    if sys.getrefcount(u) > _SOLE_UOP:
-        return False
-    return u is base_buffer(u) or (
-        len(u.src) == 1 and u.src[0] is base_buffer(u) and sys.getrefcount(u.src[0]) <= _SOLE_BASE
-    )
+    return u.storage_view and read_only_by(u, t) and not is_shared(base_buffer(u))
 
 
 class TinyJit:
@@ -120,7 +163,7 @@ class TinyJit:
         self.cnt = 0
         self._sig: dict[str, Any] | None = None
         self._calls: list[_Call] = []
-        self._ret: Any = None
+        self._ret: Any = None  # the return value with its Tensors as _Returned/_Value bindings
         self._key: tuple | None = None  # the captured call's signature in a form compared with one ==
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -167,61 +210,49 @@ class TinyJit:
         """Turn the captured buffers into bindings: arguments by position, outputs of earlier calls, state tensors
         by identity, everything else as a constant."""
         arg_of = {b: k for k, b in enumerate(in_bufs)}
-        out_of: dict[UOp, tuple[int, int]] = {}
+        out_of: dict[UOp, _Out] = {}
         state_of: dict[UOp, Tensor] = {}
         for c in calls:
-            for ow in c.owners or []:
-                if ow is not None and ow[1] is not None:
-                    state_of.setdefault(ow[1], ow[0])
+            for a in c.assigns:
+                if a is not None and a.replaces is not None:
+                    state_of.setdefault(a.replaces, a.owner)
         self._calls = []
         for j, c in enumerate(calls):
-            binds = []
+            binds: list[_Binding] = []
             for b in c.inputs:
                 if b in arg_of:
-                    binds.append(("arg", arg_of[b]))
+                    binds.append(_Arg(arg_of[b]))
                 elif b in out_of:
-                    binds.append(("out", *out_of[b]))
+                    binds.append(out_of[b])
                 elif b in state_of:
-                    binds.append(("state", state_of[b]))
-                else:  # a constant, or host data made inside the function: replayed as captured
-                    binds.append(("const", b))
-            owners = []
-            for r, ow in enumerate(c.owners or []):
-                if ow is None:
+                    binds.append(_State(state_of[b]))
+                else:
+                    binds.append(_Const(b))
+            updates = []
+            for r, a in enumerate(c.assigns):
+                if a is None:
                     continue
-                t, prev = ow
-                i = next((n for n, b in enumerate(c.inputs) if b is prev), None) if prev is not None else None
-                owners.append((r, t, prev is not None and realize.inplace_ok(c.cp, r, i)))
-                # (an assigned tensor follows its root on every replay, in place or into fresh storage)
+                i = next((n for n, b in enumerate(c.inputs) if b is a.replaces), None)
+                updates.append(_Update(r, a.owner, a.replaces is not None and c.cp.can_write_in_place(r, i)))
             for r, o in enumerate(c.outs):
-                out_of.setdefault(o, (j, r))
-            self._calls.append(_Call(c.cp, binds, owners))
+                out_of.setdefault(o, _Out(j, r))
+            self._calls.append(_Call(c.cp, binds, updates))
         self._ret = _map(ret, lambda t: _ret_binding(t, out_of, arg_of))
 
     def _replay(self, args: list[UOp]) -> Any:
         results: list[list[UOp]] = []
         for call in self._calls:
             outs: list[UOp | None] = [None] * len(call.cp.plan.outs)
-            for r, t, inplace in call.owners:
-                if inplace and _sole_owner(t):
-                    outs[r] = base_buffer(t.uop)
-            inputs = []
-            for b in call.inputs:
-                kind = b[0]
-                if kind == "arg":
-                    inputs.append(args[b[1]])
-                elif kind == "out":
-                    inputs.append(results[b[1]][b[2]])
-                elif kind == "state":
-                    inputs.append(base_buffer(b[1].uop))
-                else:
-                    inputs.append(b[1])
-            res = realize.run_plan(call.cp, inputs, outs)
-            for r, t, _ in call.owners:
-                if outs[r] is None:  # written into fresh storage: the tensor follows it
-                    t.uop = res[r] if res[r].shape == t.shape else res[r].reshape(t.shape)
+            for up in call.updates:
+                if up.in_place and _sole_reader(up.tensor):
+                    outs[up.root] = base_buffer(up.tensor.uop)
+            res = realize.run_plan(call.cp, [b.get(args, results) for b in call.inputs], outs)
+            for up in call.updates:
+                if outs[up.root] is None:  # written into fresh storage: the tensor follows it
+                    t, u = up.tensor, res[up.root]
+                    t.uop = u if u.shape == t.shape else u.reshape(t.shape)
             results.append(res)
-        return _map(self._ret, lambda b: _ret_value(b, results, args))
+        return _map(self._ret, lambda b: b.value(results, args))
 
 
 def _flat(x: Any) -> list[Any]:
@@ -242,28 +273,33 @@ def _map(x: Any, fn: Callable[[Any], Any]) -> Any:
 
 
 @dataclass(frozen=True)
-class _Ret:
-    """Where a returned value comes from: a root of a captured call, an argument, or the captured value itself."""
+class _Returned:  # not a tuple: _map walks into tuples
+    """A returned Tensor: a root of a captured call or an argument, in the shape the function returned."""
 
-    kind: str  # "out" | "arg" | "value"
-    where: tuple = ()
-    shape: tuple = ()
-    value: Any = None
+    src: _Arg | _Out
+    shape: tuple[int, ...]
+
+    def value(self, results: list[list[UOp]], args: list[UOp]) -> Tensor:
+        u = self.src.get(args, results)
+        return Tensor(u if u.shape == self.shape else u.reshape(self.shape))
 
 
-def _ret_binding(t: Any, out_of: dict, arg_of: dict) -> _Ret:
+@dataclass(frozen=True)
+class _Value:
+    """Anything else the function returned: replayed as captured."""
+
+    captured: Any
+
+    def value(self, results: list[list[UOp]], args: list[UOp]) -> Any:
+        return self.captured
+
+
+def _ret_binding(t: Any, out_of: dict[UOp, _Out], arg_of: dict[UOp, int]) -> _Returned | _Value:
     if not isinstance(t, Tensor):
-        return _Ret("value", value=t)
+        return _Value(t)
     b = base_buffer(t.uop)
     if b in out_of:
-        return _Ret("out", out_of[b], t.shape)
+        return _Returned(out_of[b], t.shape)
     if b in arg_of:
-        return _Ret("arg", (arg_of[b],), t.shape)
-    return _Ret("value", value=t)
-
-
-def _ret_value(b: _Ret, results: list[list[UOp]], args: list[UOp]) -> Any:
-    if b.kind == "value":
-        return b.value
-    u = results[b.where[0]][b.where[1]] if b.kind == "out" else args[b.where[0]]
-    return Tensor(u if u.shape == b.shape else u.reshape(b.shape))
+        return _Returned(_Arg(arg_of[b]), t.shape)
+    return _Value(t)

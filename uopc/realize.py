@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -72,6 +72,17 @@ class CompiledPlan:
         self.nbufs = self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err
         self.ptr_array = ctypes.c_void_p * self.nbufs
         self.fresh = tuple(r for r, o in enumerate(plan.outs) if not isinstance(o, Ref))  # roots a kernel writes
+        # a kernel stores into one of the plan's inputs: running the plan twice is not running it once (DEBUG=3)
+        self.writes_input = any(r.kind == "in" for k in plan.kernels for r in k.refs[-1:])
+        self._in_place: dict[tuple[int, int | None], bool] = {}
+
+    def can_write_in_place(self, r: int, i: int | None) -> bool:
+        """Whether root `r` may be written into the storage of input `i` (None: storage the plan does not read),
+        decided once per plan (see inplace_ok); the caller still checks that nothing else reads that storage."""
+        key = (r, i)
+        if key not in self._in_place:
+            self._in_place[key] = inplace_ok(self, r, i)
+        return self._in_place[key]
 
     @property
     def kernels(self) -> tuple[Kernel, ...]:
@@ -88,15 +99,23 @@ class CompiledPlan:
         return self.n_in + len(self.plan.outs) + ref.i
 
 
+class Assign(NamedTuple):
+    """What the caller says of a root it realizes: the object assigned to it (a Tensor, which TinyJit follows from
+    replay to replay) and the BUFFER the assign replaces (None if the object held no buffer before)."""
+
+    owner: Any
+    replaces: UOp | None
+
+
 @dataclass
 class Captured:
     """One realize seen while capturing (uopc.jit.TinyJit): the plan, the BUFFERs it read, the BUFFERs it wrote
-    (per root), and what the caller says about each root (the Tensor layer: which tensor it was assigned to)."""
+    (per unique root), and per unique root the Assign the caller gave for it (None: no assign)."""
 
     cp: CompiledPlan
     inputs: list[UOp]
     outs: list[UOp]
-    owners: list[Any] | None = None
+    assigns: list[Assign | None]
 
 
 class _CaptureState(threading.local):
@@ -289,8 +308,11 @@ def built_line(plan: Plan, before: dict[str, float], after: dict[str, float]) ->
     return f"realize: built plan of {len(plan.kernels)} kernels: {parts}"
 
 
-def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> list[UOp]:
-    """Compute each root. Returns, per root, a BUFFER UOp holding the result.
+def realize(
+    roots: list[UOp], fuse_reduce: bool = False, opt: Any = None, assigns: list[Assign | None] | None = None
+) -> list[UOp]:
+    """Compute each root. Returns, per root, a BUFFER UOp holding the result. `assigns` (per root, while a TinyJit
+    captures) says which roots are assigns, for the capture record.
 
     The settings are read once, here, into a snapshot that keys the plan and travels with it."""
     s = helpers.settings()
@@ -301,7 +323,11 @@ def realize(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> lis
     t1 = time.perf_counter()
     outs = run_plan(cp, inputs, debug=s.DEBUG)
     if _capture.calls is not None:
-        _capture.calls.append(Captured(cp, list(inputs), list(outs)))
+        first: dict[UOp, Assign | None] = {}
+        for r, a in zip(roots, assigns or [None] * len(roots), strict=True):
+            if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
+                first[r] = a
+        _capture.calls.append(Captured(cp, list(inputs), list(outs), [first[r] for r in uniq]))
     if s.DEBUG >= 1:
         t2 = time.perf_counter()
         plan = cp.plan
@@ -440,7 +466,7 @@ def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_give
     """DEBUG>=2: one line per kernel from the plan's own timers; DEBUG>=3 runs the plan again (warm caches, no
     first-touch page faults) unless it writes into one of its inputs or into storage the caller gave it."""
     again = None
-    in_place = writes_given or any(r.kind == "in" for k in cp.kernels for r in k.refs[-1:])
+    in_place = writes_given or cp.writes_input
     if debug >= 3 and not in_place:
         again = (ctypes.c_longlong * len(cp.kernels))()
         cp.fn(ptrs, again, (ctypes.c_longlong * _ERR_WORDS)())

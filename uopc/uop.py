@@ -178,6 +178,7 @@ class UOp:
     dtype: DType | None
     src: tuple[UOp, ...]
     arg: Any
+    storage_view: bool  # a BUFFER or RESHAPEs of one: it reads the storage as it is (see read_only_by)
 
     def __new__(cls, op: Ops, src: tuple[UOp, ...] = (), arg: Any = None, dtype: DType | None = None) -> UOp:
         src = tuple(src)
@@ -190,11 +191,15 @@ class UOp:
         d = u.__dict__
         d["op"], d["dtype"], d["src"], d["arg"] = op, dtype, src, arg
         d["shape"] = _shape(u)  # eagerly, from the sources' shapes: no recursion on deep graphs
+        d["storage_view"] = op is Ops.BUFFER or (op is Ops.RESHAPE and src[0].storage_view)
         # look again under the lock before inserting: two threads building the same node must get one object
         with _cache_lock:
             if (hit := _cache.get(key)) is not None:
                 return hit
             _cache[key] = u
+        for s in src:
+            if s.storage_view:
+                add_reader(s, u)
         return u
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -557,6 +562,34 @@ def identity_element(rop: Ops, dtype: DType) -> Any:
 
 def sink(*xs: UOp) -> UOp:
     return UOp(Ops.SINK, xs)
+
+
+def add_reader(u: UOp, reader: Any) -> None:
+    """Record, weakly, that `reader` (a node built on u, or a Tensor holding u) may read u's storage later."""
+    readers = u.__dict__.get("readers")
+    if readers is None:
+        readers = u.__dict__.setdefault("readers", weakref.WeakValueDictionary())
+    readers[id(reader)] = reader
+
+
+def forget_reader(u: UOp, reader: Any) -> None:
+    """`reader` no longer reads u (a Tensor rebound to another graph)."""
+    readers = u.__dict__.get("readers")
+    if readers is not None:
+        readers.pop(id(reader), None)
+
+
+def read_only_by(u: UOp, reader: Any) -> bool:
+    """Whether nothing alive but `reader` reads the storage under `u`: no other node built on u or on the RESHAPEs
+    below it, and no other Tensor holding one of them. A reader is forgotten when it dies, so the answer errs
+    only one way: something unreachable but not yet collected counts as a reader."""
+    while True:
+        readers = u.__dict__.get("readers") or {}
+        if len(readers) > 1 or (readers and id(reader) not in readers):
+            return False
+        if u.op is not Ops.RESHAPE:
+            return True
+        u, reader = u.src[0], u
 
 
 def base_buffer(u: UOp) -> UOp:

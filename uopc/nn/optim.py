@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from uopc.buffer import buffer_data
+from uopc.buffer import storage_view
 from uopc.tensor import Tensor
 from uopc.uop import base_buffer
 
@@ -76,7 +76,7 @@ class Optimizer:
         if self._lr_value is None:  # the user's tensor was in use: never write into it
             self._lr = _state(value)
         self._lr_value = float(value)
-        buffer_data(base_buffer(self._lr.uop))[0] = value
+        storage_view(base_buffer(self._lr.uop))[0] = value
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -186,7 +186,7 @@ class AdamW(Optimizer):
     @t.setter
     def t(self, value: int) -> None:
         self._t.realize()
-        buffer_data(base_buffer(self._t.uop))[0] = value
+        storage_view(base_buffer(self._t.uop))[0] = value
 
     def _bias_corrections(self) -> tuple[Tensor, Tensor, Tensor]:
         """The step count t+1 (assigned) and 1 - b1**t, 1 - b2**t, computed in the plan in float64 (b**t =

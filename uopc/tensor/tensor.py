@@ -20,13 +20,13 @@ import contextlib
 import functools
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from uopc import helpers
 from uopc.autodiff import compute_gradient, zeros_like
-from uopc.buffer import buffer_data, is_contiguous_buffer, new_buffer
+from uopc.buffer import is_contiguous_buffer, new_buffer, storage_view
 from uopc.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.attention import AttentionMixin
@@ -42,20 +42,16 @@ from uopc.tensor.random import RandomMixin
 from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
-from uopc.uop import Ops, UOp, base_buffer
+from uopc.uop import Ops, UOp, add_reader, base_buffer, forget_reader
 
 # repr shows the values of a realized tensor with at most this many elements
 REPR_MAX_VALUES = 64
 
 
-def _owners(todo: list[Tensor], roots: list[UOp]) -> list[tuple[Tensor, UOp | None] | None]:
-    """Per unique root (the order realize sees them): the tensor assigned to it and the buffer the assign replaced
-    (None if it was not a buffer); None for a root that is no assign."""
-    first = {}
-    for t in todo:
-        if t._assigned:
-            first.setdefault(t.uop, (t, t._prev))
-    return [first.get(r) for r in dict.fromkeys(roots)]
+class _Pending(NamedTuple):
+    """An assign not realized yet: the BUFFER it replaces (None if the tensor was lazy before its first assign)."""
+
+    replaces: UOp | None
 
 
 class Tensor(
@@ -90,8 +86,7 @@ class Tensor(
         # the graph a realized tensor came from, kept while it tracks gradients (loss.item(); loss.backward())
         self._graph: UOp | None = None
         self._leaf = True  # created from data (or assign): realize never keeps a leaf's graph
-        self._prev: UOp | None = None  # the buffer a pending assign replaces, until it is realized
-        self._assigned = False  # an assign is pending
+        self._assigned: _Pending | None = None  # an assign is pending, until it is realized
         if isinstance(data, Tensor):
             data = data.uop
         if isinstance(data, UOp):
@@ -121,6 +116,20 @@ class Tensor(
         return self
 
     # ---------------------------------------------------------------- properties
+
+    @property
+    def uop(self) -> UOp:
+        """The graph of this tensor's value (a BUFFER, or RESHAPEs of one, once realized)."""
+        return self._uop
+
+    @uop.setter
+    def uop(self, u: UOp) -> None:
+        old = self.__dict__.get("_uop")
+        if old is not None and old.storage_view:
+            forget_reader(old, self)
+        self._uop = u
+        if u.storage_view:  # held storage: an in-place write into it must know this tensor still reads it
+            add_reader(u, self)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -201,12 +210,12 @@ class Tensor(
         if not todo:
             return
         roots = [t.uop for t in todo]
-        bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt())
-        calls = realize.capturing()
-        if calls:  # TinyJit: which tensor each root belongs to, and the buffer an assign replaced
-            calls[-1].owners = _owners(todo, roots)
+        assigns = None
+        if realize.capturing() is not None:  # TinyJit follows assigned tensors (and writes them in place on replay)
+            assigns = [realize.Assign(t, t._assigned.replaces) if t._assigned is not None else None for t in todo]
+        bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt(), assigns=assigns)
         for t, buf in zip(todo, bufs, strict=True):
-            t._prev, t._assigned = None, False
+            t._assigned = None
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.uop = buf.reshape(t.shape)  # drop the graph: its intermediates can be freed
 
@@ -221,7 +230,7 @@ class Tensor(
         if self.numel() == 0:
             return np.zeros(self.shape, self.dtype.np)
         self.realize()
-        return buffer_data(base_buffer(self.uop)).reshape(self.shape).copy()
+        return storage_view(base_buffer(self.uop)).reshape(self.shape).copy()
 
     def item(self) -> Scalar:
         """The value of a one-element tensor as a Python scalar."""
@@ -251,9 +260,8 @@ class Tensor(
             raise ValueError(f"assign: shape {x.shape} cannot be broadcast to the tensor's shape {self.shape}")
         if is_contiguous_buffer(x.uop):  # a copy, never a shared buffer: a later in-place write would change both
             x = x.contiguous()
-        if self._prev is None and is_contiguous_buffer(self.uop):
-            self._prev = base_buffer(self.uop)  # the storage this assign replaces (TinyJit writes it in place)
-        self._assigned = True
+        if self._assigned is None:  # the storage this assign replaces (TinyJit writes it in place where it can)
+            self._assigned = _Pending(base_buffer(self.uop) if is_contiguous_buffer(self.uop) else None)
         self.uop = x._broadcast_to(self.shape, keep_const=False).uop
         self._graph, self._leaf = None, True
         return self
