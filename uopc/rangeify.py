@@ -117,11 +117,8 @@ def _reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: t
 
 
 def _and(a: UOp | None, b: UOp | None) -> UOp | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return a & b
+    """a & b, where None means no condition."""
+    return b if a is None else a if b is None else a & b
 
 
 def rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:
@@ -280,17 +277,13 @@ def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[lis
     return loops, tuple(ridx)
 
 
-def _accumulate(ctx: Ctx, rop: Ops, dtype: DType, val: UOp, loops: list[UOp], around: list[UOp]) -> UOp:
-    """acc = identity; for loops: acc = rop(acc, val); the value of acc after the loops (acc lives in `around`)."""
-    acc0 = ctx.alloc(dtype).after(*around)
+def _accumulate(ctx: Ctx, rop: Ops, dtype: DType, val: UOp, loops: list[UOp], scope: list[UOp]) -> UOp:
+    """acc = identity; for loops: acc = rop(acc, val); the value of acc after the loops (acc lives in `scope`)."""
+    acc0 = ctx.alloc(dtype).after(*scope)
     init = acc0.index(0).store(UOp.const(identity_element(rop, dtype), dtype))
     accl = acc0.after(init, *loops)
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), val)))
     return acc0.after(upd.end(*loops)).index(0).load()
-
-
-# a REDUCE strategy: (reduce, output index, ctx, PAD gate, memo key of its loops, loops its accumulators live in)
-Strategy = Callable[[UOp, tuple[UOp, ...], Ctx, UOp | None, tuple, list[UOp]], UOp]
 
 
 def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, chunk: KChunk | None = None) -> UOp:
@@ -298,11 +291,11 @@ def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, chunk: KC
     reduce under Opts.ktile, from lower) always takes the single accumulator, which can resume a partial result."""
     # unrolled copies of one reduce differ only by constants in idx: they share one set of loops (this memo key)
     key = (u, frozenset(ranges_in(*idx)), valid)
-    # the accumulators live inside the loops the output index (and a PAD gate over it) uses
-    around = ranges_in(*idx, *([valid] if valid is not None else []))
+    # the accumulators live inside the loops the output index (and a PAD gate over it) uses: their scope
+    scope = ranges_in(*idx, *([valid] if valid is not None else []))
     if chunk is not None:
-        return _one_acc(u, idx, ctx, valid, key, around, chunk)
-    return _strategy(u, ctx.opts)(u, idx, ctx, valid, key, around)
+        return _one_acc(u, idx, ctx, valid, key, scope, chunk)
+    return _strategy(u, ctx.opts)(u, idx, ctx, valid, key, scope)
 
 
 def _rshape(u: UOp) -> tuple[int, ...]:
@@ -311,9 +304,9 @@ def _rshape(u: UOp) -> tuple[int, ...]:
     return x.shape[len(x.shape) - n :]
 
 
-def _strategy(u: UOp, o: Opts) -> Strategy:
+def _strategy(u: UOp, o: Opts) -> Callable[..., UOp]:
     """How REDUCE `u` is lowered: a long float sum as a tree of levels, a float max over whole lanes as LANES
-    accumulators, anything else as one accumulator (Opts.unroll copies of its innermost axis)."""
+    accumulators, anything else as one accumulator. Each is called (u, idx, ctx, valid, memo key, scope)."""
     rop, rshape = u.arg[0], _rshape(u)
     # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
     # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
@@ -327,12 +320,11 @@ def _strategy(u: UOp, o: Opts) -> Strategy:
     return _one_acc
 
 
-def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, around: list[UOp]) -> UOp:
+def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp]) -> UOp:
     """A float ADD reduce as nested levels of accumulators (see LEAF)."""
     x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
     if (hit := ctx.reduce_ranges.get(key)) is None:
-        # a whole-tensor sum (no output loop in the key) has no output loop to spread over threads: its outermost
-        # level becomes one
+        # a whole-tensor sum has no output loop to spread over threads: its outermost level becomes one
         parallel = not key[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN
         hit = ctx.reduce_ranges[key] = _level_loops(ctx, rshape, parallel)
     loops, ridx = hit
@@ -343,9 +335,9 @@ def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tu
             partial = ctx.alloc(u.dtype, size)
             done = partial.after(partial.index(ravel(tuple(lv), tuple(r.src[0].arg for r in lv))).store(val).end(*lv))
             r = ctx.rng(size, AxisType.REDUCE)
-            return _accumulate(ctx, rop, u.dtype, done.index(r).load(), [r], around)
+            return _accumulate(ctx, rop, u.dtype, done.index(r).load(), [r], scope)
         above = [r for upper in loops[li + 1 :] for r in upper]
-        val = _accumulate(ctx, rop, u.dtype, val, lv, around + above)
+        val = _accumulate(ctx, rop, u.dtype, val, lv, scope + above)
     return val
 
 
@@ -353,9 +345,10 @@ def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tu
 # max runs LANES independent accumulators in a small array: the lane loop is an elementwise select gcc vectorizes.
 # 64 lanes (four AVX-512 vectors): a 16-iteration lane loop gcc unrolls completely first and then keeps scalar.
 LANES = 64
+FOLDS = [LANES >> k for k in range(1, LANES.bit_length())]  # 32, 16, ..., 1: the lanes fold in halves
 
 
-def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, around: list[UOp]) -> UOp:
+def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp]) -> UOp:
     """A float MAX reduce whose innermost axis splits into LANES: lane[l] = max(lane[l], x[.., a*LANES + l]), then a
     tree over the lanes."""
     x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
@@ -363,36 +356,25 @@ def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tu
         init_loop = ctx.rng(LANES)
         outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, ctx.idx) for s in rshape[:-1]]
         a, lane = ctx.rng(rshape[-1] // LANES, AxisType.REDUCE), ctx.rng(LANES, AxisType.REDUCE)
-        folds = [ctx.rng(h) for h in _halves(LANES)]
+        folds = [ctx.rng(h) for h in FOLDS]
         hit = ctx.reduce_ranges[key] = (init_loop, outer, a, lane, folds)
     init_loop, outer, a, lane, folds = hit
     val = rangeify(x, idx + (*outer, a * LANES + lane), ctx, valid)
     loops = [r for r in outer if r.op is Ops.RANGE] + [a, lane]
-    lanes = ctx.alloc(u.dtype, LANES).after(*around)
+    lanes = ctx.alloc(u.dtype, LANES).after(*scope)
     init = lanes.index(init_loop).store(UOp.const(identity_element(rop, u.dtype), u.dtype)).end(init_loop)
     acc = lanes.after(init, *loops)
     cur = lanes.after(acc.index(lane).store(UOp(rop, (acc.index(lane).load(), val))).end(*loops))
     # fold the lanes in halves, lanes[r] = max(lanes[r], lanes[r + h]) for h = 32, 16, ..., 1: six short loops gcc
     # vectorizes, where an unrolled tree was 63 selects per reduce in the C (a softmax's row max: 26 KB, 300 ms of gcc)
-    for r, h in zip(folds, _halves(LANES), strict=True):
+    for r, h in zip(folds, FOLDS, strict=True):
         upd = cur.index(r).store(UOp(rop, (cur.index(r).load(), cur.index(r + h).load())))
         cur = lanes.after(upd.end(r))
     return cur.index(UOp.const(0, ctx.idx)).load()
 
 
-def _halves(n: int) -> list[int]:
-    """n/2, n/4, ..., 1."""
-    return [n >> k for k in range(1, n.bit_length())]
-
-
 def _one_acc(
-    u: UOp,
-    idx: tuple[UOp, ...],
-    ctx: Ctx,
-    valid: UOp | None,
-    key: tuple,
-    around: list[UOp],
-    chunk: KChunk | None = None,
+    u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp], chunk: KChunk | None = None
 ) -> UOp:
     """A reduce into one accumulator, the Opts.unroll copies of its innermost axis combined in a balanced tree. Under
     K chunking (`chunk`) the innermost axis is chunk * size + inner and each chunk resumes the partial result the
@@ -413,7 +395,7 @@ def _one_acc(
     if not real:
         return vals[0]
     # the accumulator lives inside the loops the output index uses (and the chunk loop)...
-    acc0 = ctx.alloc(u.dtype).after(*ranges_in(*around, *outside))
+    acc0 = ctx.alloc(u.dtype).after(*ranges_in(*scope, *outside))
     start = UOp.const(identity_element(rop, u.dtype), u.dtype)
     if chunk is not None:  # later chunks continue from the partial result already stored in the output
         # the load is AFTER the chunk loop: its index does not depend on the chunk, and hoisted out of the loop it
@@ -440,13 +422,10 @@ def merge_ends(root: UOp) -> UOp:
         root = root.substitute({e: merged for e in dup})
 
 
-def _axis_kind(o: Opts, k: int) -> AxisType:
-    return AxisType.THREAD if k == o.thread else AxisType.LOOP
-
-
-def _axis_order(o: Opts, n: int) -> list[int]:
-    """The n output axes in the order their loops are made (and nest): the THREAD axis first."""
-    return ([o.thread] if o.thread is not None else []) + [k for k in range(n) if k != o.thread]
+def _axis_order(o: Opts, n: int) -> list[tuple[int, AxisType]]:
+    """The n output axes and their loop kinds, in the order their loops are made (and nest): the THREAD axis first."""
+    order = ([o.thread] if o.thread is not None else []) + [k for k in range(n) if k != o.thread]
+    return [(k, AxisType.THREAD if k == o.thread else AxisType.LOOP) for k in order]
 
 
 def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[int, UOp]:
@@ -458,7 +437,7 @@ def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[
         for k, t in o.tile.items()
         if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % ups.get(k, 1) == 0
     }
-    return {k: ctx.rng(shape[k] // o.tile[k], _axis_kind(o, k)) for k in _axis_order(o, len(shape)) if k in tiled}
+    return {k: ctx.rng(shape[k] // o.tile[k], kind) for k, kind in _axis_order(o, len(shape)) if k in tiled}
 
 
 def _output_parts(
@@ -468,13 +447,13 @@ def _output_parts(
     (`blocks`, from _block_loops, nest outside them), THREAD first, `ups` copies per axis."""
     o = ctx.opts
     parts: dict[int, tuple[UOp, int]] = {}
-    for k in _axis_order(o, len(shape)):
+    for k, kind in _axis_order(o, len(shape)):
         f = ups.get(k, 1)
         if k in blocks:
             inner = o.tile[k] // f
             parts[k] = (blocks[k] * inner + ctx.rng(inner) if inner > 1 else blocks[k], f)
         else:
-            parts[k] = _axis_parts(ctx, shape[k], f, _axis_kind(o, k))
+            parts[k] = _axis_parts(ctx, shape[k], f, kind)
     return [parts[k] for k in range(len(shape))]
 
 
