@@ -10,8 +10,9 @@ into kernels, compiles them and returns a buffer:
     [4.0, 12.0]
 
 This file holds what makes a Tensor a Tensor: construction, realize/numpy, assign/detach, casts and the gradient
-bookkeeping (which tensors want gradients, accumulating .grad). The operations come from one mixin per concern:
-creation.py, elementwise.py, reduce.py (+ matmul, softmax), movement.py (+ indexing, cat), loss.py.
+bookkeeping (which tensors want gradients, accumulating .grad). The operations come from one mixin per concern
+(`uopc/tensor/__init__.py` says what each holds): creation.py, elementwise.py, math.py, reduce.py, scan.py,
+movement.py, extras.py, loss.py, conv.py, attention.py, norm.py and random.py.
 """
 
 from __future__ import annotations
