@@ -5,7 +5,8 @@ cross-entropy's label gather and its scatter-add gradient) against the same step
     python bench/bench_index_checks.py --rounds 15 --steps 100 --threads 1
 
 Both steps are captured by TinyJit, so each keeps its own compiled plan: the checked one as uopc builds it, the
-unchecked one compiled while the renderer's CHECK entry emits the bare index (`uopc_gchk(i, lo, n, ..)` -> `i`).
+unchecked one compiled while the renderer's CHECK entry emits the bare index (`uopc_check(data3, i, 1, lo, n, k)`,
+whose error record is the kernel's dataN, -> `i`).
 Rounds alternate between the two; each prints the median ms/step with the spread (min..max over rounds), and the
 cost of the checks as (checked - unchecked) / unchecked. Inputs are pre-realized batches cycled from a pool of 8.
 """
@@ -41,7 +42,7 @@ def main() -> None:
     checked = uopc_stepper(data, sizes, 1e-3, jit=True)
     for _ in range(3):  # run, capture, replay
         checked()
-    n_checked = sum(cp.src.count("uopc_gchk(") for cp in realize._plans.values())
+    n_checked = sum(cp.src.count("uopc_check(data") for cp in realize._plans.values())  # not UOPC_CHECK_OOB's
     realize._plans.clear()  # the unchecked step must compile its own plan, not find the checked one
     original = code_for_op[Ops.CHECK]
     code_for_op[Ops.CHECK] = _bare_index
@@ -49,7 +50,7 @@ def main() -> None:
         unchecked = uopc_stepper(data, sizes, 1e-3, jit=True)
         for _ in range(3):
             unchecked()
-        n_unchecked = sum(cp.src.count("uopc_gchk(") for cp in realize._plans.values())
+        n_unchecked = sum(cp.src.count("uopc_check(data") for cp in realize._plans.values())
     finally:
         code_for_op[Ops.CHECK] = original
         realize._plans.clear()

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from uopc import helpers
 from uopc.dtype import DType, dtypes
+from uopc.error_record import ERROR_RECORD
 from uopc.helpers import deep_recursion, prod
 from uopc.opts import Opts
 from uopc.symbolic import simplify
@@ -512,8 +513,6 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
 
 
 INT32_LIMIT = 2**31 - 1
-# an error record: [failed, offending value, lowest valid, size, which check]; the first failing check in a run wins
-ERROR_RECORD = 5
 
 
 def error_slot(out: UOp) -> int:

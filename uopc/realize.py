@@ -24,9 +24,9 @@ import numpy as np
 
 from uopc import helpers, plan_store
 from uopc.buffer import buffer_ptr, output_buffer, pool
+from uopc.error_record import ERROR_RECORD, ErrorField, check_error, oob_error
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
-from uopc.rangeify import ERROR_RECORD
 from uopc.render_c import render_plan
 from uopc.runtime import Program, compiler_identity, machine
 from uopc.schedule import Kernel, Plan, Ref, make_plan
@@ -47,8 +47,6 @@ __all__ = [
     "run_plan",
     "set_kernel_hook",
 ]
-
-_ERR_WORDS = 5  # failed, buffer slot, index, size, kernel
 
 
 @dataclass
@@ -382,7 +380,7 @@ def run_plan(
     hook = _kernel_hook
     timed = debug >= 2 or prof is not None or hook is not None
     ns = (ctypes.c_longlong * len(plan.kernels))() if timed else None
-    err = (ctypes.c_longlong * _ERR_WORDS)() if cp.check_oob else None
+    err = (ctypes.c_longlong * ERROR_RECORD)() if cp.check_oob else None
     try:
         ensure_threads()
         tc = time.perf_counter_ns()
@@ -404,13 +402,8 @@ def run_plan(
             pool.free(arena)
     if records is not None:
         _raise_index_errors(plan, records)
-    if err is not None and err[0]:
-        k = plan.kernels[err[4]]
-        slot, idx, size = err[1], err[2], err[3]
-        raise IndexError(
-            f"uopc: out-of-bounds access in kernel {k.name}: data{slot}[{idx}], "
-            f"but data{slot} has {size} elements (valid indices 0..{size - 1})"
-        )
+    if err is not None and err[ErrorField.FAILED]:
+        raise oob_error(err, plan.kernels[err[ErrorField.KERNEL]].name)
     return res
 
 
@@ -454,12 +447,8 @@ def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
     """After a run: raise IndexError for the first kernel whose data-dependent index check failed."""
     for k in plan.kernels:
         rec = next((records[i] for kind, i in k.refs if kind == "err"), None)
-        if rec is not None and rec[0]:
-            value, lo, size, which = (int(v) for v in rec[1:])
-            raise IndexError(
-                f"uopc: {k.checks[which]}: index {value} is out of range for a dimension of size {size} "
-                f"(valid indices {lo}..{size - 1}, in kernel {k.name})"
-            )
+        if rec is not None and rec[ErrorField.FAILED]:
+            raise check_error(rec, k.name, k.checks)
 
 
 def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_given: bool) -> None:
@@ -469,7 +458,7 @@ def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_give
     in_place = writes_given or cp.writes_input
     if debug >= 3 and not in_place:
         again = (ctypes.c_longlong * len(cp.kernels))()
-        cp.fn(ptrs, again, (ctypes.c_longlong * _ERR_WORDS)())
+        cp.fn(ptrs, again, (ctypes.c_longlong * ERROR_RECORD)())
     for i, k in enumerate(cp.kernels):
         dt = max(ns[i] * 1e-9, 1e-9)
         extra = ""

@@ -18,11 +18,14 @@ import hashlib
 import math
 import re
 from collections.abc import Callable
+from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 
 from uopc import helpers
 from uopc.dtype import DType, dtypes, float_to_bf16_bits
+from uopc.error_record import ERROR_RECORD, ErrorField
 from uopc.half import compute_in_float
 from uopc.linearize import Linearized, Loop, linearize
 from uopc.render_math import F32_BITS, F32_MATH
@@ -48,28 +51,25 @@ static inline {t} uopc_mod_{n}({t} a, {t} b) {{
   return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }}
 """
-# UOPC_CHECK_OOB=1: every buffer index goes through this check; the first failure is recorded for the
-# runtime to raise (naming kernel, buffer, index and bound) and the access is redirected to element 0
-_OOB_CHECK = """long long uopc_oob[4] = {0, 0, 0, 0};  /* failed, buffer slot, index, size */
-static inline long long uopc_chk(long long i, long long n, long long slot) {
-  if (i >= 0 && i < n) return i;
-  if (!uopc_oob[0]) { uopc_oob[1] = slot; uopc_oob[2] = i; uopc_oob[3] = n; uopc_oob[0] = 1; }
-  return 0;
-}
-"""
-# a data-dependent index (GATHER): in range, it is used as is; out of range, the first failure of the run is recorded
-# in the error record (atomically: OpenMP threads may fail at once) for the runtime to raise, and 0 is used instead,
-# so a bad index never reads outside its buffer
-_GATHER_CHECK = """static inline long long uopc_gchk(long long i, long long lo, long long n, long long* err,
-                                      long long which) {
-  if (i >= lo && i < n) return i < 0 ? i + n : i;
+# Every index check, as one function: in range (i..i+w-1 within [lo, n): w > 1 for a vector access), the index is
+# used as is, a negative one counting from the end; out of range, the first failure of the run fills the error
+# record `err` (uopc.error_record; atomically, as OpenMP threads may fail at once) for the runtime to raise,
+# and element 0 is used instead, so a bad index never reads or writes outside its buffer. A data-dependent index
+# (CHECK) passes its kernel's error record; UOPC_CHECK_OOB's bounds checks pass uopc_oob: in a plan the kernel's
+# parameter (each call has its own), standalone a global the runtime reads.
+_RECORD_WORDS = ", ".join(f.name.lower() for f in ErrorField)
+_CHECK = """/* err: {words} */
+static inline long long uopc_check(long long* err, long long i, long long w, long long lo, long long n,
+                                   long long which) {{
+  if (i >= lo && i + w <= n) return i < 0 ? i + n : i;
   long long none = 0;
-  if (__atomic_compare_exchange_n(&err[0], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-    err[1] = i; err[2] = lo; err[3] = n; err[4] = which;
-  }
+  if (__atomic_compare_exchange_n(&err[{FAILED}], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {{
+    err[{INDEX}] = i < lo ? i : i + w - 1; err[{LOW}] = lo; err[{SIZE}] = n; err[{WHICH}] = which;
+  }}
   return 0;
-}
-"""
+}}
+""".format(words=_RECORD_WORDS, **{f.name: f.value for f in ErrorField})
+_OOB_RECORD = f"long long uopc_oob[{ERROR_RECORD}];  /* the first failed bounds check: {_RECORD_WORDS} */\n"
 # float16 and bfloat16 values are their bits in an unsigned short, converted to and from float by integer operations
 # (exact, rounding to nearest even, NaN staying a quiet NaN). gcc vectorizes these at full width; it vectorizes
 # no _Float16 conversion without AVX512-FP16 (gcc 12: "unsupported data-type"), and with it, it narrows
@@ -112,15 +112,6 @@ static inline unsigned short uopc_bf16_st(float f) {
   return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 """
-# a vector access checks its whole span [i, i+w); uopc_oob is the global above, or in a plan the kernel's parameter
-_OOB_CHECK_VEC = """static inline long long uopc_chkv_(long long* oob, long long i, long long w,
-                                     long long n, long long s) {
-  if (i >= 0 && i + w <= n) return i;
-  if (!oob[0]) { oob[1] = s; oob[2] = i < 0 ? i : i + w - 1; oob[3] = n; oob[0] = 1; }
-  return 0;
-}
-#define uopc_chkv(i, w, n, slot) uopc_chkv_(uopc_oob, i, w, n, slot)
-"""
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
@@ -144,6 +135,34 @@ _INFIX = {
     Ops.OR: "|",
     Ops.XOR: "^",
 }
+
+
+class Rank(IntEnum):
+    """A helper's place before the kernel: after every helper of a lower rank, which it may use (then by name, so that
+    a plan's kernels sharing helpers render them in one order)."""
+
+    TYPES = 0  # vector typedefs
+    SHARED = 1  # definitions other helpers use (F32_BITS's bit casts)
+    FUNCTIONS = 2  # what the kernel itself uses: conversions, checks, math, the error record
+
+
+class Helper(NamedTuple):
+    """A C definition a kernel needs before it, keyed by the name it defines (a plan's kernels share one copy)."""
+
+    rank: Rank
+    code: str
+
+
+def _helper_text(hs: dict[str, Helper]) -> str:
+    """The helpers' definitions in the order their ranks give."""
+    return "".join(h.code for _, h in sorted(hs.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def _base(buf: UOp) -> UOp:
+    """The BUFFER or ALLOC an INDEX addresses, past the AFTER nodes that only order its uses."""
+    while buf.op is Ops.AFTER:
+        buf = buf.src[0]
+    return buf
 
 
 def render_const(v, dt: DType) -> str:
@@ -176,15 +195,23 @@ class CRenderer:
 
     code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]]
 
-    def __init__(self, lin: Linearized, name: str):
-        self.lin, self.name = lin, name
+    def __init__(self, lin: Linearized):
+        self.lin = lin
         self.names: dict[UOp, str] = {}
         self.n = 0
         self.lines: list[str] = []
-        self.helpers: dict[str, str] = {}
+        self.helpers: dict[str, Helper] = {}
         self.check_oob = bool(helpers.settings().CHECK_OOB)
-        if self.check_oob:
-            self.helpers["~oob"] = _OOB_CHECK
+
+    def use(self, name: str, code: str, rank: Rank = Rank.FUNCTIONS) -> None:
+        """Put helper `code`, which defines `name`, before the kernel."""
+        self.helpers[name] = Helper(rank, code)
+
+    def check(self, err: str, i: str, w: int, lo: int, n: int, which: int) -> str:
+        """Index `i` (a C expression) checked to address elements i..i+w-1 of [lo, n) (see _CHECK); a failure fills
+        the error record `err` with `which`."""
+        self.use("uopc_check", _CHECK)
+        return f"uopc_check({err}, {i}, {w}, {lo}, {n}, {which})"
 
     def var(self, u: UOp, prefix: str) -> str:
         self.n += 1
@@ -223,15 +250,12 @@ class CRenderer:
         tag = dt.name
         tmpl = _UNSIGNED_DIV if dt.is_unsigned else _FLOORDIV
         unsigned = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}[dt.itemsize]
-        self.helpers[tag] = tmpl.format(t=dt.cname, n=tag, u=unsigned)
+        self.use(f"uopc_idiv_{tag}", tmpl.format(t=dt.cname, n=tag, u=unsigned))
         fn = "idiv" if u.op is Ops.IDIV else "mod"
         return f"uopc_{fn}_{tag}({self.expr(a)}, {self.expr(b)})"
 
     def address(self, idx: UOp) -> str:
-        buf, i = idx.src[0], idx.src[1]
-        base = buf
-        while base.op is Ops.AFTER:
-            base = base.src[0]
+        base, i = _base(idx.src[0]), idx.src[1]
         if idx.dtype.count > 1 and base.op is Ops.BUFFER:
             return self.vector_address(idx, base)
         return self.ref(base, self.expr(i))
@@ -240,8 +264,8 @@ class CRenderer:
         """The C lvalue of element `i` (a C expression) of an ALLOC or BUFFER."""
         if base.op is Ops.ALLOC:
             return self.names[base] if base.arg[1] == 1 else f"{self.names[base]}[{i}]"
-        if self.check_oob:
-            return f"data{base.arg.slot}[uopc_chk({i}, {base.arg.shape[0]}, {base.arg.slot})]"
+        if self.check_oob:  # the buffer's slot names it in the error
+            return f"data{base.arg.slot}[{self.check('uopc_oob', i, 1, 0, base.arg.shape[0], base.arg.slot)}]"
         return f"data{base.arg.slot}[{i}]"
 
     def gated_load(self, u: UOp, ind: str) -> None:
@@ -249,9 +273,7 @@ class CRenderer:
         gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
         if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test)."""
         buf, i, gate = u.src[0].src
-        base = buf
-        while base.op is Ops.AFTER:
-            base = base.src[0]
+        base = _base(buf)
         zero = render_const(0, u.dtype)
         n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
         if n == 0:  # a padded empty buffer: every element is padding
@@ -278,9 +300,8 @@ class CRenderer:
         (uopc's buffers start on 64-byte boundaries), else the unaligned type (vmovups costs the same there)."""
         w, i = idx.dtype.count, self.expr(idx.src[1])
         vt = idx.dtype.cname if _multiple_of(idx.src[1], w) else f"{idx.dtype.cname}_u"
-        if self.check_oob:
-            self.helpers["~oobv"] = _OOB_CHECK_VEC
-            i = f"uopc_chkv({i}, {w}, {buf.arg.shape[0]}, {buf.arg.slot})"
+        if self.check_oob:  # the whole span i..i+w-1
+            i = self.check("uopc_oob", i, w, 0, buf.arg.shape[0], buf.arg.slot)
         return f"(*({vt}*)(data{buf.arg.slot}+{i}))"
 
     def emit(self, u: UOp, ind: str) -> None:
@@ -356,7 +377,7 @@ def _cast(r: CRenderer, u: UOp) -> str:
     for dt, way in ((u.dtype, "st"), (x.dtype, "ld")):  # float32 <-> 16 bits (uopc.half leaves no other casts)
         if dt in _CONVERT:
             tag, code = _CONVERT[dt]
-            r.helpers[f"~{tag}"] = code
+            r.use(f"uopc_{tag}", code)
             return f"uopc_{tag}_{way}({r.expr(x)})"
     if u.dtype.count > 1:  # vectors of 16-bit floats are never made (uopc.vectorize)
         raise NotImplementedError(f"render_c: no C form for a vector cast to {u.dtype!r}")
@@ -374,16 +395,17 @@ def _multiple_of(i: UOp, w: int) -> bool:
     return False
 
 
-def _vector_typedefs(ast: UOp) -> dict[str, str]:
-    """gcc vector types for every vector dtype the kernel uses: `float16` (64-byte aligned) and `float16_u`, keyed
-    like the other helpers (a plan's kernels share one definition; "!" sorts them before the helpers using them)."""
+def _vector_typedefs(ast: UOp) -> dict[str, Helper]:
+    """gcc vector types for every vector dtype the kernel uses: `f32x16` (64-byte aligned) and `f32x16_u` (aligned
+    as its elements), keyed like the other helpers."""
     out = {}
     for vt in {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}:
         sc, size = vt.scalar(), vt.itemsize
-        out[f"!vt {vt.cname}"] = (
+        code = (
             f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));\n"
             f"typedef {sc.cname} {vt.cname}_u __attribute__((vector_size({size}), aligned({sc.itemsize})));\n"
         )
+        out[vt.cname] = Helper(Rank.TYPES, code)
     return out
 
 
@@ -391,15 +413,14 @@ def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
     if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
         f, code = F32_MATH[u.op]
-        r.helpers["f32math"] = F32_BITS
-        r.helpers[f] = code
+        r.use("F32_BITS", F32_BITS, Rank.SHARED)
+        r.use(f, code)
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
 
 
 def _check(r: CRenderer, u: UOp) -> str:
-    r.helpers["~gather"] = _GATHER_CHECK
-    n, which, lo = u.arg
-    return f"(({u.dtype.cname})uopc_gchk({r.expr(u.src[0])}, {lo}, {n}, data{u.src[1].arg.slot}, {which}))"
+    n, which, lo = u.arg  # a data-dependent index: its kernel's error record is src[1]
+    return f"(({u.dtype.cname}){r.check(f'data{u.src[1].arg.slot}', r.expr(u.src[0]), 1, lo, n, which)})"
 
 
 # op -> C expression. Each entry renders one node from its sources' expressions; another backend (CUDA) subclasses
@@ -425,36 +446,44 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
 CRenderer.code_for_op = code_for_op
 
 
-def _render_function(ast: UOp, name: str, extra_param: str = "") -> tuple[dict[str, str], str, list[UOp]]:
-    """One kernel's helper definitions (keyed for deduplication), its C function, and its BUFFERs by slot."""
+class CFunction(NamedTuple):
+    """One rendered kernel, under whatever name the caller gives it: its helpers, parameters and statements."""
+
+    helpers: dict[str, Helper]
+    params: tuple[str, ...]  # `float* restrict data0`, ...
+    body: str  # the statements, indented
+    bufs: list[UOp]  # its BUFFERs, by slot
+
+    def declaration(self, name: str) -> str:
+        return f"void {name}({', '.join(self.params)})"
+
+    def definition(self, name: str) -> str:
+        return f"{self.declaration(name)} {{\n{self.body}\n}}\n"
+
+
+def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
+    """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global."""
     ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
     lin = linearize(ast)
-    r = CRenderer(lin, name)
+    r = CRenderer(lin)
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     r.helpers.update(_vector_typedefs(ast))
-    params = ", ".join(
-        [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs] + ([extra_param] * bool(extra_param))
-    )
-    return r.helpers, f"void {name}({params}) {{\n" + "\n".join(r.lines) + "\n}\n", bufs
+    params = [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs]
+    if r.check_oob and oob_param:
+        params.append("long long* restrict uopc_oob")
+    elif r.check_oob:  # standalone: the runtime reads the global after each call
+        r.use("uopc_oob", _OOB_RECORD)
+    return CFunction(r.helpers, tuple(params), "\n".join(r.lines), bufs)
 
 
 def render_c(ast: UOp, name: str) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
-    hs, fn, _ = _render_function(ast, name)
-    return PRELUDE + "".join(hs[k] for k in sorted(hs)) + "\n" + fn
+    fn = _render_function(ast)
+    return PRELUDE + _helper_text(fn.helpers) + "\n" + fn.definition(name)
 
 
-# in a plan the bounds check records into the calling plan's own error array (per call, so threads never mix
-# their reports): each kernel gets it as a parameter named uopc_oob, and the macro passes it on
-_PLAN_OOB_CHECK = """static inline long long uopc_chk_(long long* oob, long long i, long long n, long long slot) {
-  if (i >= 0 && i < n) return i;
-  if (!oob[0]) { oob[1] = slot; oob[2] = i; oob[3] = n; oob[0] = 1; }
-  return 0;
-}
-#define uopc_chk(i, n, slot) uopc_chk_(uopc_oob, i, n, slot)
-"""
 _PLAN_TIMER = """static inline long long uopc_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -471,40 +500,40 @@ def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", 
     linking several costs more than sharing saves there).
     Each kernel is (ast, its name in the plan, index into bufs of each parameter).
 
-    `ns` (or NULL) receives each kernel's nanoseconds; with UOPC_CHECK_OOB `err` receives the first bad index
-    (failed, buffer slot, index, size, kernel) and the plan stops after that kernel.
+    `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
+    uopc.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
+    first bad index fills it, and the plan records the kernel's number and stops after that kernel.
     """
     check = bool(helpers.settings().CHECK_OOB)
-    funcs: dict[str, tuple[dict[str, str], str]] = {}  # function name -> (its helpers, its definition after "void ")
+    funcs: dict[str, CFunction] = {}  # by the name of its function
     done: dict[UOp, tuple[str, list[UOp]]] = {}
     calls = []
     for i, (ast, name, where) in enumerate(kernels):
         if ast not in done:
-            khs, fn, bufs = _render_function(ast, "uopc_kernel", "long long* restrict uopc_oob" if check else "")
-            if check:
-                khs["~oob"] = _PLAN_OOB_CHECK
+            fn = _render_function(ast, oob_param=True)
             # the kernel's shape name (without the plan's k0_ prefix and n1 suffix) and a digest of its C
             base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
-            digest = hashlib.sha256((PRELUDE + "".join(khs[k] for k in sorted(khs)) + fn).encode()).hexdigest()
-            sym = f"{base}_{digest[:16]}"
-            funcs[sym] = (khs, fn.replace("void uopc_kernel(", f"void {sym}(", 1))
-            done[ast] = (sym, bufs)
+            digest = hashlib.sha256((PRELUDE + _helper_text(fn.helpers) + fn.definition("uopc_kernel")).encode())
+            sym = f"{base}_{digest.hexdigest()[:16]}"
+            funcs[sym] = fn
+            done[ast] = (sym, fn.bufs)
         sym, bufs = done[ast]
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
         calls.append(f"  {sym}({', '.join(args)});")
         calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
         if check:
-            calls.append(f"  if (err[0]) {{ err[4] = {i}; return; }}")
+            calls.append(f"  if (err[{ErrorField.FAILED.value}]) {{ err[{ErrorField.KERNEL.value}] = {i}; return; }}")
     body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
     body += "\n".join(calls) + "\n}\n"
-    if sum(len(fn) for _, fn in funcs.values()) < one_unit_below:
-        hs: dict[str, str] = {}
-        for khs, _ in funcs.values():
-            hs.update(khs)
-        fns = "\n".join("static " + fn for _, fn in funcs.values())
-        return [PRELUDE + "#include <time.h>\n" + "".join(hs[k] for k in sorted(hs)) + _PLAN_TIMER + fns + body]
+    defs = {sym: fn.definition(sym) for sym, fn in funcs.items()}
+    if sum(len(d) for d in defs.values()) < one_unit_below:
+        hs: dict[str, Helper] = {}
+        for fn in funcs.values():
+            hs.update(fn.helpers)
+        fns = "\n".join("static " + d for d in defs.values())
+        return [PRELUDE + "#include <time.h>\n" + _helper_text(hs) + _PLAN_TIMER + fns + body]
     # hidden: the entry point calls each kernel directly, not through the PLT, and no other object can interpose it
     hidden = '__attribute__((visibility("hidden"))) '
-    units = [PRELUDE + "".join(khs[k] for k in sorted(khs)) + "\n" + hidden + fn for khs, fn in funcs.values()]
-    protos = "".join(hidden + fn[: fn.index(" {\n")] + ";\n" for _, fn in funcs.values())
+    units = [PRELUDE + _helper_text(fn.helpers) + "\n" + hidden + defs[sym] for sym, fn in funcs.items()]
+    protos = "".join(hidden + fn.declaration(sym) + ";\n" for sym, fn in funcs.items())
     return [*units, "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from uopc import helpers
+from uopc.error_record import ERROR_RECORD, ErrorField, oob_error
 from uopc.helpers import atomic_write
 from uopc.machine import Machine, available_cpus, cpu_fingerprint, probe
 from uopc.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
@@ -543,7 +544,7 @@ class Program:
         self._fn.restype = None
         self._nargs = -1
         try:  # sources rendered with UOPC_CHECK_OOB=1 record their first out-of-range index here
-            self._oob: Any = (ctypes.c_longlong * 4).in_dll(lib, "uopc_oob")
+            self._oob: Any = (ctypes.c_longlong * ERROR_RECORD).in_dll(lib, "uopc_oob")
         except ValueError:
             self._oob = None
 
@@ -575,13 +576,9 @@ class Program:
             self._fn.argtypes = [ctypes.c_void_p] * len(ptrs)
             self._nargs = len(ptrs)
         self._fn(*ptrs)
-        if self._oob is not None and self._oob[0]:
-            slot, idx, size = self._oob[1], self._oob[2], self._oob[3]
-            self._oob[0] = 0
-            raise IndexError(
-                f"uopc: out-of-bounds access in kernel {self.name}: data{slot}[{idx}], "
-                f"but data{slot} has {size} elements (valid indices 0..{size - 1})"
-            )
+        if self._oob is not None and self._oob[ErrorField.FAILED]:
+            self._oob[ErrorField.FAILED] = 0
+            raise oob_error(self._oob, self.name)
 
 
 def _after_fork_in_child() -> None:

@@ -227,7 +227,7 @@ def test_plan_key_includes_bounds_checks(context, opt0):
     y = Tensor(r(5, 7))
     (y * 3 + 2).realize()
     cp = next(reversed(realize._plans.values()))
-    assert "uopc_chk(" in cp.src
+    assert "uopc_check(uopc_oob, " in cp.src
 
 
 def test_conv2d_is_im2col_then_a_gemm_shaped_reduce():
