@@ -71,7 +71,7 @@ class DType:
 
     def vec(self, n: int) -> DType:
         """The SIMD vector of `n` elements of this scalar type (one object per (type, n), so `is` compares them):
-        `dtypes.f32.vec(16)` renders as a gcc vector type `float16` of 64 bytes."""
+        `dtypes.f32.vec(16)` renders as a gcc vector type `f32x16` of 64 bytes."""
         if self.count != 1:
             raise ValueError(f"vec: {self!r} is already a vector; vectors of vectors do not exist")
         if n < 1 or n & (n - 1):
@@ -80,7 +80,7 @@ class DType:
             return self
         key = (self.name, n)
         if key not in _VECS:
-            _VECS[key] = DType(f"{self.name}x{n}", self.itemsize * n, self.kind, f"{_VEC_CNAME[self.name]}{n}", n)
+            _VECS[key] = DType(f"{self.name}x{n}", self.itemsize * n, self.kind, f"{_VEC_CNAME[self.name]}x{n}", n)
             _SCALAR[_VECS[key]] = self
         return _VECS[key]
 
@@ -146,10 +146,11 @@ _BY_NAME = {n: getattr(dtypes, n) for n in _NP_NAMES}  # the NumPy-backed dtypes
 _NP_NAMES["bfloat16"] = "uint16"  # NumPy has no bfloat16: its buffers hold the bit patterns
 _VECS: dict[tuple[str, int], DType] = {}
 _SCALAR: dict[DType, DType] = {}
-# C names of vector types (typedefs the renderer emits), OpenCL style: float16 is 16 floats (half16 is 16 halves)
-_VEC_CNAME = {"float32": "float", "float64": "double", "int32": "int", "int64": "long", "uint32": "uint"}
-_VEC_CNAME.update(float16="half", int8="char", uint8="uchar", int16="short", uint16="ushort", uint64="ulong")
-_VEC_CNAME.update(bool="bool", bfloat16="bf16x")
+# C names of vector types (typedefs the renderer emits): element type and width, f32x16 is 16 floats, f16x16 16 halves
+# (OpenCL's float16 for 16 floats would read as the half dtype)
+_VEC_CNAME = {"bool": "bool", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64"}
+_VEC_CNAME.update(uint8="u8", uint16="u16", uint32="u32", uint64="u64")
+_VEC_CNAME.update(float16="f16", bfloat16="bf16", float32="f32", float64="f64")
 _SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "int32": "i32", "int64": "i64", "bfloat16": "bf16"}
 
 

@@ -1,6 +1,6 @@
 """Vectorize: after lowering, the copies of an upcast axis whose index is contiguous become SIMD vector ops.
 
-    data2[r0*32+0] = acc0; ... data2[r0*32+15] = acc15      ->      *(float16*)(data2+r0*32) = acc0;  (float16 acc0)
+    data2[r0*32+0] = acc0; ... data2[r0*32+15] = acc15      ->      *(f32x16*)(data2+r0*32) = acc0;  (f32x16 acc0)
 
 Stores into one buffer at `width` consecutive indices form a group, and their values are rebuilt lane by lane:
 a node that is the same in every lane stays scalar (broadcast with VECTORIZE where a vector needs it), loads at

@@ -51,7 +51,7 @@ def _check_matmul(a: np.ndarray, b: np.ndarray, got: np.ndarray) -> None:
 def test_vector_dtype():
     v = dtypes.f32.vec(8)
     assert v is dtypes.float32.vec(8) and v.count == 8 and v.itemsize == 32 and v.scalar() is dtypes.f32
-    assert v.cname == "float8" and repr(v) == "dtypes.f32.vec(8)" and dtypes.f32.vec(1) is dtypes.f32
+    assert v.cname == "f32x8" and repr(v) == "dtypes.f32.vec(8)" and dtypes.f32.vec(1) is dtypes.f32
     with pytest.raises(ValueError, match="power of two"):
         dtypes.f32.vec(3)
     with pytest.raises(ValueError, match="already a vector"):
@@ -68,7 +68,7 @@ def test_gep_and_vectorize_render():
     v = UOp(Ops.VECTORIZE, lanes)
     ast = UOp(Ops.SINK, tuple(out.index(UOp.const(i, dtypes.int32)).store(UOp(Ops.GEP, (v,), i)) for i in range(8)))
     src = render_c(ast, "k")
-    assert "typedef float float8 __attribute__((vector_size(32)));" in src and "[7])" in src
+    assert "typedef float f32x8 __attribute__((vector_size(32)));" in src and "[7])" in src
     a, o = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
     Program(src, "k")(a, o)
     np.testing.assert_array_equal(o, a * 2)
@@ -83,8 +83,8 @@ def test_vectorize_elementwise(n):
     a, o = _aligned(rng.standard_normal(3 * n).astype(np.float32)), _aligned(np.zeros(3 * n, np.float32))
     Program(src, "k")(a, o)
     np.testing.assert_allclose(o, a * 2 + 1, rtol=1e-6)
-    assert ("float8 val" in src) == (n >= 8)
-    assert ("(*(float8" in src) == (n >= 8)  # vector loads and stores
+    assert ("f32x8 val" in src) == (n >= 8)
+    assert ("(*(f32x8" in src) == (n >= 8)  # vector loads and stores
 
 
 def test_vectorize_leaves_selects_scalar():
@@ -92,7 +92,7 @@ def test_vectorize_leaves_selects_scalar():
     x = buf(0, 64).reshape((4, 16))
     g = (UOp.const(0.0) < x).where(x, UOp.const(0.0))
     src = render_c(lower(g, buf(1, 64), Ctx(opts=Opts(upcast={1: 8}, vec=8))), "k")
-    assert "float8" not in src
+    assert "f32x8" not in src
 
 
 def test_vectorize_checks_bounds(context):
