@@ -15,6 +15,7 @@ It reads the sources only (ast, no imports), so it runs on any tree, and again a
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import sys
 
@@ -40,6 +41,18 @@ def modules() -> dict[str, str]:
             if f.endswith(".py"):
                 out[module_name(os.path.join(d, f))] = os.path.join(d, f)
     return out
+
+
+@functools.cache
+def _parsed(path: str, mtime_ns: int) -> ast.Module:
+    """A source file's syntax tree, parsed once per version of the file."""
+    with open(path) as f:
+        return ast.parse(f.read(), path)
+
+
+def parse(path: str) -> ast.Module:
+    """A module's syntax tree (the generator and the import test ask for each file several times)."""
+    return _parsed(path, os.stat(path).st_mtime_ns)
 
 
 def _resolve(name: str, mods: dict[str, str]) -> str | None:
@@ -83,8 +96,7 @@ def import_graph(lazy: bool | None = None, own: bool = False) -> dict[str, set[s
     mods = modules()
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for m, path in mods.items():
-        with open(path) as f:
-            tree = ast.parse(f.read(), path)
+        tree = parse(path)
         pkg = m if path.endswith("__init__.py") else m.rpartition(".")[0]
         nodes = _imports(tree, True) + _imports(tree, False) if lazy is None else _imports(tree, lazy)
         for node in nodes:
@@ -124,8 +136,7 @@ def topo_order(graph: dict[str, set[str]], skip: set[tuple[str, str]]) -> list[s
 
 def summary(path: str) -> str:
     """A module's docstring's first paragraph, on one line ("-" without a docstring)."""
-    with open(path) as f:
-        doc = ast.get_docstring(ast.parse(f.read(), path)) or "-"
+    doc = ast.get_docstring(parse(path)) or "-"
     return " ".join(doc.split("\n\n")[0].split()).replace("|", "\\|")
 
 
@@ -171,10 +182,10 @@ def _counts(block: str) -> tuple[list[str], list[int]]:
     return lines, counts
 
 
-def stale(doc: str) -> str | None:
-    """Why the page's generated block differs from the sources (None: it is current). Line counts may lag by
-    COUNT_SLACK lines or 10%; everything else must match exactly."""
-    have, want = _counts(generated_block(doc)), _counts(layout_text())
+def stale(doc: str, current: str | None = None) -> str | None:
+    """Why the page's generated block differs from `current` (default: layout_text(); None: it is current). Line
+    counts may lag by COUNT_SLACK lines or 10%; everything else must match exactly."""
+    have, want = _counts(generated_block(doc)), _counts(current or layout_text())
     if have[0] != want[0]:
         diff = [f"  page: {a}\n  now:  {b}" for a, b in zip(have[0], want[0], strict=False) if a != b]
         return "\n".join(diff[:3] or [f"  {len(have[0])} lines on the page, {len(want[0])} generated"])
