@@ -423,8 +423,7 @@ def _check(r: CRenderer, u: UOp) -> str:
     return f"(({u.dtype.cname}){r.check(f'data{u.src[1].arg.slot}', r.expr(u.src[0]), 1, lo, n, which)})"
 
 
-# op -> C expression. Each entry renders one node from its sources' expressions; another backend (CUDA) subclasses
-# CRenderer and overrides entries of this table.
+# op -> C expression. Each entry renders one node from its sources' expressions.
 code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     Ops.CONST: lambda r, u: render_const(u.arg, u.dtype),
     Ops.AFTER: lambda r, u: r.expr(u.src[0]),  # ordering only: the value is its first source's
