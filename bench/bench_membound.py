@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 
 from uopc import Tensor, nn, realize, runtime  # noqa: E402
 from uopc.buffer import buffer_data  # noqa: E402
+from uopc.schedule import RefKind  # noqa: E402
 from uopc.uop import structure_key  # noqa: E402
 
 STREAM_C = """void stream(float* restrict a, float* restrict b) {
@@ -89,13 +90,12 @@ def main() -> None:
         cp = next(reversed(realize._plans.values()))
         n = 0
         for kern in cp.plan.kernels:
-            for kind, i in kern.refs:
-                if kind == "in":
-                    n += buffer_data(inputs[i]).nbytes
-                elif kind == "tmp":
-                    n += cp.plan.temps[i][0].itemsize * cp.plan.temps[i][1]
-                else:
-                    n += cp.plan.outs[i][0].itemsize * cp.plan.outs[i][1]
+            for param in kern.refs:
+                if param.kind is RefKind.IN:
+                    n += buffer_data(inputs[param.i]).nbytes
+                elif param.kind is not RefKind.ERR:  # an error record is a few words
+                    b = cp.plan.temps[param.i] if param.kind is RefKind.TMP else cp.plan.outs[param.i]
+                    n += b.dtype.itemsize * b.size
         bytes_plan[k] = n
         bytes_min[k] = data[k].nbytes + ref.nbytes
         print(f"{k:22s} max |uopc - torch| = {err:.2e}; plan: {len(cp.plan.kernels)} kernels, {n / 2**20:.0f} MiB")

@@ -11,7 +11,7 @@ from uopc.helpers import Context
 from uopc.realize import realize
 from uopc.render_c import render_c
 from uopc.runtime import Program
-from uopc.schedule import make_plan
+from uopc.schedule import RefKind, make_plan
 from uopc.uop import Ops
 
 LOG2E = 1.4426950408889634
@@ -38,11 +38,11 @@ def main():
         print(f"// {k.name}  refs={list(k.refs)}")
         print("void" + src.split("\nvoid", 1)[1])  # the function, without the shared prelude
     # run the three kernels by hand, exactly as realize() does
-    temps = [np.empty(n, d.np) for d, n in plan.temps]
+    temps = [np.empty(t.size, t.dtype.np) for t in plan.temps]
     out = np.empty(32, np.float32)
-    arrays = {"in": [buffer_data(b) for b in inputs], "tmp": temps, "out": [out]}
+    arrays = {RefKind.IN: [buffer_data(b) for b in inputs], RefKind.TMP: temps, RefKind.OUT: [out]}
     for k, src in zip(plan.kernels, srcs):
-        Program(src, k.name)(*(arrays[kind][i] for kind, i in k.refs))
+        Program(src, k.name)(*(arrays[ref.kind][ref.i] for ref in k.refs))
     ref = np.exp(x - x.max(1, keepdims=True))
     ref /= ref.sum(1, keepdims=True)
     print(f"max |uopc - numpy| = {np.abs(out.reshape(4, 8) - ref).max():.2e}\n")

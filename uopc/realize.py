@@ -29,7 +29,7 @@ from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
 from uopc.render_c import render_plan
 from uopc.runtime import Program, compiler_identity, machine
-from uopc.schedule import Kernel, Plan, Ref, make_plan
+from uopc.schedule import Kernel, Plan, Ref, RefKind, make_plan
 from uopc.threads import ensure_threads
 from uopc.uop import Ops, UOp, structure_key
 
@@ -69,9 +69,9 @@ class CompiledPlan:
         plan = self.plan
         self.nbufs = self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err
         self.ptr_array = ctypes.c_void_p * self.nbufs
-        self.fresh = tuple(r for r, o in enumerate(plan.outs) if not isinstance(o, Ref))  # roots a kernel writes
+        self.fresh = tuple(r for r, o in enumerate(plan.outs) if o.alias is None)  # roots a kernel writes
         # a kernel stores into one of the plan's inputs: running the plan twice is not running it once (DEBUG=3)
-        self.writes_input = any(r.kind == "in" for k in plan.kernels for r in k.refs[-1:])
+        self.writes_input = any(r.kind is RefKind.IN for k in plan.kernels for r in k.refs[-1:])
         self._in_place: dict[tuple[int, int | None], bool] = {}
 
     def can_write_in_place(self, r: int, i: int | None) -> bool:
@@ -88,11 +88,11 @@ class CompiledPlan:
 
     def where(self, ref: Ref) -> int:
         """The index in `bufs` of a kernel parameter."""
-        if ref.kind == "in":
+        if ref.kind is RefKind.IN:
             return ref.i
-        if ref.kind == "out":
+        if ref.kind is RefKind.OUT:
             return self.n_in + ref.i
-        if ref.kind == "err":
+        if ref.kind is RefKind.ERR:
             return self.n_in + len(self.plan.outs) + len(self.plan.temps) + ref.i
         return self.n_in + len(self.plan.outs) + ref.i
 
@@ -356,13 +356,13 @@ def run_plan(
     for r in cp.fresh:
         # fresh outputs are fully written by their kernel: uninitialized, not zeros
         o = plan.outs[r]
-        u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o[0], o[1])
+        u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o.dtype, o.size)
         res[r] = u
         ptrs[n_in + r] = buffer_ptr(u)
     if len(cp.fresh) != len(res):  # roots that alias an input or an earlier root
         for r, o in enumerate(plan.outs):
-            if isinstance(o, Ref):
-                res[r] = inputs[o.i] if o.kind == "in" else res[o.i]
+            if o.alias is not None:
+                res[r] = inputs[o.alias.i] if o.alias.kind is RefKind.IN else res[o.alias.i]
     if cp.fn is None:
         return res
     # the temps' arena is taken from the pool for this call only: two threads running one plan never share it
@@ -412,11 +412,11 @@ def inplace_ok(cp: CompiledPlan, r: int, i: int | None) -> bool:
     every read of the input's old value comes before the first kernel that writes the root, or is in that kernel
     at exactly the element it stores (an elementwise update p - lr * g)."""
     plan = cp.plan
-    if isinstance(plan.outs[r], Ref):
+    if plan.outs[r].alias is not None:
         return False  # an alias of an input or of another root: nothing is written for it
     if i is None:
         return True
-    out, src = Ref("out", r), Ref("in", i)
+    out, src = Ref(RefKind.OUT, r), Ref(RefKind.IN, i)
     w0 = next(w for w, k in enumerate(plan.kernels) if out in k.refs)
     for w, k in enumerate(plan.kernels):
         if src in k.refs and (w > w0 or (w == w0 and not _same_element(k, src, out))):
@@ -446,7 +446,7 @@ def _same_element(k: Kernel, src: Ref, out: Ref) -> bool:
 def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
     """After a run: raise IndexError for the first kernel whose data-dependent index check failed."""
     for k in plan.kernels:
-        rec = next((records[i] for kind, i in k.refs if kind == "err"), None)
+        rec = next((records[ref.i] for ref in k.refs if ref.kind is RefKind.ERR), None)
         if rec is not None and rec[ErrorField.FAILED]:
             raise check_error(rec, k.name, k.checks)
 

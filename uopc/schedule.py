@@ -11,8 +11,9 @@ between materialization points fuses into the kernel of its nearest materialized
 Two different kernels of one plan never share a name: a later one whose shape name is taken gets a suffix n1, n2..
 (identical kernels keep one name, so they share one C source and one compile).
 
-A Plan holds no UOps of the user's graph: kernels refer to buffers as Ref("in", i), Ref("tmp", j) or
-Ref("out", r), so one plan runs any inputs of the same structure (uopc.realize caches plans by structure).
+A Plan holds no UOps of the user's graph: kernels refer to buffers as Ref(RefKind.IN, i), Ref(RefKind.TMP, j) or
+Ref(RefKind.OUT, r) (printed in[i], tmp[j], out[r]), so one plan runs any inputs of the same structure (uopc.realize
+caches plans by structure).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any, NamedTuple
 
 from uopc import helpers
@@ -29,17 +31,54 @@ from uopc.rangeify import checks_of, lower, lower_scatter
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base_buffer
 
-__all__ = ["Kernel", "Plan", "Ref", "make_plan", "plan_memory", "stage_broadcast_compute", "strip_detach"]
+__all__ = [
+    "Arena",
+    "Kernel",
+    "Out",
+    "Plan",
+    "Ref",
+    "RefKind",
+    "Temp",
+    "make_plan",
+    "plan_memory",
+    "stage_broadcast_compute",
+    "strip_detach",
+]
+
+
+class RefKind(Enum):
+    """The plan arrays a kernel parameter can bind to."""
+
+    IN = "in"  # an input BUFFER (make_plan's second result, by position)
+    TMP = "tmp"  # a temp, in the arena the temps share
+    OUT = "out"  # a root's fresh output buffer
+    ERR = "err"  # an error record for data-dependent index checks
 
 
 class Ref(NamedTuple):
-    """Which array a kernel parameter binds to: the i-th input, temp or output of the plan."""
+    """Which array a kernel parameter binds to: the i-th input, temp, output or error record of the plan."""
 
-    kind: str  # "in" | "tmp" | "out" | "err" (an error record for data-dependent index checks)
+    kind: RefKind
     i: int
 
     def __repr__(self) -> str:
-        return f"{self.kind}[{self.i}]"
+        return f"{self.kind.value}[{self.i}]"
+
+
+class Temp(NamedTuple):
+    """A temp of a plan: `size` elements of `dtype`."""
+
+    dtype: DType
+    size: int
+
+
+class Out(NamedTuple):
+    """Where a root's value ends up: `size` elements of `dtype`, in a fresh buffer a kernel writes, or, with `alias`,
+    in the input or the earlier root (Ref IN or OUT) it already is; nothing is written for an alias."""
+
+    dtype: DType
+    size: int
+    alias: Ref | None = None
 
 
 @dataclass(frozen=True)
@@ -61,8 +100,8 @@ class Plan:
     """Kernels in run order, the temps they share, and where each root's value ends up."""
 
     kernels: tuple[Kernel, ...]
-    temps: tuple[tuple[DType, int], ...]  # (dtype, elements) per temp
-    outs: tuple[Any, ...]  # per root: a Ref("in"|"out") alias, or (dtype, elements) for a fresh buffer
+    temps: tuple[Temp, ...]
+    outs: tuple[Out, ...]  # per root
     n_err: int = 0  # error records (one per kernel with index checks), zeroed before each run, read after
     temp_offsets: tuple[int, ...] = ()  # byte offset of each temp in the one arena the temps share
     arena_bytes: int = 0  # size of that arena (the memory planner's result)
@@ -70,16 +109,36 @@ class Plan:
     @property
     def temp_bytes(self) -> int:
         """What the temps would take without sharing (each in its own array)."""
-        return sum(_padded(n * d.itemsize) for d, n in self.temps)
+        return sum(_padded(t.size * t.dtype.itemsize) for t in self.temps)
 
 
 def _padded(nbytes: int) -> int:
     return -(-nbytes // 64) * 64  # every temp starts on a cache line
 
 
-def plan_memory(kernels: list[Kernel], temps: list[tuple[DType, int]]) -> tuple[tuple[int, ...], int]:
+class Arena(NamedTuple):
+    """The memory planner's result: each temp's byte offset in the one arena the temps share, and its size."""
+
+    offsets: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass
+class _Slot:
+    """A stretch of the arena: its size so far, and the last kernel using what it holds."""
+
+    nbytes: int
+    last: int
+
+
+class _Placed(NamedTuple):
+    temp: int
+    slot: int
+
+
+def plan_memory(kernels: list[Kernel], temps: list[Temp]) -> Arena:
     """Place the temps in one arena: temps whose live ranges (first to last kernel using them) do not overlap
-    share storage. Returns each temp's byte offset and the arena size.
+    share storage.
 
     Ranges are inclusive: a kernel that reads one temp for the last time never writes another temp over it.
     """
@@ -87,34 +146,34 @@ def plan_memory(kernels: list[Kernel], temps: list[tuple[DType, int]]) -> tuple[
     last: dict[int, int] = {}
     for ki, k in enumerate(kernels):
         for ref in k.refs:
-            if ref.kind == "tmp":
+            if ref.kind is RefKind.TMP:
                 first.setdefault(ref.i, ki)
                 last[ref.i] = ki
-    slots: list[list[int]] = []  # [bytes, last kernel using it]
-    slot_of: list[int] = []
+    slots: list[_Slot] = []
+    placed: list[_Placed] = []
     for t in sorted(range(len(temps)), key=lambda t: (first.get(t, -1), t)):
-        need = _padded(temps[t][1] * temps[t][0].itemsize)
+        need = _padded(temps[t].size * temps[t].dtype.itemsize)
         start = first.get(t, -1)
-        free = [i for i, sl in enumerate(slots) if sl[1] < start]
-        fits = [i for i in free if slots[i][0] >= need]
+        free = [i for i, sl in enumerate(slots) if sl.last < start]
+        fits = [i for i in free if slots[i].nbytes >= need]
         if fits:  # the smallest free slot that fits, else grow the largest free one
-            i = min(fits, key=lambda i: slots[i][0])
+            i = min(fits, key=lambda i: slots[i].nbytes)
         elif free:
-            i = max(free, key=lambda i: slots[i][0])
-            slots[i][0] = need
+            i = max(free, key=lambda i: slots[i].nbytes)
+            slots[i].nbytes = need
         else:
             i = len(slots)
-            slots.append([need, 0])
-        slots[i][1] = last.get(t, start)
-        slot_of.append((t, i))
+            slots.append(_Slot(need, 0))
+        slots[i].last = last.get(t, start)
+        placed.append(_Placed(t, i))
     base_of, pos = [], 0
-    for sz, _ in slots:
+    for sl in slots:
         base_of.append(pos)
-        pos += sz
+        pos += sl.nbytes
     offsets = [0] * len(temps)
-    for t, i in slot_of:
-        offsets[t] = base_of[i]
-    return tuple(offsets), pos
+    for p in placed:
+        offsets[p.temp] = base_of[p.slot]
+    return Arena(tuple(offsets), pos)
 
 
 def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
@@ -222,7 +281,7 @@ def _flops(body: UOp) -> int:
 
 
 def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tuple[Plan, list[UOp]]:
-    """Kernelize. Returns the plan and the input BUFFERs it refers to as Ref("in", i) (topological order).
+    """Kernelize. Returns the plan and the input BUFFERs it refers to as Ref(RefKind.IN, i) (topological order).
 
     `opt` is the optimizer (uopc.opt.HandOpt or SearchOpt): its `layout` pass runs on the graph, its `lower`
     chooses each kernel's Opts. None lowers every kernel unoptimized.
@@ -256,13 +315,13 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
         pieces = [(body.src[0], opt), (body, None)] if body.op is Ops.SCATTER else [(body, opt)]
         for piece, piece_opt in pieces:
             k = _kernel(piece, ref[u], ph_ref, in_idx, piece_opt, n_err)
-            n_err += any(r.kind == "err" for r in k.refs)
+            n_err += any(r.kind is RefKind.ERR for r in k.refs)
             kernels.append(k)
     names = _unique_names([k.name for k in kernels], [k.ast for k in kernels])
     kernels = [k if k.name == n else replace(k, name=n) for k, n in zip(kernels, names, strict=True)]
     # 6. plan memory: temps with disjoint live ranges share storage
-    offsets, arena = plan_memory(kernels, temps)
-    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err, offsets, arena), inputs
+    arena = plan_memory(kernels, temps)
+    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err, arena.offsets, arena.nbytes), inputs
 
 
 def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], opt: Any, n_err: int) -> Kernel:
@@ -277,10 +336,10 @@ def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, i
     else:
         ast, opts = _lowered(body, out, opt)
         name = kernel_name(body)
-    refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref("in", in_idx[b]) for b in bufs] + [out_ref]
+    refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]
     checks = checks_of(body)
     if checks:  # the error record is the parameter after the output; one record per kernel that checks
-        refs.append(Ref("err", n_err))
+        refs.append(Ref(RefKind.ERR, n_err))
     # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
     alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
@@ -316,22 +375,24 @@ def _lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
     return res
 
 
-def _assign_refs(points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]):
+def _assign_refs(
+    points: list[UOp], roots: list[UOp], in_idx: dict[UOp, int]
+) -> tuple[dict[UOp, Ref], list[Temp], list[Out]]:
     """Temps for the inner points, outputs for the roots (a root that is already a buffer aliases its input)."""
     ref: dict[UOp, Ref] = {}
-    temps: list[tuple[DType, int]] = []
+    temps: list[Temp] = []
     rootset = set(roots)
     for u in points:
         if u not in rootset:
-            ref[u] = Ref("tmp", len(temps))
-            temps.append((u.dtype, max(1, prod(u.shape))))
-    outs: list[Any] = []
+            ref[u] = Ref(RefKind.TMP, len(temps))
+            temps.append(Temp(u.dtype, max(1, prod(u.shape))))
+    outs: list[Out] = []
     for r, u in enumerate(roots):
-        if base_buffer(u).op is Ops.BUFFER:
-            outs.append(Ref("in", in_idx[base_buffer(u)]))
-        elif u in ref and ref[u].kind == "out":  # the same value as an earlier root (e.g. x.sum(1) and its keepdim)
-            outs.append(ref[u])
+        if (b := base_buffer(u)).op is Ops.BUFFER:
+            outs.append(Out(b.dtype, prod(b.arg.shape), Ref(RefKind.IN, in_idx[b])))
+        elif u in ref and ref[u].kind is RefKind.OUT:  # the same value as an earlier root (x.sum(1) and its keepdim)
+            outs.append(outs[ref[u].i]._replace(alias=ref[u]))
         else:
-            ref[u] = Ref("out", r)
-            outs.append((u.dtype, max(1, prod(u.shape))))
+            ref[u] = Ref(RefKind.OUT, r)
+            outs.append(Out(u.dtype, max(1, prod(u.shape))))
     return ref, temps, outs

@@ -121,7 +121,7 @@ def test_scatter_add_checks_its_indices():
 
 
 def test_scatter_plan_is_a_copy_then_a_serial_accumulate(context):
-    from uopc.schedule import make_plan
+    from uopc.schedule import Ref, RefKind, make_plan
 
     context(OPT=1)
     base, idx, vals = (
@@ -131,7 +131,7 @@ def test_scatter_plan_is_a_copy_then_a_serial_accumulate(context):
     )
     plan, _ = make_plan([base.scatter_add(idx, vals, 1)])
     assert [k.name for k in plan.kernels] == ["e_4_8", "s_4_3"]
-    assert plan.kernels[0].refs[-1] == plan.kernels[1].refs[-2] == ("out", 0)  # both write the output
+    assert plan.kernels[0].refs[-1] == plan.kernels[1].refs[-2] == Ref(RefKind.OUT, 0)  # both write the output
     assert plan.n_err == 1 and plan.kernels[1].checks == ("scatter_add",)
 
 
@@ -331,14 +331,14 @@ def test_valid_indices_into_constants_match_numpy(context, opt):
 def test_a_constant_gathered_at_an_in_range_index_has_no_check(context):
     # an index whose bounds prove it in range needs no check at run time: the gather folds to the constant
     from uopc import Tensor
-    from uopc.schedule import make_plan
+    from uopc.schedule import RefKind, make_plan
 
     context(OPT=1)
     x, pos = Tensor.full((4, 6), 2.0), Tensor.full((4, 2), 5, dtype=dtypes.int32)
     plan, _ = make_plan([x.gather(1, pos).uop])
     (k,) = plan.kernels
     assert not any(u.op is Ops.CHECK for u in k.ast.toposort())
-    assert k.refs[-1].kind != "err"  # the error record is not even a parameter
+    assert k.refs[-1].kind is not RefKind.ERR  # the error record is not even a parameter
     np.testing.assert_array_equal(x.gather(1, pos).numpy(), np.full((4, 2), 2.0))
 
 

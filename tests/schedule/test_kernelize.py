@@ -13,9 +13,10 @@ import pytest
 
 from uopc import helpers, realize, runtime, schedule
 from uopc.buffer import buffer_data, new_buffer, pool
+from uopc.dtype import dtypes
 from uopc.render_c import render_c
 from uopc.runtime import Program
-from uopc.schedule import make_plan
+from uopc.schedule import Out, Ref, RefKind, Temp, make_plan
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, structure_key
 
@@ -78,21 +79,35 @@ def test_layernorm_into_matmul(opt0, monkeypatch):
 def test_softmax_plan_refs_and_temps(opt0):
     x = Tensor(r(4, 8))
     plan, inputs = make_plan([x.softmax(-1).uop])
+    x0, t0, t1, o0 = Ref(RefKind.IN, 0), Ref(RefKind.TMP, 0), Ref(RefKind.TMP, 1), Ref(RefKind.OUT, 0)
     assert [(k.name, k.refs) for k in plan.kernels] == [
-        ("r_4", (("in", 0), ("tmp", 0))),
-        ("r_4n1", (("in", 0), ("tmp", 0), ("tmp", 1))),
-        ("e_4_8", (("in", 0), ("tmp", 0), ("tmp", 1), ("out", 0))),
+        ("r_4", (x0, t0)),
+        ("r_4n1", (x0, t0, t1)),
+        ("e_4_8", (x0, t0, t1, o0)),
     ]
-    assert [(d.name, n) for d, n in plan.temps] == [("float32", 4), ("float32", 4)]
-    assert [(d.name, n) for d, n in plan.outs] == [("float32", 32)]
+    assert repr(plan.kernels[2].refs) == "(in[0], tmp[0], tmp[1], out[0])"
+    assert plan.temps == (Temp(dtypes.f32, 4), Temp(dtypes.f32, 4))
+    assert plan.outs == (Out(dtypes.f32, 32),)  # a fresh buffer, not an alias
     assert len(inputs) == 1 and inputs[0].op is Ops.BUFFER
+
+
+def test_roots_that_are_inputs_or_earlier_roots_are_aliases(opt0):
+    x = Tensor(r(4, 8))
+    s = x.sum(1)
+    plan, _ = make_plan([x.uop, s.uop, s.uop.reshape((4, 1))])
+    assert plan.outs == (
+        Out(dtypes.f32, 32, Ref(RefKind.IN, 0)),  # the input itself: nothing is written
+        Out(dtypes.f32, 4),  # a fresh buffer
+        Out(dtypes.f32, 4, Ref(RefKind.OUT, 1)),  # the same value as root 1
+    )
+    assert len(plan.kernels) == 1
 
 
 def test_identical_kernels_identical_c(opt0):
     a, b = Tensor(r(16, 16)), Tensor(r(16, 16))
     plan, _ = make_plan([a.sum(1).uop, b.sum(1).uop])
     k0, k1 = plan.kernels
-    assert k0.refs == (("in", 0), ("out", 0)) and k1.refs == (("in", 1), ("out", 1))
+    assert k0.refs == (Ref(RefKind.IN, 0), Ref(RefKind.OUT, 0)) and k1.refs == (Ref(RefKind.IN, 1), Ref(RefKind.OUT, 1))
     assert k0.ast is k1.ast  # local renumbering: one AST, so one C source and one compile for both
     assert render_c(k0.ast, k0.name) == render_c(k1.ast, k1.name)
 
@@ -102,14 +117,15 @@ def test_plan_runs_on_new_inputs(opt0):
     plan, _ = make_plan([Tensor(x1).softmax(-1).uop])
     for x in (x1, x2):  # one plan, two different inputs
         arrays = {
-            "in": [buffer_data(new_buffer(Tensor(x).dtype, 32, x))],
-            "tmp": [np.empty(n, d.np) for d, n in plan.temps],
-            "out": [np.empty(32, np.float32)],
+            RefKind.IN: [buffer_data(new_buffer(Tensor(x).dtype, 32, x))],
+            RefKind.TMP: [np.empty(t.size, t.dtype.np) for t in plan.temps],
+            RefKind.OUT: [np.empty(32, np.float32)],
         }
         for k in plan.kernels:
-            Program(render_c(k.ast, k.name), k.name)(*(arrays[kind][i] for kind, i in k.refs))
+            Program(render_c(k.ast, k.name), k.name)(*(arrays[ref.kind][ref.i] for ref in k.refs))
         e = np.exp(x - x.max(1, keepdims=True))
-        np.testing.assert_allclose(arrays["out"][0].reshape(4, 8), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+        got = arrays[RefKind.OUT][0].reshape(4, 8)
+        np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
 def test_second_realize_hits_the_cache(context, opt0, capsys, monkeypatch):

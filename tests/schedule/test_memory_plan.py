@@ -6,7 +6,7 @@ import numpy as np
 
 from uopc.nn import AdamW, Linear, parameters
 from uopc.realize import default_opt
-from uopc.schedule import make_plan
+from uopc.schedule import RefKind, make_plan
 from uopc.tensor import Tensor
 
 
@@ -15,14 +15,14 @@ def _check_no_overlap(plan) -> None:
     spans = {}
     for ki, k in enumerate(plan.kernels):
         for ref in k.refs:
-            if ref.kind == "tmp":
+            if ref.kind is RefKind.TMP:
                 a, b = spans.get(ref.i, (ki, ki))
                 spans[ref.i] = (min(a, ki), max(b, ki))
-    for t, (d, n) in enumerate(plan.temps):
-        lo, hi = plan.temp_offsets[t], plan.temp_offsets[t] + n * d.itemsize
+    for t, tmp in enumerate(plan.temps):
+        lo, hi = plan.temp_offsets[t], plan.temp_offsets[t] + tmp.size * tmp.dtype.itemsize
         assert hi <= plan.arena_bytes and lo % 64 == 0
-        for u, (d2, n2) in enumerate(plan.temps[:t]):
-            lo2, hi2 = plan.temp_offsets[u], plan.temp_offsets[u] + n2 * d2.itemsize
+        for u, tmp2 in enumerate(plan.temps[:t]):
+            lo2, hi2 = plan.temp_offsets[u], plan.temp_offsets[u] + tmp2.size * tmp2.dtype.itemsize
             if lo < hi2 and lo2 < hi:  # they share bytes: their live ranges must be disjoint
                 (a, b), (c, e) = spans[t], spans[u]
                 assert b < c or e < a, (t, u, spans[t], spans[u])
