@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from uopc.dtype import DType, dtypes
 from uopc.helpers import argsort
-from uopc.uop import ALU, MOVEMENT, Ops, UOp
+from uopc.uop import ALU, MOVEMENT, Ops, Span, UOp
 
 # ---------------------------------------------------------------------------------------------------
 # small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)
@@ -133,6 +133,27 @@ def _scatter_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
     return (hit_base * share, None, hit_vals * share.gather(index, dim, back, wrap))
 
 
+def _region_view(g: UOp, region: tuple[Span, ...]) -> UOp:
+    """The elements of a SETITEM region as a view of g (shape: the counts): per dim shrink to the span's first..last
+    element, flip a negative step, keep every step-th element."""
+    lo_hi, flips, steps = [], [], []
+    for d, sp in enumerate(region):
+        last = sp.start + (sp.count - 1) * sp.step
+        lo_hi.append((min(sp.start, last), max(sp.start, last) + 1))
+        if sp.step < 0:
+            flips.append(d)
+        steps.append(abs(sp.step))
+    x = g.shrink(tuple(lo_hi)).flip(tuple(flips))
+    for d, st in enumerate(steps):
+        if st > 1:  # every st-th element: pad to count * st, split (count, st), keep column 0
+            n, c = x.shape[d], region[d].count
+            x = x.pad(tuple((0, c * st - n) if i == d else (0, 0) for i in range(x.ndim)))
+            x = x.reshape(x.shape[:d] + (c, st) + x.shape[d + 1 :])
+            x = x.shrink(tuple((0, 1) if i == d + 1 else (0, s) for i, s in enumerate(x.shape)))
+            x = x.reshape(x.shape[: d + 1] + x.shape[d + 2 :])
+    return x
+
+
 LN2 = math.log(2.0)
 
 # One rule per op: (gradient of the node, the node) -> one gradient (or None) per source, in source order.
@@ -173,6 +194,8 @@ GRAD_RULES: dict[Ops, GradRule] = {
     # ---- data-dependent reads and writes: each is the other's gradient; the index gets none
     Ops.GATHER: lambda g, x: (_scatter_back(g, x), None),
     Ops.SCATTER: lambda g, x: _scatter_grad(g, x),
+    # the base gets g where it was kept (the region zeroed), the value g's region
+    Ops.SETITEM: lambda g, x: (g.setitem(zeros_like(x.src[1]), x.arg), _region_view(g, x.arg)),
     # ---- materialization: contiguous() is the identity, detach() stops the gradient
     Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (_stage(g),),
 }

@@ -47,6 +47,9 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # a data-dependent write: SCATTER(base, index, values) combines values into base at positions the index holds
     # (arg: dim, label, wrap, rop with rop ADD, MUL or MAX)
     SCATTER = auto()
+    # a static-region write: SETITEM(base, value) is base with the elements of a region (arg: one Span per dim)
+    # replaced by value, whose shape is the region's counts
+    SETITEM = auto()
     # ALU: unary
     NEG = auto()
     RECIP = auto()
@@ -106,6 +109,14 @@ class ParamArg(NamedTuple):
     slot: int
     dtype: DType
     shape: tuple[int, ...]
+
+
+class Span(NamedTuple):
+    """One dim of a SETITEM region: the `count` elements start, start + step, ... (step may be negative)."""
+
+    start: int
+    step: int
+    count: int
 
 
 class AxisType(Enum):
@@ -382,6 +393,28 @@ class UOp:
             raise ValueError(f"{label}: index shape {index.shape} is larger than {self.shape} off dim {dim}")
         return UOp(Ops.SCATTER, (self, index, values), (dim, label, wrap, rop))
 
+    def setitem(self, value: UOp, region: tuple[tuple[int, int, int], ...]) -> UOp:
+        """self with the elements of `region` (per dim (start, step, count): start, start + step, ...) replaced by
+        `value`, of the region's counts as its shape and of self's dtype: the slice write x[a:b] = v. An empty region
+        is self; one that covers every element is value (flipped where a step is -1)."""
+        spans = tuple(Span(*(int(v) for v in r)) for r in region)
+        self._check_ndim("setitem region", len(spans), region)
+        if value.dtype is not self.dtype:
+            raise TypeError(f"setitem: a value of dtype {value.dtype} into a tensor of dtype {self.dtype}")
+        counts = tuple(sp.count for sp in spans)
+        if value.shape != counts:
+            raise ValueError(f"setitem: value shape {value.shape} differs from the region's counts {counts}")
+        for d, (sp, n) in enumerate(zip(spans, self.shape)):
+            if not _span_fits(sp, n):
+                raise ValueError(f"setitem region {region} does not fit shape {self.shape}: dim {d} of size {n}, {sp}")
+        if 0 in counts:
+            return self
+        if counts == self.shape and all(abs(sp.step) == 1 or sp.count == 1 for sp in spans):
+            return value.flip(tuple(d for d, sp in enumerate(spans) if sp.step < 0 and sp.count > 1))
+        # one form per region: a single element's step is 1
+        spans = tuple(sp if sp.count > 1 else Span(sp.start, 1, 1) for sp in spans)
+        return UOp(Ops.SETITEM, (self, value), spans)
+
     def flip(self, axes: tuple[int, ...]) -> UOp:
         """Reverse the given axes (arg: one bool per dim)."""
         for a in axes:
@@ -509,7 +542,7 @@ def _shape(self: UOp) -> tuple[int, ...]:
         return self.src[0].shape
     if op is Ops.GATHER:
         return self.src[1].shape
-    if op is Ops.SCATTER:
+    if op in (Ops.SCATTER, Ops.SETITEM):
         return self.src[0].shape
     if op is Ops.REDUCE:
         s = self.src[0].shape
@@ -517,6 +550,15 @@ def _shape(self: UOp) -> tuple[int, ...]:
     if op in ALU:
         return next((s.shape for s in self.src if s.shape), ())
     return ()
+
+
+def _span_fits(sp: Span, n: int) -> bool:
+    """Whether a region's span addresses distinct elements of a dim of size n: count >= 0, a nonzero step for two or
+    more, first and last element in 0..n-1."""
+    if sp.count < 0 or (sp.count > 1 and sp.step == 0):
+        return False
+    last = sp.start + (sp.count - 1) * sp.step
+    return sp.count == 0 or (0 <= min(sp.start, last) and max(sp.start, last) < n)
 
 
 def _bounds(u: UOp) -> tuple[Any, Any]:

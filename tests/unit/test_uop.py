@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import buf
 from uopc.dtype import dtypes
-from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, identity_element, sink
+from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, Span, UOp, identity_element, sink
 
 # ------------------------------------------------------------------ hash-consing
 
@@ -316,6 +316,30 @@ def test_bad_arguments_raise_value_error_naming_both_shapes(build, words):
 def test_reduce_rejects_non_reduce_ops():
     with pytest.raises(ValueError, match="MUL"):
         X.reduce(Ops.MUL, 1)
+
+
+def test_setitem_builds_one_node_per_region_and_checks_it():
+    x = buf(0, 12).reshape((3, 4))
+    v = buf(1, 2).reshape((1, 2))
+    w = x.setitem(v, ((1, 1, 1), (3, -2, 2)))  # x[1, 3::-2] = v
+    assert w.op is Ops.SETITEM and w.shape == (3, 4) and w.src == (x, v)
+    assert w.arg == (Span(1, 1, 1), Span(3, -2, 2))
+    assert x.setitem(v, ((1, 7, 1), (3, -2, 2))) is w  # a single element's step does not matter
+    assert x.setitem(buf(1, 0).reshape((0, 2)), ((0, 1, 0), (0, 1, 2))) is x  # an empty region writes nothing
+    whole = x.setitem(x.flip((1,)), ((0, 1, 3), (3, -1, 4)))  # every element: the value itself, flipped back
+    assert whole.op is Ops.FLIP and whole.src[0].src[0] is x
+    for region, words in [
+        (((1, 1, 1),), ["1 entries", "(3, 4)"]),
+        (((1, 1, 1), (3, 2, 2)), ["dim 1 of size 4", "Span(start=3, step=2, count=2)"]),
+        (((3, 1, 1), (0, 1, 2)), ["dim 0 of size 3"]),
+        (((1, 1, 1), (0, 0, 2)), ["step=0"]),
+        (((0, 1, 2), (0, 1, 1)), ["value shape (1, 2)", "counts (2, 1)"]),
+    ]:
+        with pytest.raises(ValueError) as e:
+            x.setitem(v, region)
+        assert all(wd in str(e.value) for wd in words), (region, str(e.value))
+    with pytest.raises(TypeError, match="dtype"):
+        x.setitem(buf(1, 2, dtypes.int32).reshape((1, 2)), ((1, 1, 1), (0, 1, 2)))
 
 
 def test_hash_consing_is_thread_safe():
