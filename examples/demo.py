@@ -8,10 +8,11 @@ import numpy as np
 from uopc.buffer import buffer_data, new_buffer
 from uopc.dtype import dtypes
 from uopc.helpers import Context
+from uopc.kernelize import make_plan
 from uopc.realize import realize
 from uopc.render_c import render_c
 from uopc.runtime import Program
-from uopc.schedule import RefKind, make_plan
+from uopc.schedule import RefKind
 from uopc.uop import Ops
 
 LOG2E = 1.4426950408889634

@@ -22,9 +22,10 @@ from uopc import helpers
 from uopc.dtype import DType, dtypes
 from uopc.error_record import ERROR_RECORD
 from uopc.helpers import deep_recursion, prod
+from uopc.indexing import and_, ravel, through
 from uopc.opts import Opts
 from uopc.symbolic import simplify
-from uopc.uop import ALU, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
+from uopc.uop import ALU, MOVEMENT, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
 from uopc.vectorize import vectorize
 
 __all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "lower_scatter", "merge_ends", "ranges_in", "ravel"]
@@ -75,53 +76,6 @@ def ranges_in(*xs: UOp) -> list[UOp]:
     return sorted(seen, key=lambda r: r.arg.idx)
 
 
-def ravel(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-    """The row-major flat index of `idx` in `shape`."""
-    out: UOp = UOp.const(0, idx[0].dtype if idx else dtypes.int32)
-    stride = 1
-    for i, s in reversed(list(zip(idx, shape))):
-        if s != 1:
-            out = i * stride + out if stride != 1 else i + out
-        stride *= s
-    return out
-
-
-def _reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[UOp, ...]:
-    """Map an index of the reshaped value back to its source. Dims are matched in groups of equal
-    product, so splitting/merging axes costs one div/mod per affected axis, not a full unravel."""
-    res: list[UOp] = []
-    i = j = 0
-    while i < len(out_shape) or j < len(in_shape):
-        # grow a group on each side until the products agree (size-1 dims join whichever side is open)
-        gi, gj = [i], [j]
-        pi = out_shape[i] if i < len(out_shape) else 1
-        pj = in_shape[j] if j < len(in_shape) else 1
-        i, j = i + 1, j + 1
-        while pi != pj:
-            if pi < pj:
-                gi.append(i)
-                pi *= out_shape[i]
-                i += 1
-            else:
-                gj.append(j)
-                pj *= in_shape[j]
-                j += 1
-        gi = [k for k in gi if k < len(out_shape)]
-        gj = [k for k in gj if k < len(in_shape)]
-        flat = ravel(tuple(idx[k] for k in gi), tuple(out_shape[k] for k in gi))
-        stride = prod(in_shape[k] for k in gj)
-        for k in gj:
-            stride //= in_shape[k]
-            part = flat if stride == 1 else flat // stride
-            res.append(UOp.const(0, flat.dtype) if in_shape[k] == 1 else part % in_shape[k] if k != gj[0] else part)
-    return tuple(res)
-
-
-def _and(a: UOp | None, b: UOp | None) -> UOp | None:
-    """a & b, where None means no condition."""
-    return b if a is None else a if b is None else a & b
-
-
 def rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:
     """The scalar value of shaped `u` at index `idx`. `valid` (from PAD) gates every load under it."""
     key = (u, idx, valid)
@@ -140,38 +94,11 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         return u.index(idx[0] if idx else UOp.const(0, ctx.idx), valid).load()
     if op in (Ops.STAGE,):
         return rangeify(src[0], idx, ctx, valid)
-    if op is Ops.RESHAPE:
-        # a reshape of a reshape is one reshape (both row-major): map straight to the innermost source's shape, so
-        # a staged (N, H, W, C, kh, kw) read as (N, H*W, C*kh*kw) indexes without a div/mod per element
-        inner = src[0]
-        while inner.op is Ops.RESHAPE:
-            inner = inner.src[0]
-        return rangeify(inner, _reshape_index(idx, u.shape, inner.shape), ctx, valid)
-    if op is Ops.EXPAND:
-        zero = UOp.const(0, ctx.idx)
-        return rangeify(src[0], tuple(zero if s == 1 else i for i, s in zip(idx, src[0].shape)), ctx, valid)
-    if op is Ops.PERMUTE:
-        new = [None] * len(idx)
-        for i, p in enumerate(u.arg):
-            new[p] = idx[i]
-        return rangeify(src[0], tuple(new), ctx, valid)
-    if op is Ops.SHRINK:
-        return rangeify(src[0], tuple(i + lo if lo else i for i, (lo, _) in zip(idx, u.arg)), ctx, valid)
-    if op is Ops.FLIP:
-        return rangeify(src[0], tuple((s - 1) - i if f else i for i, s, f in zip(idx, u.shape, u.arg)), ctx, valid)
-    if op is Ops.PAD:
-        cond: UOp | None = None
-        new = []
-        for i, s, (lo, _) in zip(idx, src[0].shape, u.arg):
-            if lo or s + lo < i.vmax + 1:
-                ok = simplify((UOp.const(lo - 1, i.dtype) < i) & (i < UOp.const(lo + s, i.dtype)))
-                if not (ok.op is Ops.CONST and ok.arg is True):
-                    cond = _and(cond, ok)
-            new.append(i - lo if lo else i)
+    if op in MOVEMENT:
+        inner, new, cond = through(u, idx)
         if cond is None:
-            return rangeify(src[0], tuple(new), ctx, valid)
-        inner = rangeify(src[0], tuple(new), ctx, _and(valid, cond))
-        return cond.where(inner, UOp.const(0, u.dtype))
+            return rangeify(inner, new, ctx, valid)
+        return cond.where(rangeify(inner, new, ctx, and_(valid, cond)), UOp.const(0, u.dtype))
     if op is Ops.REDUCE:
         return _reduce(u, idx, ctx, valid)
     if op is Ops.GATHER:

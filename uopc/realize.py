@@ -24,12 +24,14 @@ import numpy as np
 
 from uopc import helpers, plan_store
 from uopc.buffer import buffer_ptr, output_buffer, pool
+from uopc.engine.lower import make_plan
+from uopc.engine.tune import KernelTimer
 from uopc.error_record import ERROR_RECORD, ErrorField, check_error, oob_error
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
 from uopc.render_c import render_plan
 from uopc.runtime import Program, compiler_identity, machine
-from uopc.schedule import Kernel, Plan, Ref, RefKind, make_plan
+from uopc.schedule import Kernel, Plan, Ref, RefKind
 from uopc.threads import ensure_threads
 from uopc.uop import Ops, UOp, structure_key
 
@@ -193,7 +195,7 @@ def default_opt(s: helpers.Settings | None = None, m: Machine | None = None) -> 
     m = m or machine()
     key = (s.OPT >= 2, m)
     if (o := _opts.get(key)) is None:
-        o = _opts[key] = SearchOpt(m) if s.OPT >= 2 else HandOpt(m)
+        o = _opts[key] = SearchOpt(m, KernelTimer()) if s.OPT >= 2 else HandOpt(m)
     return o
 
 

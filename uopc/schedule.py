@@ -1,4 +1,5 @@
-"""The scheduler: cut a shape graph into kernels (fusion and fission) and lower each to a loop AST. No C here.
+"""The scheduler: cut a shape graph into kernels (fusion and fission). No lowering and no C here: `schedule`
+returns unlowered ScheduleItems, and the engine (uopc.engine.lower) lowers them into the Plan's kernels.
 
 A node is materialized (computed by its own kernel into a buffer) if it is a root the user asked for
 (unless it already is a contiguous buffer), a STAGE, or a REDUCE (unless fuse_reduce). Everything
@@ -8,8 +9,8 @@ between materialization points fuses into the kernel of its nearest materialized
                              r_4n1 [in 0, tmp 0]        -> tmp 1   (row sum of exp(x - max))
                              e_4_8 [in 0, tmp 0, tmp 1] -> out 0
 
-Two different kernels of one plan never share a name: a later one whose shape name is taken gets a suffix n1, n2..
-(identical kernels keep one name, so they share one C source and one compile).
+Once lowered, two different kernels of one plan never share a name: a later one whose shape name is taken gets a
+suffix n1, n2.. (identical kernels keep one name, so they share one C source and one compile).
 
 A Plan holds no UOps of the user's graph: kernels refer to buffers as Ref(RefKind.IN, i), Ref(RefKind.TMP, j) or
 Ref(RefKind.OUT, r) (printed in[i], tmp[j], out[r]), so one plan runs any inputs of the same structure (uopc.realize
@@ -18,16 +19,13 @@ caches plans by structure).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
 
 from uopc import helpers
 from uopc.dtype import DType
 from uopc.helpers import prod
-from uopc.rangeify import checks_of, lower, lower_scatter
 from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base_buffer
 
@@ -38,9 +36,15 @@ __all__ = [
     "Plan",
     "Ref",
     "RefKind",
+    "Schedule",
+    "ScheduleItem",
     "Temp",
-    "make_plan",
+    "checks_of",
+    "kernel_name",
+    "kernel_op",
+    "moved_bytes",
     "plan_memory",
+    "schedule",
     "stage_broadcast_compute",
     "strip_detach",
 ]
@@ -114,6 +118,32 @@ class Plan:
 
 def _padded(nbytes: int) -> int:
     return -(-nbytes // 64) * 64  # every temp starts on a cache line
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+    """One kernel as the scheduler cuts it, not lowered yet: its body with buffers renumbered 0..n-1 in topological
+    order (identical kernels of a model's repeated layers are one object), the BUFFER it writes (slot n), and the
+    plan array each slot binds to (then the kernel's error record, if it checks indices). The engine lowers it."""
+
+    name: str
+    body: UOp
+    out: UOp
+    refs: tuple[Ref, ...]
+    flops: int
+    checks: tuple[str, ...]  # labels of its data-dependent index checks (GATHERs), by their number
+    op: str  # the Tensor-level operation it computes ("sum", "matmul", "exp2 mul ...")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """make_plan's first half: the kernels in run order (unlowered), the temps, where each root ends up, and how
+    many error records the kernels with index checks need."""
+
+    items: tuple[ScheduleItem, ...]
+    temps: tuple[Temp, ...]
+    outs: tuple[Out, ...]
+    n_err: int = 0
 
 
 class Arena(NamedTuple):
@@ -253,26 +283,6 @@ def _broadcast(u: UOp) -> bool:
     return bool(sizes) and max(sizes) < prod(u.shape)
 
 
-def _nbytes(bufs: list[UOp], out: UOp) -> int:
-    """Bytes a kernel must move at least: each buffer it reads once, and its output once."""
-    return sum(prod(b.arg.shape) * b.dtype.itemsize for b in (*bufs, out))
-
-
-def _unique_names(names: list[str], asts: list[UOp]) -> list[str]:
-    """One name per distinct AST: a repeated AST keeps its first name (two bodies of different shapes can lower to
-    one AST); a name already used by a different AST gets the suffix n1, n2 .."""
-    seen: dict[str, list[UOp]] = {}
-    named: dict[UOp, str] = {}
-    out = []
-    for name, ast in zip(names, asts, strict=True):
-        if ast not in named:
-            taken = seen.setdefault(name, [])
-            named[ast] = name if not taken else f"{name}n{len(taken)}"
-            taken.append(ast)
-        out.append(named[ast])
-    return out
-
-
 def _flops(body: UOp) -> int:
     """Rough FLOP count: one per element of every ALU node, plus one per reduced element."""
     topo = body.toposort()
@@ -280,11 +290,12 @@ def _flops(body: UOp) -> int:
     return alu + sum(prod(x.src[0].shape) for x in topo if x.op is Ops.REDUCE)
 
 
-def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tuple[Plan, list[UOp]]:
-    """Kernelize. Returns the plan and the input BUFFERs it refers to as Ref(RefKind.IN, i) (topological order).
+def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tuple[Schedule, list[UOp]]:
+    """Kernelize, up to lowering. Returns the schedule and the input BUFFERs it refers to as Ref(RefKind.IN, i)
+    (topological order); uopc.kernelize.make_plan lowers it into a Plan.
 
-    `opt` is the optimizer (uopc.opt.HandOpt or SearchOpt): its `layout` pass runs on the graph, its `lower`
-    chooses each kernel's Opts. None lowers every kernel unoptimized.
+    `opt` is the optimizer (uopc.opt.HandOpt or SearchOpt): its `layout` pass runs on the graph here (it chooses
+    each kernel's Opts when the kernel is lowered). None: no layout pass.
     """
     inputs = [u for u in UOp(Ops.SINK, tuple(roots)).toposort() if u.op is Ops.BUFFER]
     in_idx = {u: i for i, u in enumerate(inputs)}
@@ -306,73 +317,48 @@ def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> t
         ph = UOp(Ops.BUFFER, (), ParamArg(-1 - len(place), u.dtype, (max(1, prod(u.shape)),)))
         place[u] = ph.reshape(u.shape) if u.shape != ph.shape else ph
     ph_ref = {base_buffer(place[u]).arg.slot: ref[u] for u in points}
-    # 5. lower each piece into its own kernel (a SCATTER into two: copy its base, then add the values in)
-    kernels: list[Kernel] = []
+    # 5. one item per piece (a SCATTER is two: copy its base, then add the values in)
+    items: list[ScheduleItem] = []
     n_err = 0  # error records so far: a kernel with index checks gets the next one
     for u in points:
         body = u.src[0] if u.op is Ops.STAGE else u
         body = body.substitute({p: v for p, v in place.items() if p is not u})
-        pieces = [(body.src[0], opt), (body, None)] if body.op is Ops.SCATTER else [(body, opt)]
-        for piece, piece_opt in pieces:
-            k = _kernel(piece, ref[u], ph_ref, in_idx, piece_opt, n_err)
-            n_err += any(r.kind is RefKind.ERR for r in k.refs)
-            kernels.append(k)
-    names = _unique_names([k.name for k in kernels], [k.ast for k in kernels])
-    kernels = [k if k.name == n else replace(k, name=n) for k, n in zip(kernels, names, strict=True)]
-    # 6. plan memory: temps with disjoint live ranges share storage
-    arena = plan_memory(kernels, temps)
-    return Plan(tuple(kernels), tuple(temps), tuple(outs), n_err, arena.offsets, arena.nbytes), inputs
+        for piece in (body.src[0], body) if body.op is Ops.SCATTER else (body,):
+            item = _item(piece, ref[u], ph_ref, in_idx, n_err)
+            n_err += bool(item.checks)
+            items.append(item)
+    return Schedule(tuple(items), tuple(temps), tuple(outs), n_err), inputs
 
 
-def _kernel(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], opt: Any, n_err: int) -> Kernel:
-    """Lower one piece of the graph, writing `out_ref`: its buffers renumbered, its parameters bound to refs."""
-    # renumber buffers 0..n-1 in topological order (output last): identical kernels lower to one AST
+def _item(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], n_err: int) -> ScheduleItem:
+    """One piece of the graph, writing `out_ref`: its buffers renumbered, its parameters bound to refs."""
+    # renumber buffers 0..n-1 in topological order (output last): identical kernels are one body
     bufs = [b for b in body.toposort() if b.op is Ops.BUFFER]
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
-    if body.op is Ops.SCATTER:  # the accumulating half: serial, in order (threads would race on repeated indices)
-        ast, opts, name = lower_scatter(body, out), None, "s_" + "_".join(map(str, body.src[2].shape or (1,)))
-    else:
-        ast, opts = _lowered(body, out, opt)
-        name = kernel_name(body)
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]
     checks = checks_of(body)
     if checks:  # the error record is the parameter after the output; one record per kernel that checks
         refs.append(Ref(RefKind.ERR, n_err))
-    # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
-    # so bind exactly the slots that survive lowering, or every later argument shifts by one
-    alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
-    moved = _nbytes([b for b in bufs if local[b].arg.slot in alive], out)
-    op = f"scatter_{body.arg[3].name.lower()}" if body.op is Ops.SCATTER else kernel_op(body)
-    return Kernel(name, ast, tuple(refs[s] for s in alive), _flops(body), opts, checks, moved, op)
+    if body.op is Ops.SCATTER:  # the accumulating half: named by the values it adds in
+        name, op = "s_" + "_".join(map(str, body.src[2].shape or (1,))), f"scatter_{body.arg[3].name.lower()}"
+    else:
+        name, op = kernel_name(body), kernel_op(body)
+    return ScheduleItem(name, body, out, tuple(refs), _flops(body), checks, op)
 
 
-# (optimizer, body, output, index checks) -> (ast, opts): a model's repeated layers lower to the same renumbered
-# kernel body (hash-consed, so the same object), which is optimized and lowered once per process, not once per layer
-# and plan. Bounded: the entries keep their UOps alive.
-_LOWERED_MAX = 1024
-_lowered_memo: OrderedDict[tuple, tuple[UOp, Any]] = OrderedDict()
-_lowered_lock = threading.Lock()
-lowered_stats = {"hits": 0, "misses": 0}
+def checks_of(root: UOp) -> tuple[str, ...]:
+    """The labels of the data-dependent index checks of a kernel body (its GATHERs and SCATTERs), in the order
+    lowering numbers them."""
+    return tuple(u.arg[1] for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER))
 
 
-def _lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
-    key = (opt, body, out, helpers.settings().CHECK_OOB)
-    with _lowered_lock:
-        hit = _lowered_memo.get(key)
-        if hit is not None:
-            _lowered_memo.move_to_end(key)
-            lowered_stats["hits"] += 1
-            return hit
-    with helpers.phase("lower"):
-        res = opt.lower(body, out) if opt is not None else (lower(body, out), None)
-    with _lowered_lock:
-        lowered_stats["misses"] += 1
-        _lowered_memo[key] = res
-        while len(_lowered_memo) > _LOWERED_MAX:
-            _lowered_memo.popitem(last=False)
-    return res
+def moved_bytes(item: ScheduleItem, slots: list[int]) -> int:
+    """Bytes a kernel must move at least: each buffer it still reads once (its `slots` that survive lowering), and
+    its output once."""
+    bufs = {b.arg.slot: b for b in item.body.toposort() if b.op is Ops.BUFFER}
+    return sum(prod(b.arg.shape) * b.dtype.itemsize for b in (*(bufs[i] for i in slots if i in bufs), item.out))
 
 
 def _assign_refs(

@@ -121,7 +121,8 @@ def test_scatter_add_checks_its_indices():
 
 
 def test_scatter_plan_is_a_copy_then_a_serial_accumulate(context):
-    from uopc.schedule import Ref, RefKind, make_plan
+    from uopc.kernelize import make_plan
+    from uopc.schedule import Ref, RefKind
 
     context(OPT=1)
     base, idx, vals = (
@@ -189,8 +190,8 @@ def test_fancy_indexing_and_embedding_match_torch_with_gradients():
 def test_embedding_reads_only_the_rows_it_needs():
     # regression: Embedding was a one-hot matmul, reading the whole (vocab, dim) table for every token
     from uopc import Tensor
+    from uopc.kernelize import make_plan
     from uopc.nn import Embedding
-    from uopc.schedule import make_plan
 
     emb = Embedding(50_000, 8)
     plan, _ = make_plan([emb(Tensor(np.array([3, 49_999], np.int32))).uop])
@@ -331,7 +332,8 @@ def test_valid_indices_into_constants_match_numpy(context, opt):
 def test_a_constant_gathered_at_an_in_range_index_has_no_check(context):
     # an index whose bounds prove it in range needs no check at run time: the gather folds to the constant
     from uopc import Tensor
-    from uopc.schedule import RefKind, make_plan
+    from uopc.kernelize import make_plan
+    from uopc.schedule import RefKind
 
     context(OPT=1)
     x, pos = Tensor.full((4, 6), 2.0), Tensor.full((4, 2), 5, dtype=dtypes.int32)

@@ -18,12 +18,12 @@ from tests.helpers import buf, gemm_graph
 from uopc import runtime
 from uopc.buffer import aligned_empty
 from uopc.dtype import dtypes
+from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
 from uopc.opt.gemm import gemm_opts, microkernel
 from uopc.rangeify import Ctx, Opts, lower
 from uopc.render_c import render_c
 from uopc.runtime import Program
-from uopc.schedule import make_plan
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp
 

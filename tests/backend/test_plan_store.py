@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uopc import helpers, plan_store, realize, runtime, schedule
+from uopc import helpers, plan_store, realize, runtime
+from uopc.engine import lower as lowering
 from uopc.tensor import Tensor
 from uopc.uop import structure_key
 
@@ -21,12 +22,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = textwrap.dedent("""
     import json, numpy as np
-    from uopc import schedule
+    from uopc.engine import lower as lowering
     from uopc.tensor import Tensor
     x = Tensor(np.arange(96, dtype=np.float32).reshape(8, 12) / 50)
     w = Tensor(np.linspace(-1, 1, 12 * 5, dtype=np.float32).reshape(12, 5))
     y = ((x @ w) * 3.0).softmax(-1).numpy()
-    print(json.dumps({"lowered": schedule.lowered_stats["misses"], "y": y.tolist()}))
+    print(json.dumps({"lowered": lowering.lowered_stats["misses"], "y": y.tolist()}))
 """)
 
 
@@ -92,10 +93,10 @@ def test_a_damaged_entry_is_rebuilt(tmp_path: Path, monkeypatch):
     (entry,) = (tmp_path / "c" / "plans").glob("*.plan")
     entry.write_bytes(entry.read_bytes()[:40])  # truncated
     realize._plans.clear()
-    schedule._lowered_memo.clear()
-    before = schedule.lowered_stats["misses"]
+    lowering.clear_lowered()
+    before = lowering.lowered_stats["misses"]
     again = (Tensor(g) * 1.5).exp2().numpy()
-    assert schedule.lowered_stats["misses"] > before  # rebuilt, not read
+    assert lowering.lowered_stats["misses"] > before  # rebuilt, not read
     np.testing.assert_array_equal(got, again)
     np.testing.assert_allclose(again, np.exp2(g.astype(np.float64) * 1.5), rtol=1e-6)
     assert len(list((tmp_path / "c" / "plans").glob("*.plan"))) == 1

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from uopc import helpers, realize, runtime
+from uopc.engine import lower as lowering
 from uopc.runtime import CacheDirError, CompileError, CompilerNotFoundError, Program
 from uopc.tensor import Tensor
 
@@ -502,10 +503,10 @@ def test_plan_compiles_one_unit_per_kernel_and_links_one_object(monkeypatch):
 
 
 def _fresh_plans():
-    from uopc import plan_store, schedule
+    from uopc import plan_store
 
     realize._plans.clear()
-    schedule._lowered_memo.clear()
+    lowering.clear_lowered()
     return plan_store
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from uopc import Tensor, dtypes
+from uopc.engine import lower as lowering
 from uopc.uop import Ops
 
 F32 = dict(rtol=1e-5, atol=1e-6)
@@ -174,10 +175,9 @@ def test_realize_returns_self_and_drops_the_graph():
 
 def test_keepdim_reduction_realizes_as_one_kernel():
     # regression: a RESHAPE root over a REDUCE was a reduce kernel plus a copy; make_plan strips the free reshape
-    from uopc import schedule
 
     t = Tensor(A).sum(1, keepdim=True)
-    assert len(schedule.make_plan([t.uop])[0].kernels) == 1
+    assert len(lowering.make_plan([t.uop])[0].kernels) == 1
     close(t, A.sum(1, keepdims=True), LOOSE)
 
 
@@ -536,7 +536,7 @@ def test_var_std(axis, correction):
 
 
 def test_var_kernel_structure_and_degenerate_correction():
-    from uopc.schedule import make_plan
+    from uopc.kernelize import make_plan
 
     plan, _ = make_plan([Tensor(A).var(-1).uop])
     assert [k.name[:2] for k in plan.kernels] == ["r_", "r_", "e_"]
@@ -624,7 +624,7 @@ def test_float64_stays_float64():
 
 
 def test_softmax_is_three_kernels():
-    from uopc.schedule import make_plan
+    from uopc.kernelize import make_plan
 
     plan, _ = make_plan([Tensor(A).softmax(-1).uop])
     assert len(plan.kernels) == 3  # max, sum, elementwise output
@@ -854,7 +854,7 @@ def test_cat():
 
 
 def test_cat_fuses_into_one_kernel():
-    from uopc.schedule import make_plan
+    from uopc.kernelize import make_plan
 
     a, b = Tensor(r(2, 3)), Tensor(r(4, 3))
     plan, _ = make_plan([(Tensor.cat(a, b) * 2).uop])

@@ -14,9 +14,11 @@ import pytest
 from uopc import helpers, realize, runtime, schedule
 from uopc.buffer import buffer_data, new_buffer, pool
 from uopc.dtype import dtypes
+from uopc.engine import lower as lowering
+from uopc.kernelize import make_plan
 from uopc.render_c import render_c
 from uopc.runtime import Program
-from uopc.schedule import Out, Ref, RefKind, Temp, make_plan
+from uopc.schedule import Out, Ref, RefKind, Temp
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, structure_key
 
@@ -261,7 +263,6 @@ def test_conv2d_is_im2col_then_a_gemm_shaped_reduce():
 def test_identical_kernels_are_lowered_once():
     # the layers of a deep model renumber to one kernel body (hash-consed): optimized and lowered once, and the
     # plan still binds each kernel to its own buffers
-    from uopc import schedule
     from uopc.realize import default_opt
 
     g = np.random.default_rng(0)
@@ -270,10 +271,10 @@ def test_identical_kernels_are_lowered_once():
     x = Tensor(x0)
     for w in ws:
         x = (x @ Tensor(w)).relu()
-    before = dict(schedule.lowered_stats)
+    before = dict(lowering.lowered_stats)
     plan, _ = make_plan([x.uop], opt=default_opt())
-    misses = schedule.lowered_stats["misses"] - before["misses"]
-    hits = schedule.lowered_stats["hits"] - before["hits"]
+    misses = lowering.lowered_stats["misses"] - before["misses"]
+    hits = lowering.lowered_stats["hits"] - before["hits"]
     # the first layer reads x in place, the middle ones pack relu(previous) first: a handful of distinct kernels
     assert misses <= 4 and hits + misses == len(plan.kernels) >= 6, (hits, misses, len(plan.kernels))
     ref = x0

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from uopc import realize, runtime
+from uopc.kernelize import make_plan
 from uopc.nn import SGD, AdamW, Linear, parameters
-from uopc.schedule import make_plan
 from uopc.tensor import Tensor
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from uopc import realize, runtime
+from uopc.kernelize import make_plan
 from uopc.nn import LayerNorm, Linear, parameters
-from uopc.schedule import make_plan
 from uopc.tensor import Tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -3,7 +3,7 @@
     A @ B  (B read down its columns)   --layout_pass-->   STAGE(B.T) -> a contiguous copy, then
     r_N_N with Opts(upcast={0: 4, 1: 4}, thread=0): a 4x4 register tile, rows split among OpenMP threads
 
-OPT=0 runs nothing here; OPT=1 (default) is HandOpt(machine); OPT=2 is SearchOpt(machine), which times candidates
+OPT=0 runs nothing here; OPT=1 (default) is HandOpt(machine); OPT=2 is SearchOpt(machine, timer), which times candidates
 once per kernel and remembers the winner on disk (so a second run does no timing). Every choice is made for the
 `uopc.machine.Machine` the optimizer was built with, never for the CPU the code happens to run on.
 
@@ -13,9 +13,9 @@ once per kernel and remembers the winner on disk (so a second run does no timing
     search.py     candidate_opts, search_opt, SearchOpt
 """
 
-from uopc.opt.heuristic import THREAD_MIN_WORK, UNROLL_MAX_REDUCE, HandOpt, hand_opt, hand_opt_choice
+from uopc.opt.heuristic import THREAD_MIN_WORK, UNROLL_MAX_REDUCE, HandOpt, hand_opt_choice
 from uopc.opt.layout import layout_pass, push_views
-from uopc.opt.search import SearchOpt, candidate_opts, search_key, search_opt, search_stats, time_candidates
+from uopc.opt.search import SearchOpt, Timer, candidate_opts, search_key, search_opt, search_stats
 from uopc.opts import Opts
 
 __all__ = [
@@ -24,13 +24,12 @@ __all__ = [
     "HandOpt",
     "Opts",
     "SearchOpt",
+    "Timer",
     "candidate_opts",
-    "hand_opt",
     "hand_opt_choice",
     "layout_pass",
     "push_views",
     "search_key",
     "search_opt",
     "search_stats",
-    "time_candidates",
 ]

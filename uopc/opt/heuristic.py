@@ -15,7 +15,6 @@ from uopc.opt.gemm import gemm_opts
 from uopc.opt.layout import layout_pass
 from uopc.opt.strides import last_axis_stride, operand_views
 from uopc.opts import Opts
-from uopc.rangeify import Ctx, lower
 from uopc.uop import MOVEMENT, Ops, UOp
 
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;
@@ -93,11 +92,6 @@ def _strided_read(body: UOp) -> bool:
     return False
 
 
-def hand_opt(body: UOp, out: UOp, machine: Machine) -> tuple[UOp, Opts]:
-    o = hand_opt_choice(body, machine)
-    return lower(body, out, Ctx(opts=o)), o
-
-
 @dataclass(frozen=True)
 class HandOpt:
     """The default optimizer for one machine: layout pass + hand-chosen Opts. Part of the plan key (with its
@@ -108,5 +102,6 @@ class HandOpt:
     def layout(self, roots: list[UOp]) -> list[UOp]:
         return layout_pass(roots, self.machine)
 
-    def lower(self, body: UOp, out: UOp) -> tuple[UOp, Opts]:
-        return hand_opt(body, out, self.machine)
+    def choose(self, body: UOp, out: UOp) -> Opts:
+        """The Opts to lower one kernel body with (the engine lowers it)."""
+        return hand_opt_choice(body, self.machine)

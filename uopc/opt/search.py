@@ -1,7 +1,9 @@
-"""The timed search (OPT=2): lower a kernel with every plausible Opts, time each on random data, keep the fastest.
+"""The timed search (OPT=2): time a kernel lowered with every plausible Opts on random data, keep the fastest.
 
-The winner is remembered on disk under a key of everything the timing depends on (see `search_key`), so a second
-run does no timing, and a result timed under other flags, another compiler, CPU or thread count is not reused.
+The timing itself is the engine's (uopc.engine.tune.KernelTimer, handed to SearchOpt): lowering, rendering and
+running code are stages to the optimizer's right, which it never imports. The winner is remembered on disk under a
+key of everything the timing depends on (see `search_key`), so a second run does no timing, and a result timed
+under other flags, another compiler, CPU or thread count is not reused.
 """
 
 from __future__ import annotations
@@ -10,24 +12,26 @@ import hashlib
 import itertools
 import json
 import os
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-
-import numpy as np
+from typing import Protocol
 
 from uopc import helpers
-from uopc.buffer import aligned_empty
-from uopc.dtype import DType
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
 from uopc.opt.heuristic import hand_opt_choice, reduce_size
 from uopc.opt.layout import layout_pass
 from uopc.opts import Opts
-from uopc.rangeify import ERROR_RECORD, Ctx, checks_of, lower
-from uopc.render_c import render_c
-from uopc.runtime import Program, compiler_identity
-from uopc.threads import get_num_threads
 from uopc.uop import Ops, UOp, structure_key
+
+
+class Timer(Protocol):
+    """What the search needs from the engine: the seconds a body takes lowered with each Opts, and what those
+    timings depend on beyond the body (compiler, flags, thread count)."""
+
+    def key(self) -> tuple: ...
+
+    def __call__(self, body: UOp, out: UOp, cands: list[Opts], reps: int) -> Iterator[tuple[Opts, float]]: ...
 
 
 def candidate_opts(body: UOp, machine: Machine) -> list[Opts]:
@@ -61,74 +65,48 @@ def _dedup(cands: list[Opts]) -> list[Opts]:
     return list(seen.values())
 
 
-def search_key(body: UOp, out: UOp, machine: Machine) -> str:
-    """What a timing depends on: the kernel's structure and output, the compiler and its flags, the CPU, the
-    Machine record the candidates were made for, and the thread count they ran with."""
-    parts = (structure_key([body])[0], out.dtype.name, out.arg.shape, compiler_identity(), machine, get_num_threads())
-    return repr(parts)
+def search_key(body: UOp, out: UOp, machine: Machine, timer: Timer) -> str:
+    """What a timing depends on: the kernel's structure and output, the Machine record the candidates were made
+    for, and the timer's own key (the compiler and its flags, the CPU, the thread count)."""
+    return repr((structure_key([body])[0], out.dtype.name, out.arg.shape, machine, timer.key()))
 
 
-def _search_cache_path(body: UOp, out: UOp, machine: Machine) -> str:
-    h = hashlib.sha256(search_key(body, out, machine).encode()).hexdigest()[:32]
+def _search_cache_path(body: UOp, out: UOp, machine: Machine, timer: Timer) -> str:
+    h = hashlib.sha256(search_key(body, out, machine, timer).encode()).hexdigest()[:32]
     return os.path.join(helpers.cache_dir(), "search", f"{h}.json")
-
-
-def search_opt(body: UOp, out: UOp, machine: Machine, reps: int = 3) -> tuple[UOp, Opts]:
-    """Time every distinct candidate on random data and keep the fastest; remember the winner on disk."""
-    path = _search_cache_path(body, out, machine)
-    try:
-        with open(path) as f:
-            o = Opts.from_json(json.load(f))
-        return lower(body, out, Ctx(opts=o)), o
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # no entry yet, or an unreadable one: search again and overwrite it
-    best, best_o, best_t = None, None, float("inf")
-    for o, t, ast in time_candidates(body, out, machine, reps):
-        if t < best_t:
-            best, best_o, best_t = ast, o, t
-    atomic_write(path, json.dumps(best_o.to_json()).encode())
-    return best, best_o
 
 
 search_stats = {"timed": 0}
 
 
-def time_candidates(body: UOp, out: UOp, machine: Machine, reps: int = 3):
-    """Yield (opts, best seconds, ast) for every distinct candidate, run on random inputs."""
-    bufs = sorted({u for u in body.toposort() if u.op is Ops.BUFFER}, key=lambda u: u.arg.slot)
-    rng = np.random.default_rng(0)
-    # aligned as uopc's own buffers are: a vector access proven aligned may use an aligned instruction
-    data = [_aligned(rng.standard_normal(b.arg.shape[0]), b.dtype) for b in bufs]
-    res = _aligned(np.zeros(out.arg.shape[0]), out.dtype)
-    # a kernel with data-dependent index checks takes an error record after its output (random indices fail them:
-    # the checks replace bad indices by 0, so timing is unaffected)
-    args = [*data, res] + ([np.zeros(ERROR_RECORD, np.int64)] if checks_of(body) else [])
-    for o in _dedup(candidate_opts(body, machine)):
-        ast = lower(body, out, Ctx(opts=o))
-        prg = Program(render_c(ast, "k"), "k")
+def search_opt(body: UOp, out: UOp, machine: Machine, timer: Timer, reps: int = 3) -> Opts:
+    """Time every distinct candidate on random data and keep the fastest; remember the winner on disk."""
+    path = _search_cache_path(body, out, machine, timer)
+    try:
+        with open(path) as f:
+            return Opts.from_json(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no entry yet, or an unreadable one: search again and overwrite it
+    best_o, best_t = None, float("inf")
+    for o, t in timer(body, out, _dedup(candidate_opts(body, machine)), reps):
         search_stats["timed"] += 1
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            prg(*args)
-            ts.append(time.perf_counter() - t0)
-        yield o, min(ts), ast
-
-
-def _aligned(x: np.ndarray, dtype: DType) -> np.ndarray:
-    a = aligned_empty(x.size, dtype)
-    a[:] = x
-    return a
+        if t < best_t:
+            best_o, best_t = o, t
+    atomic_write(path, json.dumps(best_o.to_json()).encode())
+    return best_o
 
 
 @dataclass(frozen=True)
 class SearchOpt:
-    """OPT=2 for one machine: layout pass + timed search over candidate Opts (results cached on disk)."""
+    """OPT=2 for one machine: layout pass + timed search over candidate Opts (results cached on disk), timed by
+    the engine's `timer`."""
 
     machine: Machine
+    timer: Timer
 
     def layout(self, roots: list[UOp]) -> list[UOp]:
         return layout_pass(roots, self.machine)
 
-    def lower(self, body: UOp, out: UOp) -> tuple[UOp, Opts]:
-        return search_opt(body, out, self.machine)
+    def choose(self, body: UOp, out: UOp) -> Opts:
+        """The fastest candidate Opts for one kernel body (the engine lowers it)."""
+        return search_opt(body, out, self.machine, self.timer)

@@ -1,4 +1,4 @@
-"""Views and strides on the shape graph: which buffer elements a view reads, asked of rangeify.
+"""Views and strides on the shape graph: which buffer elements a view reads, asked of the index maps.
 
 `push_views` moves views through ALU ops so each operand's own chain of views is visible; `operand_views` lists
 those chains; `last_axis_stride` is the distance in memory between neighbours along one axis of a view.
@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
-from uopc.helpers import prod
-from uopc.rangeify import Ctx, rangeify
+from uopc.indexing import flat_index
 from uopc.rewrite import PatternMatcher, UPat
 from uopc.symbolic import simplify
-from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp
+from uopc.uop import ALU, MOVEMENT, AxisType, Ops, RangeArg, UOp
 
 
 def _push(m: UOp, a: UOp) -> UOp | None:
@@ -64,18 +63,15 @@ def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
     """Distance in memory between view[..., k] and view[..., k+1] (along `axis`, the last by default), or None
     if the view is not affine there.
 
-    Rangeify is the stride oracle: lower the view against a fake buffer, evaluate its index at k=0 and k=1.
+    The index maps are the stride oracle: the view's flat index into `base` over symbolic loop indices, evaluated
+    at k=0 and k=1.
     """
     if not view.shape or view.shape[axis] == 1:  # a 0-d view (e.g. reshape to ()) has no last axis to stride
         return 0
-    fake = UOp(Ops.BUFFER, (), ParamArg(-999, base.dtype, (max(1, prod(base.shape)),)))
-    v = view.substitute({base: fake.reshape(base.shape) if base.shape != fake.shape else fake})
-    ctx = Ctx()
-    rngs = tuple(ctx.rng(s) for s in v.shape)
-    val = rangeify(v, rngs, ctx)
-    if val.op is not Ops.LOAD or val.src[0].op is not Ops.INDEX:
+    rngs = tuple(UOp(Ops.RANGE, (UOp.const(s),), RangeArg(i, AxisType.LOOP)) for i, s in enumerate(view.shape))
+    e = flat_index(view, base, rngs)
+    if e is None:
         return None
-    e = val.src[0].src[1]
 
     def at(k: int) -> UOp:
         last = axis % len(rngs)

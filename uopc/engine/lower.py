@@ -1,0 +1,100 @@
+"""A schedule lowered into a plan: each kernel's Opts from the optimizer, its loop AST from codegen.
+
+    plan, inputs = make_plan(roots, fuse_reduce, opt)    # schedule(...), then lower_schedule(...)
+
+A model's repeated layers schedule to identical kernel bodies (renumbered buffers, hash-consed: one object), so a
+kernel is optimized and lowered once per process (`lowered`), not once per layer and plan. After lowering, kernels
+keep only the parameters their AST still reads, get names unique within the plan, and the memory planner places
+the temps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from typing import Any
+
+from uopc import helpers
+from uopc.rangeify import Ctx, lower, lower_scatter
+from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
+from uopc.uop import Ops, UOp
+
+__all__ = ["clear_lowered", "lower_schedule", "lowered", "lowered_stats", "make_plan"]
+
+
+def make_plan(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tuple[Plan, list[UOp]]:
+    """Kernelize (Chapter 7): schedule the graph, then lower every kernel. Returns the plan and the input BUFFERs
+    its kernels refer to as Ref(RefKind.IN, i). `opt` (uopc.opt.HandOpt or SearchOpt, or None for unoptimized
+    kernels) runs its layout pass on the graph and chooses each kernel's Opts."""
+    sched, inputs = schedule(roots, fuse_reduce, opt)
+    return lower_schedule(sched, opt), inputs
+
+
+def lower_schedule(sched: Schedule, opt: Any) -> Plan:
+    """Lower each item into a Kernel, name the kernels uniquely, and plan the temps' memory."""
+    kernels = [_kernel(item, opt) for item in sched.items]
+    names = _unique_names([k.name for k in kernels], [k.ast for k in kernels])
+    kernels = [k if k.name == n else replace(k, name=n) for k, n in zip(kernels, names, strict=True)]
+    arena = plan_memory(kernels, list(sched.temps))
+    return Plan(tuple(kernels), sched.temps, sched.outs, sched.n_err, arena.offsets, arena.nbytes)
+
+
+def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
+    if item.body.op is Ops.SCATTER:  # the accumulating half: serial, in order (threads would race on repeated indices)
+        ast, opts = lower_scatter(item.body, item.out), None
+    else:
+        ast, opts = lowered(item.body, item.out, opt)
+    # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
+    # so bind exactly the slots that survive lowering, or every later argument shifts by one
+    alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
+    refs = tuple(item.refs[s] for s in alive)
+    return Kernel(item.name, ast, refs, item.flops, opts, item.checks, moved_bytes(item, alive), item.op)
+
+
+def _unique_names(names: list[str], asts: list[UOp]) -> list[str]:
+    """One name per distinct AST: a repeated AST keeps its first name (two bodies of different shapes can lower to
+    one AST); a name already used by a different AST gets the suffix n1, n2 .."""
+    seen: dict[str, list[UOp]] = {}
+    named: dict[UOp, str] = {}
+    out = []
+    for name, ast in zip(names, asts, strict=True):
+        if ast not in named:
+            taken = seen.setdefault(name, [])
+            named[ast] = name if not taken else f"{name}n{len(taken)}"
+            taken.append(ast)
+        out.append(named[ast])
+    return out
+
+
+# (optimizer, body, output, index checks) -> (ast, opts). Bounded: the entries keep their UOps alive.
+_LOWERED_MAX = 1024
+_lowered_memo: OrderedDict[tuple, tuple[UOp, Any]] = OrderedDict()
+_lowered_lock = threading.Lock()
+lowered_stats = {"hits": 0, "misses": 0}
+
+
+def lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
+    """The loop AST of one kernel body and the Opts it was lowered with (None: unoptimized), memoized."""
+    key = (opt, body, out, helpers.settings().CHECK_OOB)
+    with _lowered_lock:
+        hit = _lowered_memo.get(key)
+        if hit is not None:
+            _lowered_memo.move_to_end(key)
+            lowered_stats["hits"] += 1
+            return hit
+    with helpers.phase("lower"):
+        opts = opt.choose(body, out) if opt is not None else None
+        res = lower(body, out, Ctx(opts=opts)), opts
+    with _lowered_lock:
+        lowered_stats["misses"] += 1
+        _lowered_memo[key] = res
+        while len(_lowered_memo) > _LOWERED_MAX:
+            _lowered_memo.popitem(last=False)
+    return res
+
+
+def clear_lowered() -> None:
+    """Forget every memoized lowering (for tests that count lowerings; the memo's key already holds every input)."""
+    with _lowered_lock:
+        _lowered_memo.clear()

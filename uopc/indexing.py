@@ -1,0 +1,114 @@
+"""Movement ops as index maps: where an element of a view lives in its source.
+
+    through(x.permute((1, 0)), (i, j))   ->   (x, (j, i), None)
+    through(x.pad(((1, 0),)), (i,))      ->   (x, (i - 1,), 0 < i)        (the condition under which it is real)
+
+Lowering (uopc.rangeify) follows a view down to its buffer one op at a time with `through`; the optimizer's
+stride analysis (uopc.opt.strides) asks the same question without lowering anything (`flat_index`).
+"""
+
+from __future__ import annotations
+
+from uopc.dtype import dtypes
+from uopc.helpers import prod
+from uopc.symbolic import simplify
+from uopc.uop import Ops, UOp
+
+__all__ = ["and_", "flat_index", "ravel", "reshape_index", "through"]
+
+
+def ravel(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    """The row-major flat index of `idx` in `shape`."""
+    out: UOp = UOp.const(0, idx[0].dtype if idx else dtypes.int32)
+    stride = 1
+    for i, s in reversed(list(zip(idx, shape))):
+        if s != 1:
+            out = i * stride + out if stride != 1 else i + out
+        stride *= s
+    return out
+
+
+def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[UOp, ...]:
+    """Map an index of the reshaped value back to its source. Dims are matched in groups of equal
+    product, so splitting/merging axes costs one div/mod per affected axis, not a full unravel."""
+    res: list[UOp] = []
+    i = j = 0
+    while i < len(out_shape) or j < len(in_shape):
+        # grow a group on each side until the products agree (size-1 dims join whichever side is open)
+        gi, gj = [i], [j]
+        pi = out_shape[i] if i < len(out_shape) else 1
+        pj = in_shape[j] if j < len(in_shape) else 1
+        i, j = i + 1, j + 1
+        while pi != pj:
+            if pi < pj:
+                gi.append(i)
+                pi *= out_shape[i]
+                i += 1
+            else:
+                gj.append(j)
+                pj *= in_shape[j]
+                j += 1
+        gi = [k for k in gi if k < len(out_shape)]
+        gj = [k for k in gj if k < len(in_shape)]
+        flat = ravel(tuple(idx[k] for k in gi), tuple(out_shape[k] for k in gi))
+        stride = prod(in_shape[k] for k in gj)
+        for k in gj:
+            stride //= in_shape[k]
+            part = flat if stride == 1 else flat // stride
+            res.append(UOp.const(0, flat.dtype) if in_shape[k] == 1 else part % in_shape[k] if k != gj[0] else part)
+    return tuple(res)
+
+
+def and_(a: UOp | None, b: UOp | None) -> UOp | None:
+    """a & b, where None means no condition."""
+    return b if a is None else a if b is None else a & b
+
+
+def through(u: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, tuple[UOp, ...], UOp | None]:
+    """For movement op `u` at index `idx`: the node the element comes from, its index there, and the condition
+    under which it is real (a PAD's; None: always). A chain of RESHAPEs is one step to the innermost source (both
+    row-major), so a staged (N, H, W, C, kh, kw) read as (N, H*W, C*kh*kw) indexes without a div/mod per element."""
+    op, src = u.op, u.src[0]
+    if op is Ops.RESHAPE:
+        while src.op is Ops.RESHAPE:
+            src = src.src[0]
+        return src, reshape_index(idx, u.shape, src.shape), None
+    if op is Ops.EXPAND:
+        zero = UOp.const(0, idx[0].dtype if idx else dtypes.int32)
+        return src, tuple(zero if s == 1 else i for i, s in zip(idx, src.shape, strict=True)), None
+    if op is Ops.PERMUTE:
+        new: list[UOp] = [None] * len(idx)  # type: ignore[list-item]
+        for i, p in enumerate(u.arg):
+            new[p] = idx[i]
+        return src, tuple(new), None
+    if op is Ops.SHRINK:
+        return src, tuple(i + lo if lo else i for i, (lo, _) in zip(idx, u.arg, strict=True)), None
+    if op is Ops.FLIP:
+        return src, tuple((s - 1) - i if f else i for i, s, f in zip(idx, u.shape, u.arg, strict=True)), None
+    if op is Ops.PAD:
+        cond: UOp | None = None
+        new = []
+        for i, s, (lo, _) in zip(idx, src.shape, u.arg, strict=True):
+            if lo or s + lo < i.vmax + 1:
+                ok = simplify((UOp.const(lo - 1, i.dtype) < i) & (i < UOp.const(lo + s, i.dtype)))
+                if not (ok.op is Ops.CONST and ok.arg is True):
+                    cond = and_(cond, ok)
+            new.append(i - lo if lo else i)
+        return src, tuple(new), cond
+    raise ValueError(f"through: {op} is not a movement op")
+
+
+def flat_index(view: UOp, base: UOp, idx: tuple[UOp, ...]) -> UOp | None:
+    """The row-major flat index into `base` of `view` at `idx`, following only movement ops from `view` down to
+    `base`; None if a PAD makes the element conditional or the chain reaches something else first."""
+    u = view
+    while u is not base:
+        if u.op is Ops.STAGE:
+            u = u.src[0]
+            continue
+        if u.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.PAD):
+            return None
+        u, idx, cond = through(u, idx)
+        if cond is not None:
+            return None
+    return ravel(idx, base.shape) if base.shape else UOp.const(0, idx[0].dtype if idx else dtypes.int32)
