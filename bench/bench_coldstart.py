@@ -94,7 +94,8 @@ def child_uopc(row: Row, cfg: dict) -> None:
     import models
     import numpy as np
 
-    from uopc import Tensor, TinyJit, runtime
+    from uopc import Tensor, TinyJit
+    from uopc.runtime import compiler as runtime
 
     t1 = time.perf_counter()
     if row.model == "softmax":
@@ -136,7 +137,7 @@ def child_torch(row: Row, cfg: dict) -> None:
 
 def child_gcc() -> None:
     """gcc's time on the hand-written softmax with uopc's compiler and flags (the best of 3 compiles)."""
-    from uopc import runtime
+    from uopc.runtime import compiler as runtime
 
     cc, flags = runtime._resolve_compiler(), runtime.cflags()
     with tempfile.TemporaryDirectory() as d:

@@ -18,8 +18,9 @@ import time
 
 import numpy as np
 
-from uopc import realize, runtime
+from uopc.engine import realize
 from uopc.nn import AdamW, BatchNorm2d, Conv2d, Linear, Sequential, parameters
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 
 try:

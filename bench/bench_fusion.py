@@ -13,7 +13,7 @@ import numpy as np
 
 os.environ.setdefault("UOPC_CACHE", tempfile.mkdtemp(prefix="uopc-bench-"))  # cold compiles: an empty cache
 
-from uopc import realize
+from uopc.engine import realize
 from uopc.helpers import Context
 from uopc.tensor import Tensor
 from uopc.tools import harness

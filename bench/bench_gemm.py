@@ -26,15 +26,15 @@ import time
 
 import numpy as np
 
-from uopc import runtime
-from uopc.dtype import dtypes
+from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.helpers import Context
 from uopc.opt.gemm import microkernel
-from uopc.rangeify import Ctx, Opts, lower
-from uopc.render_c import render_c
-from uopc.runtime import Program, get_num_threads, set_num_threads
+from uopc.renderer.c import render_c
+from uopc.runtime import compiler as runtime
+from uopc.runtime.compiler import Program, get_num_threads, set_num_threads
 from uopc.tools.harness import wait_idle
 from uopc.uop import Ops, ParamArg, UOp
+from uopc.uop.dtype import dtypes
 
 
 def gemm_graph(M, N=None, K=None, bt=False):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from uopc import realize, runtime
-from uopc.render_c import code_for_op
+from uopc.engine import realize
+from uopc.renderer.c import code_for_op
+from uopc.runtime import compiler as runtime
 from uopc.tools import harness
 from uopc.tools.bench_suite import mnist_batches, uopc_stepper
 from uopc.uop import Ops

@@ -25,8 +25,10 @@ if any(os.environ.get(k) != v for k, v in MALLOC.items()):  # glibc reads these 
 
 import numpy as np  # noqa: E402
 
-from uopc import Tensor, nn, realize, runtime  # noqa: E402
-from uopc.buffer import buffer_data  # noqa: E402
+from uopc import Tensor, nn  # noqa: E402
+from uopc.engine import realize  # noqa: E402
+from uopc.runtime import compiler as runtime  # noqa: E402
+from uopc.runtime.buffer import buffer_data  # noqa: E402
 from uopc.schedule import RefKind  # noqa: E402
 from uopc.uop import structure_key  # noqa: E402
 

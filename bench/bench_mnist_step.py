@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from uopc import realize, runtime
-from uopc.buffer import pool
+from uopc.engine import realize
+from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import pool
 from uopc.tools import harness
 from uopc.tools.bench_suite import mnist_batches, torch_stepper, uopc_stepper
 

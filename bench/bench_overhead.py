@@ -23,10 +23,12 @@ import time
 
 import numpy as np
 
-from uopc import TinyJit, realize, runtime
-from uopc.buffer import pool
+from uopc import TinyJit
+from uopc.engine import realize
 from uopc.helpers import cache_dir
 from uopc.machine import available_cpus
+from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import pool
 from uopc.tensor import Tensor
 
 CHILD = """

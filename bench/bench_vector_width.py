@@ -17,8 +17,9 @@ import time
 
 import numpy as np
 
-from uopc import Tensor, nn, runtime
+from uopc import Tensor, nn
 from uopc.helpers import Context
+from uopc.runtime import compiler as runtime
 
 
 def workloads() -> dict:

@@ -13,10 +13,11 @@ import time
 
 import numpy as np
 
-from uopc import realize, runtime, uop
+from uopc.engine import realize
 from uopc.nn import AdamW, Linear, parameters
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
-from uopc.uop import Ops
+from uopc.uop import Ops, uop
 
 
 def rss_mb() -> float:

@@ -5,15 +5,15 @@ make demo        (or: python examples/demo.py)
 
 import numpy as np
 
-from uopc.buffer import buffer_data, new_buffer
-from uopc.dtype import dtypes
+from uopc.engine.realize import realize
 from uopc.helpers import Context
 from uopc.kernelize import make_plan
-from uopc.realize import realize
-from uopc.render_c import render_c
-from uopc.runtime import Program
+from uopc.renderer.c import render_c
+from uopc.runtime.buffer import buffer_data, new_buffer
+from uopc.runtime.compiler import Program
 from uopc.schedule import RefKind
 from uopc.uop import Ops
+from uopc.uop.dtype import dtypes
 
 LOG2E = 1.4426950408889634
 

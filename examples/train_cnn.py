@@ -18,9 +18,11 @@ import time
 
 import numpy as np
 
-from uopc import TinyJit, realize, runtime
-from uopc.datasets import mnist
+from uopc import TinyJit
+from uopc.engine import realize
 from uopc.nn import AdamW, BatchNorm2d, Conv2d, Dropout, Linear, parameters
+from uopc.nn.datasets import mnist
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 from uopc.tools.plot import progress
 

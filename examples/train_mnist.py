@@ -19,9 +19,11 @@ import time
 
 import numpy as np
 
-from uopc import TinyJit, realize, runtime
-from uopc.datasets import mnist
+from uopc import TinyJit
+from uopc.engine import realize
 from uopc.nn import AdamW, Linear, parameters
+from uopc.nn.datasets import mnist
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 from uopc.tools.plot import progress, save_loss_curve
 

@@ -20,8 +20,8 @@ from train_mnist import MLP, accuracy, preprocess  # the single-process example,
 
 from uopc import distributed as dist
 from uopc import get_num_threads
-from uopc.datasets import mnist
 from uopc.nn import AdamW, parameters
+from uopc.nn.datasets import mnist
 from uopc.tensor import Tensor
 
 

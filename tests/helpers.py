@@ -17,13 +17,13 @@ import subprocess
 import numpy as np
 
 from uopc import helpers as uopc_helpers
-from uopc import runtime
-from uopc.dtype import DType, dtypes
+from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.helpers import prod
-from uopc.rangeify import Ctx, Opts, lower
-from uopc.render_c import render_c
-from uopc.runtime import Program
+from uopc.renderer.c import render_c
+from uopc.runtime import compiler as runtime
+from uopc.runtime.compiler import Program
 from uopc.uop import Ops, ParamArg, UOp
+from uopc.uop.dtype import DType, dtypes
 
 __all__ = [
     "buf",

@@ -6,15 +6,15 @@
 Importing uopc loads only the Tensor front end; the compiler stages load on the first realize.
 """
 
-from uopc.dtype import dtypes
+from uopc.runtime.threads import get_num_threads, set_num_threads
 from uopc.tensor import Tensor, no_grad
-from uopc.threads import get_num_threads, set_num_threads
+from uopc.uop.dtype import dtypes
 
 
 def __getattr__(name: str):
     """`uopc.TinyJit`, loaded on first use: it sits above realize, and `import uopc` must not load the compiler."""
     if name == "TinyJit":
-        from uopc.jit import TinyJit
+        from uopc.engine.jit import TinyJit
 
         return TinyJit
     raise AttributeError(f"module 'uopc' has no attribute {name!r}")

@@ -10,7 +10,8 @@
         opt.zero_grad(); loss.backward(opt.params)
         dp.step(loss)                                # gradients averaged over ranks (bucketed), then opt.step()
 
-Collectives move the realized arrays of `uopc.buffer` straight through MPI: `all_reduce` reduces from the input's
+Collectives move the realized arrays of `uopc.runtime.buffer` straight through MPI: `all_reduce` reduces from the
+input's
 array into the result's fresh aligned array, the only copy. The core of uopc does not need this module or MPI.
 """
 
@@ -26,11 +27,12 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from uopc import helpers, realize, set_num_threads
-from uopc.buffer import ALIGN, aligned_empty, buffer_from, storage_view
-from uopc.dtype import DType
+from uopc import helpers, set_num_threads
+from uopc.engine import realize
+from uopc.runtime.buffer import ALIGN, aligned_empty, buffer_from, storage_view
 from uopc.tensor import Tensor
 from uopc.uop import base_buffer
+from uopc.uop.dtype import DType
 
 try:
     from mpi4py import MPI

@@ -5,7 +5,7 @@ Settings (all optional):
   OPT               0 none, 1 hand heuristic (default), 2 autotune search
   UOPC_CACHE        directory of compiled kernels (default: $XDG_CACHE_HOME/uopc or ~/.cache/uopc)
   CC                C compiler (default: gcc)
-  CFLAGS            compiler flags, replacing the defaults in uopc.runtime
+  CFLAGS            compiler flags, replacing the defaults in uopc.runtime.compiler
   UOPC_NUM_THREADS  OpenMP threads (default: OMP_NUM_THREADS, else all cores)
   UOPC_CHECK_OOB    1: generated code checks every load/store index against its buffer
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
@@ -51,7 +51,7 @@ class Settings:
     DEBUG: int = 0
     OPT: int = 1
     CC: str = "gcc"
-    CFLAGS: tuple[str, ...] | None = None  # None: uopc.runtime's defaults
+    CFLAGS: tuple[str, ...] | None = None  # None: uopc.runtime.compiler's defaults
     CHECK_OOB: int = 0
     PLAN_CACHE: int = 1024
     POOL_MB: int = 2048

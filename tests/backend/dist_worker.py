@@ -17,11 +17,11 @@ from mpi4py import MPI
 
 from uopc import TinyJit
 from uopc import distributed as dist
-from uopc.buffer import buffer_data
-from uopc.dtype import dtypes
 from uopc.nn import SGD, AdamW, Linear, parameters
+from uopc.runtime.buffer import buffer_data
 from uopc.tensor import Tensor
 from uopc.uop import base_buffer
+from uopc.uop.dtype import dtypes
 
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 DTYPES += ["float16", "float32", "float64"]

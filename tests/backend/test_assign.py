@@ -10,9 +10,9 @@ import gc
 import numpy as np
 
 from uopc import Tensor, dtypes
-from uopc.buffer import buffer_data, buffer_ptr, new_buffer, pool
-from uopc.jit import TinyJit
+from uopc.engine.jit import TinyJit
 from uopc.nn import AdamW, Linear, parameters
+from uopc.runtime.buffer import buffer_data, buffer_ptr, new_buffer, pool
 from uopc.uop import base_buffer, read_only_by
 
 

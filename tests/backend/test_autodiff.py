@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from uopc import autodiff
-from uopc.dtype import dtypes
-from uopc.tensor import Tensor
+from uopc.tensor import Tensor, autodiff
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 rng = np.random.default_rng(0)
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from uopc import Tensor, dtypes
-from uopc.rangeify import lower
-from uopc.render_c import render_c
+from uopc.codegen.rangeify import lower
+from uopc.renderer.c import render_c
 from uopc.uop import Ops, ParamArg, UOp
 
 BIG = 2**31 + 64

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from uopc.realize import capture
+from uopc.engine.realize import capture
 from uopc.tensor import Tensor
 
 RTOL = ATOL = 1e-4

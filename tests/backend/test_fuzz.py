@@ -1,4 +1,4 @@
-"""Differential fuzzing against NumPy (uopc.fuzz): a bounded seeded run, and one test per bug the fuzzer found.
+"""Differential fuzzing against NumPy (uopc.tools.fuzz): a bounded seeded run, and one test per bug the fuzzer found.
 
 Tolerances: float32 rtol 1e-3, atol 1e-4 (chains of up to six ops); ints and bools exact.
 """
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from uopc import dtypes
-from uopc.fuzz import MODES, SKIPPED, _threaded, check
 from uopc.tensor import Tensor
+from uopc.tools.fuzz import MODES, SKIPPED, _threaded, check
 
 
 @pytest.mark.parametrize("block", range(6))

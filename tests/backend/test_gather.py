@@ -11,10 +11,10 @@ import threading
 import numpy as np
 import pytest
 
-from uopc.buffer import buffer_data, new_buffer
-from uopc.dtype import dtypes
-from uopc.realize import default_opt, realize
+from uopc.engine.realize import default_opt, realize
+from uopc.runtime.buffer import buffer_data, new_buffer
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 rng = np.random.default_rng(0)
 

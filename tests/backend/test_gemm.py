@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph
-from uopc import runtime
-from uopc.buffer import aligned_empty
-from uopc.dtype import dtypes
+from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
 from uopc.opt.gemm import gemm_opts, microkernel
-from uopc.rangeify import Ctx, Opts, lower
-from uopc.render_c import render_c
-from uopc.runtime import Program
+from uopc.renderer.c import render_c
+from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import aligned_empty
+from uopc.runtime.compiler import Program
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 rng = np.random.default_rng(0)
 MACHINE = runtime.machine()  # what the compiler targets with the current CC and CFLAGS

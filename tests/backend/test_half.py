@@ -16,11 +16,12 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import buf
-from uopc import Tensor, dtypes, nn, runtime
-from uopc.half import compute_in_float
+from uopc import Tensor, dtypes, nn
+from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
-from uopc.rangeify import Ctx, Opts, lower
-from uopc.render_c import render_c, render_plan
+from uopc.renderer.c import render_c, render_plan
+from uopc.renderer.half import compute_in_float
+from uopc.runtime import compiler as runtime
 from uopc.uop import ALU, Ops
 
 rng = np.random.default_rng(16)

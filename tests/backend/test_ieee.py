@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, cc_major, render_graph, run
-from uopc import runtime
-from uopc.dtype import dtypes
+from uopc.runtime import compiler as runtime
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 f32, f64, i32 = dtypes.float32, dtypes.float64, dtypes.int32
 nan, inf = np.nan, np.inf

@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from uopc import TinyJit, runtime
-from uopc.buffer import buffer_ptr, pool
+from uopc import TinyJit
 from uopc.nn import SGD, AdamW, LayerNorm, Linear, parameters
+from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import buffer_ptr, pool
 from uopc.tensor import Tensor
 from uopc.uop import base_buffer
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, c_lines, c_loops, gemm_graph, mm, render_graph, run
-from uopc import runtime
-from uopc.dtype import DType, dtypes
-from uopc.rangeify import Opts
+from uopc.codegen.rangeify import Opts
+from uopc.runtime import compiler as runtime
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import DType, dtypes
 
 f32, f64, i32, u8, bl = dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint8, dtypes.bool
 

@@ -12,7 +12,6 @@ import struct
 import numpy as np
 import pytest
 
-from uopc import datasets
 from uopc.nn import (
     SGD,
     Adam,
@@ -20,6 +19,7 @@ from uopc.nn import (
     Embedding,
     LayerNorm,
     Linear,
+    datasets,
     get_state_dict,
     load_state_dict,
     parameters,
@@ -144,7 +144,7 @@ def test_param_without_grad_is_left_alone():
 def test_optimizer_state_starts_realized():
     lin = Linear(3, 2)
     opt = AdamW(parameters(lin))
-    from uopc.buffer import is_contiguous_buffer
+    from uopc.runtime.buffer import is_contiguous_buffer
 
     assert all(is_contiguous_buffer(t.uop) for t in opt.m + opt.v + opt.params)
 

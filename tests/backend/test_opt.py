@@ -11,17 +11,18 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph
-from uopc import opt, runtime
-from uopc.dtype import dtypes
+from uopc import opt
+from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.engine.tune import KernelTimer
 from uopc.helpers import Context
 from uopc.machine import Machine
 from uopc.opt import candidate_opts, gemm, hand_opt_choice, layout_pass, search_opt
 from uopc.opt.search import _dedup
-from uopc.rangeify import Ctx, Opts, lower
-from uopc.render_c import render_c
-from uopc.runtime import Program
+from uopc.renderer.c import render_c
+from uopc.runtime import compiler as runtime
+from uopc.runtime.compiler import Program
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 rng = np.random.default_rng(0)
 M = runtime.machine()  # what the compiler targets with the current CC and CFLAGS

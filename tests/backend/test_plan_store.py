@@ -1,4 +1,4 @@
-"""Plans persisted across processes (uopc.plan_store): a warm process reads the plan instead of scheduling and
+"""Plans persisted across processes (uopc.engine.plan_store): a warm process reads the plan instead of scheduling and
 lowering it; changing the structure, a code setting, the Machine, the compiler or uopc itself invalidates the entry;
 a damaged entry is rebuilt. Reference: NumPy (float64 softmax of a product, rtol 1e-5)."""
 
@@ -13,8 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uopc import helpers, plan_store, realize, runtime
+from uopc import helpers
 from uopc.engine import lower as lowering
+from uopc.engine import plan_store, realize
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 from uopc.uop import structure_key
 

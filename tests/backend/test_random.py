@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from uopc import Tensor, dtypes, no_grad
-from uopc import realize as realize_mod
+from uopc.engine import realize as realize_mod
 
 N = 1 << 20
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import buf, render_graph, run
 from uopc import Tensor
-from uopc.rangeify import LEAF, LEVEL, Opts, _levels
+from uopc.codegen.rangeify import LEAF, LEVEL, Opts, _levels
 from uopc.uop import Ops
 
 F01 = float(np.float32(0.1))

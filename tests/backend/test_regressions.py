@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from uopc import runtime
-from uopc.buffer import buffer_data
+from uopc.engine.realize import realize
 from uopc.opt import HandOpt
-from uopc.realize import realize
+from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import buffer_data
 from uopc.tensor import Tensor
 from uopc.uop import UOp
 
@@ -58,7 +58,7 @@ def test_two_roots_with_one_value():
 def test_uopc_owned_arrays_are_aligned_and_copied():
     # perf guard: NumPy's large arrays start 16 bytes into a page and every other 32-byte load split a cache line
     # (a 1024^3 GEMM: 175 vs 192 GFLOP/s); inputs are copied into 64-byte aligned storage that uopc owns
-    from uopc.buffer import ALIGN
+    from uopc.runtime.buffer import ALIGN
     from uopc.uop import base_buffer
 
     x = np.arange(300_000, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""Tests for uopc.runtime: compiling, the on-disk kernel cache, argument checks and OpenMP threads."""
+"""Tests for uopc.runtime.compiler: compiling, the on-disk kernel cache, argument checks and OpenMP threads."""
 
 from __future__ import annotations
 
@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uopc import helpers, realize, runtime
+from uopc import helpers
 from uopc.engine import lower as lowering
-from uopc.runtime import CacheDirError, CompileError, CompilerNotFoundError, Program
+from uopc.engine import realize
+from uopc.runtime import compiler as runtime
+from uopc.runtime.compiler import CacheDirError, CompileError, CompilerNotFoundError, Program
 from uopc.tensor import Tensor
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,7 +311,7 @@ def test_compiler_that_cannot_run(context, tmp_path: Path, monkeypatch: pytest.M
 def test_env_settings_read_at_import_and_error_at_first_compile(tmp_path: Path):
     # CFLAGS replaces the defaults entirely; a bad CC only fails when something is compiled, not at import.
     code = textwrap.dedent(f"""
-        from uopc import runtime
+        from uopc.runtime import compiler as runtime
         print(runtime.base_cflags())
         try:
             runtime.Program({ADD!r}, "add")
@@ -362,7 +364,7 @@ def test_arguments_must_be_contiguous_arrays():
 WORKER = textwrap.dedent("""
     import os, sys, time
     import numpy as np
-    from uopc.runtime import Program
+    from uopc.runtime.compiler import Program
     ready, go, rnd = sys.argv[1], sys.argv[2], int(sys.argv[3])
     open(ready, "w").close()
     deadline = time.time() + 60
@@ -503,7 +505,7 @@ def test_plan_compiles_one_unit_per_kernel_and_links_one_object(monkeypatch):
 
 
 def _fresh_plans():
-    from uopc import plan_store
+    from uopc.engine import plan_store
 
     realize._plans.clear()
     lowering.clear_lowered()
@@ -561,7 +563,7 @@ def test_two_processes_compiling_one_plan_at_once(cache: Path):
     # both succeed, and the cache holds one entry per kernel (atomic writes of identical content under one key)
     code = textwrap.dedent("""
         import numpy as np
-        from uopc import realize
+        from uopc.engine import realize
         from uopc.tensor import Tensor
         realize.ONE_UNIT_CHARS = 0  # per kernel, however small
         x = np.arange(600, dtype=np.float32).reshape(20, 30) / 100

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 import uopc
-from uopc import runtime
-from uopc.dtype import dtypes
-from uopc.rangeify import Ctx
-from uopc.render_c import render_c
-from uopc.runtime import CompileError, Program
+from uopc.codegen.rangeify import Ctx
+from uopc.renderer.c import render_c
+from uopc.runtime import compiler as runtime
+from uopc.runtime.compiler import CompileError, Program
 from uopc.tensor import Tensor
 from uopc.uop import Ops, ParamArg, UOp, sink
+from uopc.uop.dtype import dtypes
 
 
 def _broken_kernel() -> str:

@@ -16,11 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uopc import TinyJit, buffer, helpers, realize, runtime, uop
+from uopc import TinyJit, helpers
+from uopc.engine import realize
 from uopc.helpers import Context
 from uopc.nn import SGD, Linear, parameters
+from uopc.runtime import buffer
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
-from uopc.uop import structure_key
+from uopc.uop import structure_key, uop
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -109,7 +109,7 @@ def test_invalid_call_raises(call, exc, fragments):
 
 def test_errors_raise_before_compiling(monkeypatch):
     # nothing above may reach the compiler: make any compile fail loudly, then rerun a few bad calls
-    from uopc import runtime
+    from uopc.runtime import compiler as runtime
 
     def no_compile(*args, **kwargs):
         raise AssertionError("compiled a kernel for an invalid call")

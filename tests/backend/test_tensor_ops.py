@@ -182,7 +182,7 @@ def test_keepdim_reduction_realizes_as_one_kernel():
 
 
 def test_realize_all_shares_one_call(monkeypatch):
-    from uopc import realize
+    from uopc.engine import realize
 
     calls, real = [], realize.realize
     monkeypatch.setattr(realize, "realize", lambda roots, **kw: calls.append(roots) or real(roots, **kw))
@@ -599,7 +599,7 @@ def test_softmax_family_with_large_values(axis):
 
 
 def test_fuse_reduce_switch(monkeypatch):
-    from uopc import realize
+    from uopc.engine import realize
 
     seen, real = [], realize.realize
     monkeypatch.setattr(realize, "realize", lambda roots, **kw: seen.append(kw) or real(roots, **kw))

@@ -7,9 +7,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from uopc import realize
-from uopc.buffer import pool
+from uopc.engine import realize
 from uopc.nn import AdamW, Linear, parameters
+from uopc.runtime.buffer import pool
 from uopc.tensor import Tensor
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, render_graph, run, targets
-from uopc import runtime
+from uopc.runtime import compiler as runtime
 from uopc.uop import Ops, UOp
 
 REG = runtime.machine().register

@@ -11,16 +11,18 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from uopc import helpers, realize, runtime, schedule
-from uopc.buffer import buffer_data, new_buffer, pool
-from uopc.dtype import dtypes
+from uopc import helpers
 from uopc.engine import lower as lowering
+from uopc.engine import realize
 from uopc.kernelize import make_plan
-from uopc.render_c import render_c
-from uopc.runtime import Program
-from uopc.schedule import Out, Ref, RefKind, Temp
+from uopc.renderer.c import render_c
+from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import buffer_data, new_buffer, pool
+from uopc.runtime.compiler import Program
+from uopc.schedule import Out, Ref, RefKind, Temp, cut
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, structure_key
+from uopc.uop.dtype import dtypes
 
 rng = np.random.default_rng(0)
 
@@ -74,7 +76,7 @@ def _layernorm_matmul():
 
 def test_layernorm_into_matmul(opt0, monkeypatch):
     assert names(_layernorm_matmul()) == ["r_128", "r_128n1", "e_128_256", "r_128_256"]
-    monkeypatch.setattr(schedule, "stage_broadcast_compute", lambda roots: roots)
+    monkeypatch.setattr(cut, "stage_broadcast_compute", lambda roots: roots)
     assert names(_layernorm_matmul()) == ["r_128", "r_128n1", "r_128_256"]
 
 
@@ -263,7 +265,7 @@ def test_conv2d_is_im2col_then_a_gemm_shaped_reduce():
 def test_identical_kernels_are_lowered_once():
     # the layers of a deep model renumber to one kernel body (hash-consed): optimized and lowered once, and the
     # plan still binds each kernel to its own buffers
-    from uopc.realize import default_opt
+    from uopc.engine.realize import default_opt
 
     g = np.random.default_rng(0)
     ws = [g.standard_normal((32, 32)).astype(np.float32) for _ in range(6)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from uopc.engine.realize import default_opt
 from uopc.kernelize import make_plan
 from uopc.nn import AdamW, Linear, parameters
-from uopc.realize import default_opt
 from uopc.schedule import RefKind
 from uopc.tensor import Tensor
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uopc import realize, runtime
+from uopc.engine import realize
 from uopc.kernelize import make_plan
 from uopc.nn import SGD, AdamW, Linear, parameters
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 
 

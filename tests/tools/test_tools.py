@@ -13,9 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from uopc import realize, runtime
+from uopc.engine import realize
 from uopc.kernelize import make_plan
 from uopc.nn import LayerNorm, Linear, parameters
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,4 +1,4 @@
-"""Tests for uopc.dtype: each dtype's C name, NumPy dtype and size, the short aliases, PyTorch-style promotion and
+"""Tests for uopc.uop.dtype: each dtype's C name, NumPy dtype and size, the short aliases, PyTorch-style promotion and
 `truncate`, which converts a Python value the way a C store of the dtype would."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from uopc.dtype import DType, dtypes, least_upper_float, promote, to_dtype, truncate
+from uopc.uop.dtype import DType, dtypes, least_upper_float, promote, to_dtype, truncate
 
 # name -> (C type, NumPy dtype, itemsize)
 TABLE = {

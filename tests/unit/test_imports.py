@@ -15,10 +15,46 @@ from uopc.tools.layout import import_graph, line_count, modules
 # (importer, imported) edges that may form a cycle, because they are imported lazily inside a function
 ALLOWED = {
     # Tensor.realize reaches the realize stage: `import uopc` must not load the compiler
-    ("uopc.tensor.tensor", "uopc.realize"),
-    # uopc.TinyJit (uopc/jit.py sits above realize), for the same reason
-    ("uopc", "uopc.jit"),
+    ("uopc.tensor.tensor", "uopc.engine.realize"),
+    # uopc.TinyJit (uopc/engine/jit.py sits above realize), for the same reason
+    ("uopc", "uopc.engine.jit"),
 }
+
+
+# the pipeline's stages in the order data flows (docs/design.md): a module of one imports its own stage or stages to
+# its left, never one to its right. The engine drives every stage, so it comes last.
+STAGES = ("uopc.uop", "uopc.schedule", "uopc.opt", "uopc.codegen", "uopc.renderer", "uopc.runtime", "uopc.engine")
+# the front ends build graphs: they reach the IR and the storage of buffers, and the engine only lazily (ALLOWED)
+FRONTENDS = ("uopc.tensor", "uopc.nn")
+FRONTEND_REACH = ("uopc.uop", "uopc.runtime.buffer")
+
+
+def _stage(m: str) -> int | None:
+    return next((i for i, s in enumerate(STAGES) if m == s or m.startswith(s + ".")), None)
+
+
+def test_no_stage_imports_a_stage_to_its_right():
+    graph = import_graph()
+    assert all(any(m == s or m.startswith(s + ".") for m in graph) for s in STAGES), "a stage package is missing"
+    against = sorted(
+        (a, b)
+        for a, bs in graph.items()
+        for b in bs
+        if (sa := _stage(a)) is not None and (sb := _stage(b)) is not None and sb > sa and (a, b) not in ALLOWED
+    )
+    assert not against, f"imports of a stage to the importer's right: {against}"
+
+
+def test_front_ends_reach_only_the_ir_and_storage():
+    graph = import_graph()
+    reach = sorted(
+        (a, b)
+        for a, bs in graph.items()
+        if a.startswith(FRONTENDS)
+        for b in bs
+        if _stage(b) is not None and not b.startswith(FRONTEND_REACH) and (a, b) not in ALLOWED
+    )
+    assert not reach, f"front-end modules importing compiler stages: {reach}"
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -47,7 +83,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_import_graph_is_acyclic():
     graph = import_graph()
-    assert "uopc.realize" in graph and "uopc.schedule" in graph
+    assert "uopc.engine.realize" in graph and "uopc.schedule" in graph
     cycle = _cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -72,8 +108,10 @@ def test_cycle_finder_finds_a_cycle():
 def test_import_uopc_loads_no_compiler_stage():
     code = "import sys, uopc; print(' '.join(sorted(m for m in sys.modules if m.startswith('uopc'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    for stage in ("uopc.schedule", "uopc.realize", "uopc.opt", "uopc.rangeify", "uopc.render_c", "uopc.runtime"):
-        assert stage not in out, f"`import uopc` loaded {stage}: {out}"
+    loaded = [m for m in out if _stage(m) is not None and m not in ("uopc.uop", "uopc.runtime")]
+    assert all(m.startswith(("uopc.uop.", "uopc.runtime.buffer", "uopc.runtime.threads")) for m in loaded), (
+        f"`import uopc` loaded a compiler stage: {loaded}"
+    )
 
 
 def test_no_module_exceeds_600_lines():

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from uopc import machine as mach
-from uopc import realize, runtime
+from uopc.engine import realize
 from uopc.helpers import Context
+from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 
 X86 = platform.machine() in ("x86_64", "AMD64")

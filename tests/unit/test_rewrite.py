@@ -1,4 +1,4 @@
-"""Tests for uopc.rewrite: UPat matching (ops, dtypes, args, named bindings), PatternMatcher rules and `ctx`, and
+"""Tests for uopc.uop.rewrite: UPat matching (ops, dtypes, args, named bindings), PatternMatcher rules and `ctx`, and
 graph_rewrite (bottom-up, to a fixed point, shared nodes once, no recursion limit on deep graphs)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import sys
 
 from tests.helpers import buf
-from uopc.dtype import dtypes
-from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
-from uopc.symbolic import simplify
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
+from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
+from uopc.uop.symbolic import simplify
 
 MUL_ONE = PatternMatcher([(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c", 1))), lambda x, c: x)])  # x*1 -> x
 

@@ -1,4 +1,4 @@
-"""Tests for uopc.symbolic.simplify: constant folding as C computes in each dtype, algebraic identities (and the
+"""Tests for uopc.uop.symbolic.simplify: constant folding as C computes in each dtype, algebraic identities (and the
 float ones that must NOT apply), canonical operand order, div/mod folding from RANGE bounds, the Chapter 10
 exercise 9 regression, and a hypothesis check that simplify never changes the value of integer index arithmetic."""
 
@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import buf, gemm_graph, int_alu_rhs, render_graph
-from uopc.dtype import DType, dtypes
-from uopc.rangeify import Opts
-from uopc.symbolic import simplify, symbolic
+from uopc.codegen.rangeify import Opts
 from uopc.uop import Ops, RangeArg, UOp
+from uopc.uop.dtype import DType, dtypes
+from uopc.uop.symbolic import simplify, symbolic
 
 i32, f32, f64 = dtypes.int32, dtypes.float32, dtypes.float64
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1

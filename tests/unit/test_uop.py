@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf
-from uopc.dtype import dtypes
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, Span, UOp, identity_element, sink
+from uopc.uop.dtype import dtypes
 
 # ------------------------------------------------------------------ hash-consing
 
@@ -67,7 +67,7 @@ def test_unreferenced_uop_is_freed():
 
 
 def test_buffer_array_is_freed_with_its_uop():
-    from uopc.buffer import buffer_data, new_buffer
+    from uopc.runtime.buffer import buffer_data, new_buffer
 
     b = new_buffer(dtypes.f32, 1024, np.ones(1024, np.float32))
     arr = buffer_data(b)  # storage sits in buffer.py's weak side table, not in the UOp

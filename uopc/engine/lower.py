@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from uopc import helpers
-from uopc.rangeify import Ctx, lower, lower_scatter
+from uopc.codegen.rangeify import Ctx, lower, lower_scatter
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
 from uopc.uop import Ops, UOp
 

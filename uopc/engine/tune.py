@@ -1,6 +1,6 @@
 """The autotuner's timer: a kernel body lowered with each candidate Opts, rendered, compiled and run on random data.
 
-    SearchOpt(machine, KernelTimer())      # what OPT=2 runs (uopc.realize.default_opt)
+    SearchOpt(machine, KernelTimer())      # what OPT=2 runs (uopc.engine.realize.default_opt)
 
 The search (uopc.opt.search) chooses and remembers; this module is its one contact with codegen, the renderer and
 the runtime, which sit to the optimizer's right in the pipeline.
@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uopc.buffer import aligned_empty
-from uopc.dtype import DType
-from uopc.error_record import ERROR_RECORD
-from uopc.opts import Opts
-from uopc.rangeify import Ctx, lower
-from uopc.render_c import render_c
-from uopc.runtime import Program, compiler_identity
+from uopc.codegen.error_record import ERROR_RECORD
+from uopc.codegen.rangeify import Ctx, lower
+from uopc.opt.opts import Opts
+from uopc.renderer.c import render_c
+from uopc.runtime.buffer import aligned_empty
+from uopc.runtime.compiler import Program, compiler_identity
+from uopc.runtime.threads import get_num_threads
 from uopc.schedule import checks_of
-from uopc.threads import get_num_threads
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import DType
 
 __all__ = ["KernelTimer"]
 

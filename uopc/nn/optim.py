@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from uopc.buffer import storage_view
+from uopc.runtime.buffer import storage_view
 from uopc.tensor import Tensor
 from uopc.uop import base_buffer
 

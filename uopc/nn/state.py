@@ -16,10 +16,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from uopc.buffer import new_buffer
-from uopc.dtype import dtypes, float_to_bf16_bits
 from uopc.helpers import atomic_write, prod
+from uopc.runtime.buffer import new_buffer
 from uopc.tensor import Tensor
+from uopc.uop.dtype import dtypes, float_to_bf16_bits
 
 # objects with a __dict__ that are not parts of a model: never walked into
 _NOT_MODULES = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)

@@ -15,8 +15,8 @@ once per kernel and remembers the winner on disk (so a second run does no timing
 
 from uopc.opt.heuristic import THREAD_MIN_WORK, UNROLL_MAX_REDUCE, HandOpt, hand_opt_choice
 from uopc.opt.layout import layout_pass, push_views
+from uopc.opt.opts import Opts
 from uopc.opt.search import SearchOpt, Timer, candidate_opts, search_key, search_opt, search_stats
-from uopc.opts import Opts
 
 __all__ = [
     "THREAD_MIN_WORK",

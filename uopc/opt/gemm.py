@@ -10,17 +10,17 @@
 
 Transposed operands (a backward pass's X.T @ dY, dY @ W.T) and batched matmuls take the same path: the packing copy
 reads whatever view the operand is. A remainder of M or N that is not a multiple of the tile runs as its own loop
-nest (uopc.rangeify's regions); only the packed panels are padded, to whole tiles.
+nest (uopc.codegen.rangeify's regions); only the packed panels are padded, to whole tiles.
 """
 
 from __future__ import annotations
 
 from uopc.helpers import prod
 from uopc.machine import Machine
+from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
-from uopc.opts import Opts
-from uopc.rewrite import graph_rewrite
 from uopc.uop import MOVEMENT, Ops, UOp
+from uopc.uop.rewrite import graph_rewrite
 
 # below this many multiply-adds the two packing kernels cost more than the microkernel saves
 GEMM_MIN_WORK = 1 << 16

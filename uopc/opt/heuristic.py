@@ -13,8 +13,8 @@ from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.gemm import gemm_opts
 from uopc.opt.layout import layout_pass
+from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views
-from uopc.opts import Opts
 from uopc.uop import MOVEMENT, Ops, UOp
 
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;

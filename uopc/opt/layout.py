@@ -12,8 +12,8 @@ from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.gemm import pack_matmuls, split_k, uses_microkernel
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
-from uopc.rewrite import graph_rewrite
 from uopc.uop import Ops, UOp
+from uopc.uop.rewrite import graph_rewrite
 
 __all__ = ["layout_pass", "push_views"]
 

@@ -21,7 +21,7 @@ from uopc.helpers import atomic_write
 from uopc.machine import Machine
 from uopc.opt.heuristic import hand_opt_choice, reduce_size
 from uopc.opt.layout import layout_pass
-from uopc.opts import Opts
+from uopc.opt.opts import Opts
 from uopc.uop import Ops, UOp, structure_key
 
 

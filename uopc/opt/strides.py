@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
-from uopc.indexing import flat_index
-from uopc.rewrite import PatternMatcher, UPat
-from uopc.symbolic import simplify
 from uopc.uop import ALU, MOVEMENT, AxisType, Ops, RangeArg, UOp
+from uopc.uop.indexing import flat_index
+from uopc.uop.rewrite import PatternMatcher, UPat
+from uopc.uop.symbolic import simplify
 
 
 def _push(m: UOp, a: UOp) -> UOp | None:

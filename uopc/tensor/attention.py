@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from uopc.dtype import dtypes
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
+from uopc.uop.dtype import dtypes
 
 
 class AttentionMixin:

@@ -15,9 +15,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes, float_to_bf16_bits, to_dtype
 from uopc.tensor.shape import Scalar, is_scalar, shape_arg
 from uopc.uop import UOp
+from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits, to_dtype
 
 
 def full_uop(value: Scalar, dtype: DType, shape: tuple[int, ...]) -> UOp:

@@ -23,9 +23,9 @@ from typing import Any, Self
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes, least_upper_float, promote, truncate
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, scalar_dtype
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import DType, dtypes, least_upper_float, promote, truncate
 
 
 def broadcast_uop(u: UOp, shape: tuple[int, ...]) -> UOp:

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Self
 
-from uopc.dtype import dtypes, to_dtype
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import Axis, is_int, norm_dim
+from uopc.uop.dtype import dtypes, to_dtype
 
 _REDUCTIONS = ("mean", "sum", "none")
 

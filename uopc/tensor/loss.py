@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from uopc.dtype import dtypes
 from uopc.tensor.elementwise import opmath
+from uopc.uop.dtype import dtypes
 
 
 class LossMixin:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from uopc.dtype import dtypes
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import Axis, is_int
+from uopc.uop.dtype import dtypes
 
 _ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _SELU_ALPHA = 1.6732632423543772

@@ -16,7 +16,6 @@ from typing import Any, Self
 
 import numpy as np
 
-from uopc.dtype import dtypes, promote
 from uopc.helpers import prod
 from uopc.tensor.shape import (
     expand_shape,
@@ -32,6 +31,7 @@ from uopc.tensor.shape import (
     varargs,
 )
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes, promote
 
 
 class MovementMixin:

@@ -19,10 +19,10 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from uopc.dtype import dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.shape import shape_arg
 from uopc.uop import UOp
+from uopc.uop.dtype import dtypes, least_upper_float, to_dtype
 
 _PHILOX_M = 0xD256D193
 _PHILOX_W = 0x9E3779B9

@@ -11,12 +11,12 @@ from __future__ import annotations
 import math
 from typing import Any, Self
 
-from uopc.dtype import dtypes, promote, to_dtype
 from uopc.helpers import prod
 from uopc.tensor.creation import full_uop
 from uopc.tensor.elementwise import broadcast_uop, opmath
 from uopc.tensor.shape import Axis, broadcast_shape, norm_axes, norm_dim, reduced_shape
 from uopc.uop import Ops, identity_element
+from uopc.uop.dtype import dtypes, promote, to_dtype
 
 
 class ReduceMixin:

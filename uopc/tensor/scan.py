@@ -17,11 +17,11 @@ from typing import Any, Self
 
 import numpy as np
 
-from uopc.dtype import dtypes
 from uopc.helpers import prod
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import norm_dim
 from uopc.uop import Ops
+from uopc.uop.dtype import dtypes
 
 # a sort with more compare-exchange stages than this realizes its network in chunks of this many stages: every chunk
 # has the same structure (the stage's j and k are data), so one plan serves them all, where one plan of the whole

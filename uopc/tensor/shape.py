@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes
 from uopc.helpers import prod
+from uopc.uop.dtype import DType, dtypes
 
 Scalar = bool | int | float
 Axis = int | Sequence[int] | None

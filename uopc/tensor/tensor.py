@@ -26,11 +26,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from uopc import helpers
-from uopc.autodiff import compute_gradient, zeros_like
-from uopc.buffer import is_contiguous_buffer, new_buffer, storage_view
-from uopc.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 from uopc.helpers import prod
+from uopc.runtime.buffer import is_contiguous_buffer, new_buffer, storage_view
 from uopc.tensor.attention import AttentionMixin
+from uopc.tensor.autodiff import compute_gradient, zeros_like
 from uopc.tensor.conv import ConvMixin
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
@@ -44,6 +43,7 @@ from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, UOp, add_reader, base_buffer, forget_reader
+from uopc.uop.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 
 # repr shows the values of a realized tensor with at most this many elements
 REPR_MAX_VALUES = 64
@@ -71,7 +71,7 @@ class Tensor(
 ):
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
-    fuse_reduce: bool = False  # passed to uopc.realize.realize: let reductions fuse into their consumers
+    fuse_reduce: bool = False  # passed to uopc.engine.realize.realize: let reductions fuse into their consumers
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
     # tensors that loss.backward() without a parameter list may fill: those made requires_grad=True, and float ones
@@ -197,7 +197,7 @@ class Tensor(
     def realize_all(*tensors: Tensor) -> None:
         """Realize several tensors in one realize call, so they share one plan and its common work."""
         # imported here, not at the top, so that `import uopc` does not load the compiler: it loads on the first realize
-        from uopc import realize
+        from uopc.engine import realize
 
         todo = []
         counter = RandomMixin._rng_counter

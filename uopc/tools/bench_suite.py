@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from uopc import TinyJit
-from uopc import realize as realize_mod
+from uopc.engine import realize as realize_mod
 from uopc.nn import AdamW, LayerNorm, Linear, parameters
+from uopc.runtime.threads import get_num_threads, set_num_threads
 from uopc.tensor import Tensor
-from uopc.threads import get_num_threads, set_num_threads
 from uopc.tools import harness
 
 __all__ = ["CASES", "mnist_batches", "run_suite", "torch_stepper", "uopc_stepper"]

@@ -2,7 +2,7 @@
 
 Layout of `helpers.cache_dir()`: `<key>.so` + `<key>.json` per compiled plan (size and sha256 of the .so), `obj/`
 (each kernel's object file and its json, shared by every plan that links it), `search/` (OPT=2 search results),
-`machine/` (the Machine records of uopc.machine), `plans/` (plans stored by uopc.plan_store), `probes.json` (the
+`machine/` (the Machine records of uopc.machine), `plans/` (plans stored by uopc.engine.plan_store), `probes.json` (the
 machine probes of `uopc bench`), `failed/` (sources of failed compiles), `datasets/` and `wheels/` (downloaded data,
 kept by `clear` unless --all).
 """
@@ -15,7 +15,7 @@ import sys
 from typing import TextIO
 
 from uopc import helpers
-from uopc.runtime import entry_ok
+from uopc.runtime.compiler import entry_ok
 
 __all__ = ["clear", "info", "verify"]
 
@@ -64,7 +64,7 @@ def info(out: TextIO = sys.stdout) -> int:
         ("obj", "per-kernel objects (linked into plans)"),
         ("search", "OPT=2 search results"),
         ("machine", "Machine records (what the compiler targets)"),
-        ("plans", "stored plans (uopc.plan_store)"),
+        ("plans", "stored plans (uopc.engine.plan_store)"),
         ("failed", "sources of failed compiles"),
         ("datasets", "datasets"),
         ("wheels", "downloaded wheels"),

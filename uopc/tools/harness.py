@@ -6,7 +6,7 @@
 
 `machine()` reports the CPU (model, cores, vector ISA from /proc/cpuinfo) and two measured peaks: FMA GFLOP/s from a
 generated C kernel of independent fused multiply-add chains, and streaming GB/s from a C triad loop, both compiled
-with uopc.runtime.Program and run on uopc's threads. The measurements are cached in the uopc cache directory.
+with uopc.runtime.compiler.Program and run on uopc's threads. The measurements are cached in the uopc cache directory.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from uopc import helpers, runtime
+from uopc import helpers
 from uopc.helpers import atomic_write
-from uopc.runtime import Program, compiler_identity
-from uopc.threads import get_num_threads
+from uopc.runtime import compiler as runtime
+from uopc.runtime.compiler import Program, compiler_identity
+from uopc.runtime.threads import get_num_threads
 
 __all__ = [
     "calibrate",

@@ -1,6 +1,7 @@
 """`uopc profile SCRIPT [args]`: run a script and account for every kernel it ran against the machine's roofline.
 
-Each kernel run is timed (uopc.realize's kernel hook) and grouped by kernel (name and code). The table shows calls,
+Each kernel run is timed (uopc.engine.realize's kernel hook) and grouped by kernel (name and code). The table shows
+calls,
 total and mean time, achieved GFLOP/s and GB/s (the bytes the kernel must move: each buffer once), arithmetic
 intensity (FLOP per byte), and the percentage of the roofline bound min(peak FLOP/s, intensity x bandwidth) it
 reached, using the FMA peak and stream bandwidth that `uopc bench` probes (cached).
@@ -16,7 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from uopc import helpers, realize
+from uopc import helpers
+from uopc.engine import realize
 from uopc.schedule import Kernel
 from uopc.tools import harness, roofline
 

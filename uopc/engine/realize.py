@@ -7,7 +7,7 @@ the generated code) to a compiled plan: the same graph shape reuses the same com
 hold. A plan is one shared object with an entry point that runs its kernels in order over one array of buffer
 pointers: one ctypes call runs the whole plan. A small plan is one C translation unit; in a bigger one each distinct
 kernel is its own unit, its object file cached by its source, so plans share kernels (see ONE_UNIT_CHARS). Plans are
-also stored across processes (uopc.plan_store).
+also stored across processes (uopc.engine.plan_store).
 """
 
 from __future__ import annotations
@@ -22,17 +22,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from uopc import helpers, plan_store
-from uopc.buffer import buffer_ptr, output_buffer, pool
+from uopc import helpers
+from uopc.codegen.error_record import ERROR_RECORD, ErrorField, check_error, oob_error
+from uopc.engine import plan_store
 from uopc.engine.lower import make_plan
 from uopc.engine.tune import KernelTimer
-from uopc.error_record import ERROR_RECORD, ErrorField, check_error, oob_error
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
-from uopc.render_c import render_plan
-from uopc.runtime import Program, compiler_identity, machine
+from uopc.renderer.c import render_plan
+from uopc.runtime.buffer import buffer_ptr, output_buffer, pool
+from uopc.runtime.compiler import Program, compiler_identity, machine
+from uopc.runtime.threads import ensure_threads
 from uopc.schedule import Kernel, Plan, Ref, RefKind
-from uopc.threads import ensure_threads
 from uopc.uop import Ops, UOp, structure_key
 
 __all__ = [
@@ -109,7 +110,7 @@ class Assign(NamedTuple):
 
 @dataclass
 class Captured:
-    """One realize seen while capturing (uopc.jit.TinyJit): the plan, the BUFFERs it read, the BUFFERs it wrote
+    """One realize seen while capturing (uopc.engine.jit.TinyJit): the plan, the BUFFERs it read, the BUFFERs it wrote
     (per unique root), and per unique root the Assign the caller gave for it (None: no assign)."""
 
     cp: CompiledPlan
@@ -244,7 +245,8 @@ def _load_entry(cp: CompiledPlan, srcs: list[str]) -> None:
 
 
 def _stored_plan(name: str) -> CompiledPlan | None:
-    """A plan a previous process built with this digest (uopc.plan_store), loaded and bound; None if there is none."""
+    """A plan a previous process built with this digest (uopc.engine.plan_store), loaded and bound; None if there is
+    none."""
     d = plan_store.load(name)
     if d is None:
         return None

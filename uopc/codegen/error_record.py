@@ -4,7 +4,8 @@
       ->  0, and err = {1, 9, 0, 4, 2, 0}  ->  IndexError("uopc: <label of check 2>: index 9 is out of range ...")
 
 A kernel's data-dependent checks (GATHER, SCATTER) share one record, a BUFFER parameter that lowering makes
-(uopc.rangeify); UOPC_CHECK_OOB's bounds checks fill one per plan call (or the standalone kernel's global uopc_oob).
+(uopc.codegen.rangeify); UOPC_CHECK_OOB's bounds checks fill one per plan call (or the standalone kernel's global
+uopc_oob).
 The renderer writes the fields by these offsets, the engine and the runtime read them by name.
 """
 
@@ -24,7 +25,7 @@ class ErrorField(IntEnum):
     INDEX = 1  # the offending index
     LOW = 2  # the lowest valid index: 0, or -size where negative indices count from the end
     SIZE = 3  # the size of the indexed dimension (of the whole buffer, for a bounds check)
-    WHICH = 4  # the check's number in its kernel (uopc.rangeify.checks_of), or the buffer's slot for a bounds check
+    WHICH = 4  # the check's number in its kernel (uopc.schedule.checks_of), or a bounds check's buffer slot
     KERNEL = 5  # the kernel's number in its plan (a bounds check: one record serves the whole plan)
 
 

@@ -1,8 +1,8 @@
 """Differential fuzzing: random valid Tensor programs, run by uopc and by NumPy, must agree.
 
-    python -m uopc.fuzz --n 10000 --seed 0        # a long run; prints the seed and a reproduction on a mismatch
-    python -m uopc.fuzz --n 2000 --grad           # gradients of each program against PyTorch autograd
-    python -m uopc.fuzz --n 2000 --threads 4      # 4 Python threads running programs concurrently, each checked
+    python -m uopc.tools.fuzz --n 10000 --seed 0        # a long run; prints the seed and a reproduction on a mismatch
+    python -m uopc.tools.fuzz --n 2000 --grad           # gradients of each program against PyTorch autograd
+    python -m uopc.tools.fuzz --n 2000 --threads 4      # 4 Python threads running programs concurrently, each checked
 
 Program i runs under one of four modes (OPT=0 or 1, fuse_reduce off or on), cycling, so every mode sees
 every kind of program. Shapes include 1, 0-size and broadcast dims; dtypes int32, float32 and bool.
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from uopc.dtype import dtypes, promote
 from uopc.helpers import Context
 from uopc.tensor import Tensor
+from uopc.uop.dtype import dtypes, promote
 
 MODES = [(0, False), (1, False), (0, True), (1, True)]  # (OPT, fuse_reduce)
 NP = {dtypes.float32: np.float32, dtypes.int32: np.int32, dtypes.bool: np.bool_}

@@ -14,9 +14,9 @@ returned as they are, so their C does not change.
 
 from __future__ import annotations
 
-from uopc.dtype import DType, dtypes, truncate
-from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, Ops, UOp
+from uopc.uop.dtype import DType, dtypes, truncate
+from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 
 __all__ = ["compute_in_float"]
 

@@ -16,9 +16,9 @@ from functools import reduce
 
 import numpy as np
 
-from uopc.dtype import DType, dtypes, float_scalar_type, truncate
-from uopc.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop import ALU, COMMUTATIVE, Ops, UOp
+from uopc.uop.dtype import DType, dtypes, float_scalar_type, truncate
+from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 
 # ------------------------------------------------------------------ constant folding
 

@@ -5,7 +5,8 @@
 The digest is a sha256 over everything that decides a plan: the graph's structure key, the fusion rule, the optimizer
 and its Machine, the settings that change generated code, the compiler's identity (path, version, every flag, the
 CPU) and uopc's own version (a digest of its source files). Change any one and the entry is simply never looked up.
-A plan found here still goes through the compile cache (uopc.runtime), which holds its shared object; if that was
+A plan found here still goes through the compile cache (uopc.runtime.compiler), which holds its shared object; if that
+was
 evicted, gcc runs on the stored C, but no Python lowering does.
 
 The ASTs are stored as one flat node table (op, arg, dtype, source indices), rebuilt bottom-up through hash-consing:
@@ -49,7 +50,7 @@ def uopc_version() -> str:
 
 def digest(key: tuple, compiler: str) -> str:
     """The file name of a plan key: its structure, fusion rule, optimizer, code settings and Machine (`key`, as
-    uopc.realize.plan_key builds it), the compiler identity and uopc's version."""
+    uopc.engine.realize.plan_key builds it), the compiler identity and uopc's version."""
     h = hashlib.sha256(f"uopc-plan-v{FORMAT}\0{uopc_version()}\0{compiler}\0".encode())
     h.update(repr(key).encode())
     return h.hexdigest()[:40]

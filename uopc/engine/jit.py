@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from uopc import realize
-from uopc.buffer import is_contiguous_buffer, is_shared
+from uopc.engine import realize
+from uopc.runtime.buffer import is_contiguous_buffer, is_shared
 from uopc.tensor import Tensor
 from uopc.uop import UOp, base_buffer, read_only_by
 

@@ -1,7 +1,7 @@
 """Compile C kernels with the system C compiler, cache the shared objects on disk, and call them on NumPy arrays.
 
     import numpy as np
-    from uopc.runtime import Program
+    from uopc.runtime.compiler import Program
     prg = Program("void inc(float* a) { for (int i = 0; i < 4; i++) a[i] += 1.0f; }", "inc")
     a = np.zeros(4, np.float32)
     prg(a)  # a == [1, 1, 1, 1]
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from uopc import helpers
-from uopc.error_record import ERROR_RECORD, ErrorField, oob_error
+from uopc.codegen.error_record import ERROR_RECORD, ErrorField, oob_error
 from uopc.helpers import atomic_write
 from uopc.machine import Machine, available_cpus, cpu_fingerprint, probe
-from uopc.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
+from uopc.runtime.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
 
 __all__ = [
     "CacheDirError",

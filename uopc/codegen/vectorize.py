@@ -14,8 +14,8 @@ vectorizes from the scalar loop (a half vector through __builtin_convertvector i
 
 from __future__ import annotations
 
-from uopc.symbolic import simplify
 from uopc.uop import Ops, UOp
+from uopc.uop.symbolic import simplify
 
 __all__ = ["VECTOR_ALU", "vectorize"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Opts:
-    """How to map one kernel onto the machine. Chosen by uopc.opt, applied by uopc.rangeify during lowering."""
+    """How to map one kernel onto the machine. Chosen by uopc.opt, applied by uopc.codegen.rangeify during lowering."""
 
     upcast: dict[int, int] = field(default_factory=dict)  # output axis -> copies per iteration (register tile)
     thread: int | None = None  # output axis run in parallel (OpenMP)

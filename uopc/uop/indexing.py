@@ -3,16 +3,16 @@
     through(x.permute((1, 0)), (i, j))   ->   (x, (j, i), None)
     through(x.pad(((1, 0),)), (i,))      ->   (x, (i - 1,), 0 < i)        (the condition under which it is real)
 
-Lowering (uopc.rangeify) follows a view down to its buffer one op at a time with `through`; the optimizer's
+Lowering (uopc.codegen.rangeify) follows a view down to its buffer one op at a time with `through`; the optimizer's
 stride analysis (uopc.opt.strides) asks the same question without lowering anything (`flat_index`).
 """
 
 from __future__ import annotations
 
-from uopc.dtype import dtypes
 from uopc.helpers import prod
-from uopc.symbolic import simplify
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
+from uopc.uop.symbolic import simplify
 
 __all__ = ["and_", "flat_index", "ravel", "reshape_index", "through"]
 

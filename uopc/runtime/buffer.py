@@ -20,8 +20,8 @@ from typing import NamedTuple
 import numpy as np
 
 from uopc import helpers
-from uopc.dtype import DType
 from uopc.uop import Ops, ParamArg, UOp, base_buffer
+from uopc.uop.dtype import DType
 
 __all__ = [
     "ALIGN",

@@ -18,9 +18,9 @@ import math
 import operator
 from collections.abc import Callable
 
-from uopc.dtype import DType, dtypes
 from uopc.helpers import argsort
 from uopc.uop import ALU, MOVEMENT, Ops, Span, UOp
+from uopc.uop.dtype import DType, dtypes
 
 # ---------------------------------------------------------------------------------------------------
 # small builders (every constant in the dtype of the value it meets, so float64 graphs stay float64)

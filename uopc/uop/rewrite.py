@@ -14,8 +14,8 @@ import numbers
 from collections.abc import Callable
 from typing import Any
 
-from uopc.dtype import DType
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import DType
 
 _ANY = object()
 

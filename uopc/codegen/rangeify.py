@@ -1,0 +1,524 @@
+"""Lowering: one shaped value -> a SINK of STOREs over explicit RANGE loops.
+
+`rangeify(value, idx, ctx)` is the scalar expression of `value` at the output index `idx`:
+movement ops rewrite the index, a BUFFER becomes LOAD(INDEX), an ALU op applies to its sources'
+values, and a REDUCE allocates an accumulator that lives in exactly the loops its index mentions.
+
+    x (4, 8) -> x - max(x, axis=1)      becomes      for r0: acc = -inf; for r2: acc = max(acc, x[r0*8+r2])
+                                                             for r1: out[r0*8+r1] = x[r0*8+r1] - acc
+
+`lower(root, out, ctx)` makes the output loops (shaped by `Opts`: THREAD outermost, UPCAST copies,
+cache-block tiles), stores every element and simplifies. Loop-invariant loads are hoisted by where
+the linearizer places them, not by a separate pass.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import NamedTuple
+
+from uopc import helpers
+from uopc.codegen.error_record import ERROR_RECORD
+from uopc.codegen.vectorize import vectorize
+from uopc.helpers import deep_recursion, prod
+from uopc.opt.opts import Opts
+from uopc.uop import ALU, MOVEMENT, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
+from uopc.uop.dtype import DType, dtypes
+from uopc.uop.indexing import and_, ravel, through
+from uopc.uop.symbolic import simplify
+
+__all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "lower_scatter", "merge_ends", "ranges_in", "ravel"]
+
+
+class Ctx:
+    """Per-kernel lowering state: numbering of loops and accumulators, and memo tables."""
+
+    def __init__(self, opts: Opts | None = None):
+        self.opts = opts or Opts()
+        self.n_ranges = 0
+        self.n_allocs = 0
+        self.reduce_ranges: dict[tuple, list[tuple[UOp, int]]] = {}
+        self.memo: dict[tuple, UOp] = {}
+        self.idx: DType = dtypes.int32  # index arithmetic: int64 when a buffer or a shape reaches 2^31 elements
+        self.err: UOp | None = None  # the error record data-dependent index checks write to (a BUFFER parameter)
+        self.checks: dict[UOp, int] = {}  # GATHER -> its number in the error record
+
+    def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
+        """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
+        r = UOp(Ops.RANGE, (UOp.const(size, self.idx),), RangeArg(self.n_ranges, kind), self.idx)
+        self.n_ranges += 1
+        return r
+
+    def alloc(self, dtype: DType, size: int = 1) -> UOp:
+        """A new accumulator (a local variable, or a small local array when size > 1)."""
+        a = UOp(Ops.ALLOC, (), (self.n_allocs, size), dtype)
+        self.n_allocs += 1
+        return a
+
+
+class KChunk(NamedTuple):
+    """Opts.ktile on a root REDUCE: its innermost axis runs in chunks, one iteration of `loop` per chunk (a loop
+    between the cache-block loops and the register tiles); the partial result lives in `out` between chunks."""
+
+    loop: UOp  # the chunk loop
+    size: int  # elements of the reduce axis per chunk
+    out: UOp  # the output BUFFER, read back at the start of every chunk after the first
+
+
+def ranges_in(*xs: UOp) -> list[UOp]:
+    """The RANGE loops an expression mentions, outermost (lowest number) first."""
+    seen: dict[UOp, None] = {}
+    for x in xs:
+        for u in x.toposort():
+            if u.op is Ops.RANGE:
+                seen[u] = None
+    return sorted(seen, key=lambda r: r.arg.idx)
+
+
+def rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:
+    """The scalar value of shaped `u` at index `idx`. `valid` (from PAD) gates every load under it."""
+    key = (u, idx, valid)
+    if (hit := ctx.memo.get(key)) is not None:
+        return hit
+    ret = _rangeify(u, idx, ctx, valid)
+    ctx.memo[key] = ret
+    return ret
+
+
+def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    op, src = u.op, u.src
+    if op is Ops.CONST:
+        return u
+    if op is Ops.BUFFER:
+        return u.index(idx[0] if idx else UOp.const(0, ctx.idx), valid).load()
+    if op in (Ops.STAGE,):
+        return rangeify(src[0], idx, ctx, valid)
+    if op in MOVEMENT:
+        inner, new, cond = through(u, idx)
+        if cond is None:
+            return rangeify(inner, new, ctx, valid)
+        return cond.where(rangeify(inner, new, ctx, and_(valid, cond)), UOp.const(0, u.dtype))
+    if op is Ops.REDUCE:
+        return _reduce(u, idx, ctx, valid)
+    if op is Ops.GATHER:
+        return _gather(u, idx, ctx, valid)
+    if op is Ops.SCATTER:
+        raise NotImplementedError("rangeify: a SCATTER is its own kernel (the scheduler materializes it)")
+    if op in ALU:
+        return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
+    raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
+
+
+def _gather(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
+    """x at idx with axis `dim` replaced by the index tensor's value there, checked against x's size."""
+    dim = u.arg[0]
+    j = _checked_index(u, idx, ctx, valid)
+    return rangeify(u.src[0], idx[:dim] + (j,) + idx[dim + 1 :], ctx, valid)
+
+
+def _checked_index(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:
+    """The index tensor of GATHER or SCATTER `u` at idx, as a CHECK against the size of the axis it indexes."""
+    x, index, (dim, _, wrap) = u.src[0], u.src[1], u.arg[:3]
+    if ctx.err is None:
+        raise RuntimeError(f"rangeify: a {u.op.name} needs the error record that lower() sets up")
+    j = rangeify(index, idx, ctx, valid)
+    j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
+    lo = -x.shape[dim] if wrap else 0  # wrap: negative indices count from the end, as in NumPy
+    return UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u], lo))
+
+
+def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
+    """An axis of `size` as (loop or CONST 0, copies): index = loop * factor + c for c in 0..factor-1."""
+    if factor > 1 and size % factor == 0:
+        return (ctx.rng(size // factor, kind) if size > factor else UOp.const(0, ctx.idx)), factor
+    return (ctx.rng(size, kind) if size > 1 else UOp.const(0, ctx.idx)), 1
+
+
+def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
+    """Every index tuple obtained by fixing the unrolled part of each axis to a constant."""
+    out: list[tuple[UOp, ...]] = [()]
+    for b, f in parts:
+        zero = b.op is Ops.CONST and b.arg == 0
+        out = [c + (UOp.const(k, b.dtype) if zero else (b * f + k if f > 1 else b),) for c in out for k in range(f)]
+    return out
+
+
+# A float sum accumulates in levels: the innermost level runs over up to LEAF elements (gcc vectorizes it: LEAF/16
+# adds per lane, then a tree over the lanes), each level above adds up to LEVEL partial sums of the level below.
+# Every serial chain is short, so the error grows like log n (measured: 2^24 x 0.1f is off by 7.5e-8 relative with
+# 512/16; one accumulator per vector lane is off by 1%). A leaf of 512, not 256: gcc's code for a 128- or 256-long
+# leaf streamed rows at ~29 GB/s where 64 or 512 and more reach ~34 (C kernels of the same shape, Zen 4, 2 threads);
+# row-sum 8192^2 went from 1.3x to 1.05x PyTorch eager (bench/bench_membound.py).
+LEAF, LEVEL = 512, 16
+# a full reduction at least this long runs its outermost level as an OpenMP loop writing one partial per iteration
+# (the same tree, so the same result with any thread count); below it a parallel region costs more than it saves
+PARALLEL_MIN = 1 << 16
+TILE_LEVELS_MIN = 4096
+
+
+def _largest_divisor(s: int, cap: int) -> int:
+    return next(d for d in range(min(s, cap), 0, -1) if s % d == 0)
+
+
+def _levels(rshape: tuple[int, ...], leaf: int = LEAF) -> list[list[tuple[int, int]]]:
+    """Split the reduce axes into levels of loops, innermost level first: each a list of (axis, size) pieces, inner
+    piece of an axis first. A level holds at most LEAF (first) or LEVEL (later) iterations unless a size has no
+    divisor that fits (a large prime stays one loop)."""
+    levels: list[list[tuple[int, int]]] = [[]]
+    prod_ = 1
+    for k in reversed(range(len(rshape))):
+        s = rshape[k]
+        while s > 1:
+            cap = (leaf if len(levels) == 1 else LEVEL) // prod_
+            d = _largest_divisor(s, cap) if cap > 1 else 1
+            if d == 1 and prod_ > 1:  # nothing fits: close this level
+                levels.append([])
+                prod_ = 1
+                continue
+            d = s if d == 1 else d
+            levels[-1].append((k, d))
+            prod_ *= d
+            s //= d
+    return [lv for lv in levels if lv]
+
+
+def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[list[list[UOp]], tuple[UOp, ...]]:
+    """The loops of each level, innermost level first (created outermost first, so they nest outside), and the
+    reduce index per axis. With `parallel` the outermost loop is a THREAD loop."""
+    # checked loads (UOPC_CHECK_OOB=1) keep gcc from vectorizing the leaf, which would then be one serial chain
+    levels = _levels(rshape, LEVEL if helpers.settings().CHECK_OOB else LEAF)
+    loops: list[list[UOp]] = [[] for _ in levels]
+    pieces: dict[int, list[tuple[UOp, int]]] = {}
+    for li in reversed(range(len(levels))):
+        for k, d in reversed(levels[li]):  # outer piece of an axis first
+            kind = AxisType.THREAD if parallel and ctx.n_ranges == 0 and len(levels) > 1 else AxisType.REDUCE
+            r = ctx.rng(d, kind)
+            loops[li].append(r)
+            pieces.setdefault(k, []).append((r, d))
+    ridx = []
+    for k in range(len(rshape)):
+        i: UOp = UOp.const(0, ctx.idx)
+        for r, d in pieces.get(k, []):  # outer to inner: i = i * d + r
+            i = i * d + r
+        ridx.append(i)
+    return loops, tuple(ridx)
+
+
+def _accumulate(ctx: Ctx, rop: Ops, dtype: DType, val: UOp, loops: list[UOp], scope: list[UOp]) -> UOp:
+    """acc = identity; for loops: acc = rop(acc, val); the value of acc after the loops (acc lives in `scope`)."""
+    acc0 = ctx.alloc(dtype).after(*scope)
+    init = acc0.index(0).store(UOp.const(identity_element(rop, dtype), dtype))
+    accl = acc0.after(init, *loops)
+    upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), val)))
+    return acc0.after(upd.end(*loops)).index(0).load()
+
+
+def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, chunk: KChunk | None = None) -> UOp:
+    """The value of REDUCE `u` at output index `idx`, lowered by the strategy _strategy picks; `chunk` (the root
+    reduce under Opts.ktile, from lower) always takes the single accumulator, which can resume a partial result."""
+    # unrolled copies of one reduce differ only by constants in idx: they share one set of loops (this memo key)
+    key = (u, frozenset(ranges_in(*idx)), valid)
+    # the accumulators live inside the loops the output index (and a PAD gate over it) uses: their scope
+    scope = ranges_in(*idx, *([valid] if valid is not None else []))
+    if chunk is not None:
+        return _one_acc(u, idx, ctx, valid, key, scope, chunk)
+    return _strategy(u, ctx.opts)(u, idx, ctx, valid, key, scope)
+
+
+def _rshape(u: UOp) -> tuple[int, ...]:
+    """The reduced axes of REDUCE `u` (the last n of its source)."""
+    x, n = u.src[0], u.arg[1]
+    return x.shape[len(x.shape) - n :]
+
+
+def _strategy(u: UOp, o: Opts) -> Callable[..., UOp]:
+    """How REDUCE `u` is lowered: a long float sum as a tree of levels, a float max over whole lanes as LANES
+    accumulators, anything else as one accumulator. Each is called (u, idx, ctx, valid, memo key, scope)."""
+    rop, rshape = u.arg[0], _rshape(u)
+    # a register tile (GEMM) keeps one chain up to K = TILE_LEVELS_MIN: its 16 outer accumulators would be live across
+    # the inner loop (gcc -S at N=1024: 33 stack references against 16), and the GEMM microkernel is its own work
+    long = prod(rshape) > (TILE_LEVELS_MIN if len(o.upcast) >= 2 else LEAF)
+    # levels win over Opts.unroll (the search may pick it for a long sum): gcc vectorizes the leaf anyway
+    if rop is Ops.ADD and u.dtype.is_float and long:
+        return _tree_sum
+    lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
+    if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1:
+        return _lane_max
+    return _one_acc
+
+
+def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp]) -> UOp:
+    """A float ADD reduce as nested levels of accumulators (see LEAF)."""
+    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    if (hit := ctx.reduce_ranges.get(key)) is None:
+        # a whole-tensor sum has no output loop to spread over threads: its outermost level becomes one
+        parallel = not key[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN
+        hit = ctx.reduce_ranges[key] = _level_loops(ctx, rshape, parallel)
+    loops, ridx = hit
+    val = rangeify(x, idx + ridx, ctx, valid)
+    for li, lv in enumerate(loops):  # innermost level first; each accumulator lives inside the levels above it
+        if lv[0].arg.kind is AxisType.THREAD:  # each iteration stores its partial; one thread then adds them up
+            size = prod(r.src[0].arg for r in lv)
+            partial = ctx.alloc(u.dtype, size)
+            done = partial.after(partial.index(ravel(tuple(lv), tuple(r.src[0].arg for r in lv))).store(val).end(*lv))
+            r = ctx.rng(size, AxisType.REDUCE)
+            return _accumulate(ctx, rop, u.dtype, done.index(r).load(), [r], scope)
+        above = [r for upper in loops[li + 1 :] for r in upper]
+        val = _accumulate(ctx, rop, u.dtype, val, lv, scope + above)
+    return val
+
+
+# gcc vectorizes no float max reduction without -ffinite-math-only (the NaN-propagating select is no MAX_EXPR), so a
+# max runs LANES independent accumulators in a small array: the lane loop is an elementwise select gcc vectorizes.
+# 64 lanes (four AVX-512 vectors): a 16-iteration lane loop gcc unrolls completely first and then keeps scalar.
+LANES = 64
+FOLDS = [LANES >> k for k in range(1, LANES.bit_length())]  # 32, 16, ..., 1: the lanes fold in halves
+
+
+def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp]) -> UOp:
+    """A float MAX reduce whose innermost axis splits into LANES: lane[l] = max(lane[l], x[.., a*LANES + l]), then a
+    tree over the lanes."""
+    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    if (hit := ctx.reduce_ranges.get(key)) is None:
+        init_loop = ctx.rng(LANES)
+        outer = [ctx.rng(s, AxisType.REDUCE) if s > 1 else UOp.const(0, ctx.idx) for s in rshape[:-1]]
+        a, lane = ctx.rng(rshape[-1] // LANES, AxisType.REDUCE), ctx.rng(LANES, AxisType.REDUCE)
+        folds = [ctx.rng(h) for h in FOLDS]
+        hit = ctx.reduce_ranges[key] = (init_loop, outer, a, lane, folds)
+    init_loop, outer, a, lane, folds = hit
+    val = rangeify(x, idx + (*outer, a * LANES + lane), ctx, valid)
+    loops = [r for r in outer if r.op is Ops.RANGE] + [a, lane]
+    lanes = ctx.alloc(u.dtype, LANES).after(*scope)
+    init = lanes.index(init_loop).store(UOp.const(identity_element(rop, u.dtype), u.dtype)).end(init_loop)
+    acc = lanes.after(init, *loops)
+    cur = lanes.after(acc.index(lane).store(UOp(rop, (acc.index(lane).load(), val))).end(*loops))
+    # fold the lanes in halves, lanes[r] = max(lanes[r], lanes[r + h]) for h = 32, 16, ..., 1: six short loops gcc
+    # vectorizes, where an unrolled tree was 63 selects per reduce in the C (a softmax's row max: 26 KB, 300 ms of gcc)
+    for r, h in zip(folds, FOLDS, strict=True):
+        upd = cur.index(r).store(UOp(rop, (cur.index(r).load(), cur.index(r + h).load())))
+        cur = lanes.after(upd.end(r))
+    return cur.index(UOp.const(0, ctx.idx)).load()
+
+
+def _one_acc(
+    u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp], chunk: KChunk | None = None
+) -> UOp:
+    """A reduce into one accumulator, the Opts.unroll copies of its innermost axis combined in a balanced tree. Under
+    K chunking (`chunk`) the innermost axis is chunk * size + inner and each chunk resumes the partial result the
+    chunks before it stored in the output."""
+    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    if (parts := ctx.reduce_ranges.get(key)) is None:
+        unroll = ctx.opts.unroll
+        last = len(rshape) - 1
+        parts = [_axis_parts(ctx, s, unroll if k == last else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
+        if chunk is not None:  # the chunk loop was made by lower, outside the output's register tiles
+            parts[-1] = (chunk.loop * chunk.size + ctx.rng(chunk.size, AxisType.REDUCE), 1)
+        ctx.reduce_ranges[key] = parts
+    outside = [chunk.loop] if chunk is not None else []
+    real = [r for r in ranges_in(*(b for b, _ in parts)) if r not in outside]
+    vals = [rangeify(x, idx + c, ctx, valid) for c in _combos(parts)]
+    while len(vals) > 1:  # unrolled reduce axis: combine the copies in a balanced tree
+        vals = [UOp(rop, (vals[i], vals[i + 1])) if i + 1 < len(vals) else vals[i] for i in range(0, len(vals), 2)]
+    if not real:
+        return vals[0]
+    # the accumulator lives inside the loops the output index uses (and the chunk loop)...
+    acc0 = ctx.alloc(u.dtype).after(*ranges_in(*scope, *outside))
+    start = UOp.const(identity_element(rop, u.dtype), u.dtype)
+    if chunk is not None:  # later chunks continue from the partial result already stored in the output
+        # the load is AFTER the chunk loop: its index does not depend on the chunk, and hoisted out of the loop it
+        # would read the output once, before any chunk stored into it (16x784 @ 784x32 was off by 78)
+        partial = chunk.out.after(chunk.loop).index(ravel(idx, u.shape)).load()
+        start = (chunk.loop < 1).where(start, partial)
+    init = acc0.index(0).store(start)
+    accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
+    upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))
+    return acc0.after(upd.end(*real)).index(0).load()  # ...and read once more after they end
+
+
+def merge_ends(root: UOp) -> UOp:
+    """Unrolled copies each END the same shared loop: merge them into one END over a SINK."""
+    while True:
+        groups: dict[tuple, list[UOp]] = {}
+        for u in root.toposort():
+            if u.op is Ops.END:
+                groups.setdefault(u.src[1:], []).append(u)
+        dup = next((g for g in groups.values() if len(g) > 1), None)
+        if dup is None:
+            return root
+        merged = UOp(Ops.END, (UOp(Ops.SINK, tuple(e.src[0] for e in dup)), *dup[0].src[1:]))
+        root = root.substitute({e: merged for e in dup})
+
+
+def _axis_order(o: Opts, n: int) -> list[tuple[int, AxisType]]:
+    """The n output axes and their loop kinds, in the order their loops are made (and nest): the THREAD axis first."""
+    order = ([o.thread] if o.thread is not None else []) + [k for k in range(n) if k != o.thread]
+    return [(k, AxisType.THREAD if k == o.thread else AxisType.LOOP) for k in order]
+
+
+def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[int, UOp]:
+    """The cache-block loops of one region's output axes (`shape`, `ups` copies per axis): axis -> loop over its
+    blocks. A block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache."""
+    o = ctx.opts
+    tiled = {
+        k
+        for k, t in o.tile.items()
+        if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % ups.get(k, 1) == 0
+    }
+    return {k: ctx.rng(shape[k] // o.tile[k], kind) for k, kind in _axis_order(o, len(shape)) if k in tiled}
+
+
+def _output_parts(
+    ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int], blocks: dict[int, UOp]
+) -> list[tuple[UOp, int]]:
+    """The index parts (loop or CONST 0, copies) of one region's output axes: the loops within a cache block
+    (`blocks`, from _block_loops, nest outside them), THREAD first, `ups` copies per axis."""
+    o = ctx.opts
+    parts: dict[int, tuple[UOp, int]] = {}
+    for k, kind in _axis_order(o, len(shape)):
+        f = ups.get(k, 1)
+        if k in blocks:
+            inner = o.tile[k] // f
+            parts[k] = (blocks[k] * inner + ctx.rng(inner) if inner > 1 else blocks[k], f)
+        else:
+            parts[k] = _axis_parts(ctx, shape[k], f, kind)
+    return [parts[k] for k in range(len(shape))]
+
+
+def _regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> list[tuple[tuple, tuple, dict]]:
+    """The output as regions (offsets, sizes, copies per axis): an axis its upcast factor does not divide splits
+    into whole tiles and a remainder (no padding of the output). On the last axis under SIMD (`vec`), the
+    remainder is whole vectors first, then single elements."""
+    per_axis: list[list[tuple[int, int, int]]] = []
+    for k, s in enumerate(shape):
+        f = upcast.get(k, 1)
+        parts, start = [], 0
+        steps = (f, vec, 1) if k == len(shape) - 1 and 1 < vec < f else (f, 1)
+        for step in steps:
+            n = (s - start) // step * step
+            if n:
+                parts.append((start, n, step))
+                start += n
+        per_axis.append(parts or [(0, s, 1)])
+    out = []
+    for combo in itertools.product(*per_axis):
+        ups = {k: f for k, (_, _, f) in enumerate(combo) if f > 1}
+        out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups))
+    return out
+
+
+def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
+    """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major)."""
+    with deep_recursion():
+        return _lower(root, out, ctx or Ctx())
+
+
+def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
+    ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
+    _setup_checks(ctx, root, out)
+    ktile = _ktile(root, ctx.opts)
+    nests = []
+    # each region (whole tiles, the remainders) is a loop nest of its own
+    for offs, sizes, ups in _regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
+        blocks = _block_loops(ctx, sizes, ups)
+        # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
+        chunk = KChunk(ctx.rng(root.src[0].shape[-1] // ktile), ktile, out) if ktile else None
+        plist = _output_parts(ctx, sizes, ups, blocks)
+        stores = []
+        for idx in _combos(plist):
+            idx = tuple(i + o if o else i for i, o in zip(idx, offs))
+            # a chunked root reduce is lowered here, with its chunk: nothing under it is chunked
+            val = rangeify(root, idx, ctx) if chunk is None else _reduce(root, idx, ctx, None, chunk)
+            flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
+            stores.append(out.index(flat).store(val))
+        loops = ranges_in(*(b for b, _ in plist), *([chunk.loop] if chunk is not None else []))
+        nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
+    ast = sink(*nests)
+    if ctx.opts.vec > 1:  # SIMD: copies of an upcast axis whose index is contiguous become vector ops
+        ast = vectorize(ast, ctx.opts.vec)
+    return _keep_checks(simplify(merge_ends(ast)), ctx)
+
+
+INT32_LIMIT = 2**31 - 1
+
+
+def error_slot(out: UOp) -> int:
+    """The parameter slot of a kernel's error record: right after its output buffer."""
+    return out.arg.slot + 1
+
+
+def checks_of(root: UOp) -> tuple[str, ...]:
+    """The labels of the data-dependent index checks lowering `root` makes, in the order of their numbers."""
+    return tuple(u.arg[1] for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER))
+
+
+def _setup_checks(ctx: Ctx, root: UOp, out: UOp) -> None:
+    """Number the kernel's index checks (as checks_of lists them) and make its error record parameter."""
+    checked = [u for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER)]
+    if checked:  # the error record is the parameter after the output (see error_slot)
+        ctx.checks = {g: i for i, g in enumerate(checked)}
+        ctx.err = UOp(Ops.BUFFER, (), ParamArg(error_slot(out), dtypes.int64, (ERROR_RECORD,)))
+
+
+def _keep_checks(ast: UOp, ctx: Ctx) -> UOp:
+    """`ast` plus a loop nest checking every index of each GATHER or SCATTER whose checks simplification deleted.
+
+    A check goes when the value read no longer depends on the index (a constant source, a size-1 axis, an int
+    value times 0): the read may fold away, the check of the index data may not. A check whose index is proven in
+    range (symbolic folds it) needs no nest."""
+    if not ctx.checks:
+        return ast
+    kept = {u.arg[1] for u in ast.toposort() if u.op is Ops.CHECK}
+    nests = []
+    for u, which in ctx.checks.items():
+        if which in kept or prod(u.src[1].shape) == 0:
+            continue
+        loops = tuple(ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in u.src[1].shape)
+        chk = simplify(_checked_index(u, loops, ctx))
+        if chk.op is Ops.CHECK:  # a statement of its own: the checked value is not used
+            nests.append(UOp(Ops.SINK, (chk,)).end(*ranges_in(chk)))
+    return simplify(sink(*ast.src, *nests)) if nests else ast
+
+
+def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
+    """The accumulating half of SCATTER(base, index, values): for every element of values, in order,
+    out[target] = rop(out[target], value) (rop: ADD, MUL or MAX, the arg's last entry).
+
+    `out` already holds the base (an ordinary kernel copies it there first). The loop runs serially, in order, so
+    repeated indices accumulate deterministically; each index is checked like a GATHER's."""
+    ctx = ctx or Ctx()
+    values, dim = root.src[2], root.arg[0]
+    with deep_recursion():
+        ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
+        _setup_checks(ctx, root, out)
+        loops = [ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in values.shape]
+        idx = tuple(loops)
+        j = _checked_index(root, idx, ctx)
+        target = out.index(ravel(idx[:dim] + (j,) + idx[dim + 1 :], root.shape))
+        st = target.store(UOp(root.arg[3], (target.load(), rangeify(values, idx, ctx))))
+        return _keep_checks(simplify(sink(st.end(*ranges_in(*loops)))), ctx)
+
+
+def _needs_64bit(root: UOp, out: UOp) -> bool:
+    """Whether some buffer or some view in the kernel has 2^31 elements or more: then every index is 64-bit.
+
+    Decided per kernel, so kernels on ordinary sizes keep 32-bit index arithmetic (cheaper, and it vectorizes)."""
+    if out.arg.shape[0] > INT32_LIMIT:
+        return True
+    return any(
+        prod(u.shape) > INT32_LIMIT or (u.op is Ops.BUFFER and u.arg.shape[0] > INT32_LIMIT) for u in root.toposort()
+    )
+
+
+def _ktile(root: UOp, o: Opts) -> int:
+    """The chunk Opts.ktile splits the root reduce's innermost axis into, or 0 where it does not apply: the root must
+    be an ADD/MAX reduce whose innermost axis the chunk divides. The partial result lives in the output buffer between
+    chunks, so any op after the reduce would be applied to partial sums: then ktile is ignored."""
+    if not o.ktile or root.op is not Ops.REDUCE or o.unroll > 1:
+        return 0
+    if root.arg[0] is Ops.ADD and root.dtype.is_float and len(o.upcast) < 2:  # a float sum keeps its levels
+        return 0
+    size = root.src[0].shape[-1]
+    if o.ktile >= size or size % o.ktile:
+        return 0
+    return o.ktile

@@ -1,0 +1,538 @@
+"""The C renderer: a lowered SINK -> one readable C function.
+
+    void e_2_4(float* restrict data0, float* restrict data1) {
+      for (int ridx0 = 0; ridx0 < 8; ridx0++) {
+        float val1 = data0[ridx0];
+        data1[ridx0] = ((val1*2.0f)+1.0f);
+      }
+    }
+
+Names follow the chapters: `dataN` parameters by buffer slot, `ridxN` loops, `accN` accumulators,
+`valN` loads, `aluN` values used more than once (or computed outside the loop that uses them).
+Each op's C form is one entry of a table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Callable
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+from uopc import helpers
+from uopc.codegen.error_record import ERROR_RECORD, ErrorField
+from uopc.codegen.linearize import Linearized, Loop, linearize
+from uopc.renderer.c_math import F32_BITS, F32_MATH
+from uopc.renderer.half import compute_in_float
+from uopc.uop import ALU, AxisType, Ops, UOp
+from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits
+
+PRELUDE = """#include <math.h>
+#include <stdint.h>
+#if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
+#error "uopc kernels need IEEE inf and NaN: remove -ffast-math / -ffinite-math-only from CFLAGS"
+#endif
+"""
+
+# floor division and modulo with Python's semantics; x/0 and x%0 give 0 (as NumPy does), INT_MIN/-1 wraps
+_FLOORDIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{
+  if (b == 0) return 0;
+  if (b == -1) return ({t})(0u - ({u})a);
+  {t} q = a / b;
+  return q - ((a % b != 0) & ((a < 0) != (b < 0)));
+}}
+static inline {t} uopc_mod_{n}({t} a, {t} b) {{
+  if (b == 0 || b == -1) return 0;
+  {t} r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}}
+"""
+# Every index check, as one function: in range (i..i+w-1 within [lo, n): w > 1 for a vector access), the index is
+# used as is, a negative one counting from the end; out of range, the first failure of the run fills the error
+# record `err` (uopc.codegen.error_record; atomically, as OpenMP threads may fail at once) for the runtime to raise,
+# and element 0 is used instead, so a bad index never reads or writes outside its buffer. A data-dependent index
+# (CHECK) passes its kernel's error record; UOPC_CHECK_OOB's bounds checks pass uopc_oob: in a plan the kernel's
+# parameter (each call has its own), standalone a global the runtime reads.
+_RECORD_WORDS = ", ".join(f.name.lower() for f in ErrorField)
+_CHECK = """/* err: {words} */
+static inline long long uopc_check(long long* err, long long i, long long w, long long lo, long long n,
+                                   long long which) {{
+  if (i >= lo && i + w <= n) return i < 0 ? i + n : i;
+  long long none = 0;
+  if (__atomic_compare_exchange_n(&err[{FAILED}], &none, 1, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {{
+    err[{INDEX}] = i < lo ? i : i + w - 1; err[{LOW}] = lo; err[{SIZE}] = n; err[{WHICH}] = which;
+  }}
+  return 0;
+}}
+""".format(words=_RECORD_WORDS, **{f.name: f.value for f in ErrorField})
+_OOB_RECORD = f"long long uopc_oob[{ERROR_RECORD}];  /* the first failed bounds check: {_RECORD_WORDS} */\n"
+# float16 and bfloat16 values are their bits in an unsigned short, converted to and from float by integer operations
+# (exact, rounding to nearest even, NaN staying a quiet NaN). gcc vectorizes these at full width; it vectorizes
+# no _Float16 conversion without AVX512-FP16 (gcc 12: "unsupported data-type"), and with it, it narrows
+# (_Float16)((float)a * (float)b) to vmulph and contracts the add after it into a half FMA (results would depend on
+# the CPU). Measured on a Zen 4: a*b + c over 2^24 halves 22 ms, against 34 ms with _Float16 (scalar vcvtph2ps).
+# float16: a normal half rebiases its exponent by 127 - 15 = 112; a subnormal is (2^-14 + m 2^-24) - 2^-14 in
+# normal floats (no float denormal is touched, so flush-to-zero modes do not matter); below 2^-14 the FPU rounds
+# |x| + 0.5 to a multiple of 2^-24; from 65520 up (a carry into exponent 31) it is inf
+_F16 = """static inline float uopc_f16_ld(unsigned short h) {
+  unsigned int u = (unsigned int)(h & 0x7FFFu) << 13, e = u & 0x0F800000u, t = u + 0x38800000u, s, r;
+  float f;
+  __builtin_memcpy(&f, &t, 4);
+  f -= 6.103515625e-05f;
+  __builtin_memcpy(&s, &f, 4);
+  r = e == 0x0F800000u ? u + 0x70000000u : e == 0 ? s : u + 0x38000000u;
+  r |= (unsigned int)(h & 0x8000u) << 16;
+  __builtin_memcpy(&f, &r, 4);
+  return f;
+}
+static inline unsigned short uopc_f16_st(float x) {
+  unsigned int u, a, d, r;
+  float f;
+  __builtin_memcpy(&u, &x, 4);
+  a = u & 0x7FFFFFFFu;
+  __builtin_memcpy(&f, &a, 4);
+  f += 0.5f;
+  __builtin_memcpy(&d, &f, 4);
+  r = (a + 0xC8000FFFu + ((a >> 13) & 1u)) >> 13;
+  r = a >= 0x47800000u ? (a > 0x7F800000u ? 0x7E00u : 0x7C00u) : a < 0x38800000u ? d - 0x3F000000u : r;
+  return (unsigned short)(r | ((u >> 16) & 0x8000u));
+}
+"""
+# bfloat16 is the top 16 bits of a float32
+_BF16 = """static inline float uopc_bf16_ld(unsigned short b) {
+  unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
+}
+static inline unsigned short uopc_bf16_st(float f) {
+  unsigned int u; __builtin_memcpy(&u, &f, 4);
+  if (f != f) return (unsigned short)((u >> 16) | 0x40);
+  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+_UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
+static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
+"""
+
+_MATH = {  # op -> (float, double) C function
+    Ops.SQRT: ("sqrtf", "sqrt"),
+    Ops.EXP2: ("exp2f", "exp2"),
+    Ops.LOG2: ("log2f", "log2"),
+    Ops.SIN: ("sinf", "sin"),
+    Ops.TRUNC: ("truncf", "trunc"),
+}
+
+_NARROW_WRAP = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD}
+
+_INFIX = {
+    Ops.ADD: "+",
+    Ops.MUL: "*",
+    Ops.CMPLT: "<",
+    Ops.CMPNE: "!=",
+    Ops.AND: "&",
+    Ops.OR: "|",
+    Ops.XOR: "^",
+}
+
+
+class Rank(IntEnum):
+    """A helper's place before the kernel: after every helper of a lower rank, which it may use (then by name, so that
+    a plan's kernels sharing helpers render them in one order)."""
+
+    TYPES = 0  # vector typedefs
+    SHARED = 1  # definitions other helpers use (F32_BITS's bit casts)
+    FUNCTIONS = 2  # what the kernel itself uses: conversions, checks, math, the error record
+
+
+class Helper(NamedTuple):
+    """A C definition a kernel needs before it, keyed by the name it defines (a plan's kernels share one copy)."""
+
+    rank: Rank
+    code: str
+
+
+def _helper_text(hs: dict[str, Helper]) -> str:
+    """The helpers' definitions in the order their ranks give."""
+    return "".join(h.code for _, h in sorted(hs.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def _base(buf: UOp) -> UOp:
+    """The BUFFER or ALLOC an INDEX addresses, past the AFTER nodes that only order its uses."""
+    while buf.op is Ops.AFTER:
+        buf = buf.src[0]
+    return buf
+
+
+def render_const(v, dt: DType) -> str:
+    """A C literal of dtype `dt` (INFINITY/NAN for the non-finite floats)."""
+    if dt.is_bool:
+        return "1" if v else "0"
+    if dt.is_16bit_float:  # its bits
+        with np.errstate(over="ignore"):  # from 65520 up a half is inf
+            x = np.array([v], np.float32 if dt is dtypes.bfloat16 else np.float16)
+        bits = float_to_bf16_bits(x) if dt is dtypes.bfloat16 else x.view(np.uint16)
+        return f"0x{int(bits[0]):04x}"
+    if dt.is_float:
+        suffix = "f" if dt is not dtypes.float64 else ""
+        if math.isnan(v):
+            s = "NAN"
+        elif math.isinf(v):
+            s = "INFINITY" if v > 0 else "-INFINITY"
+        else:
+            s = repr(float(v)) + suffix
+        return s
+    if dt.is_unsigned:
+        return f"{v}u" if dt.itemsize <= 4 else f"{v}ull"
+    if v == dt.min:  # -2147483648 is not a literal in C: it is -(2147483648), which is a long
+        return f"({v + 1}{'LL' if dt.itemsize == 8 else ''}-1)"
+    return f"{v}LL" if dt.itemsize == 8 else str(v)
+
+
+class CRenderer:
+    """Renders one linearized kernel as C; `code_for_op` maps each ALU op to its C expression."""
+
+    code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]]
+
+    def __init__(self, lin: Linearized):
+        self.lin = lin
+        self.names: dict[UOp, str] = {}
+        self.n = 0
+        self.lines: list[str] = []
+        self.helpers: dict[str, Helper] = {}
+        self.check_oob = bool(helpers.settings().CHECK_OOB)
+
+    def use(self, name: str, code: str, rank: Rank = Rank.FUNCTIONS) -> None:
+        """Put helper `code`, which defines `name`, before the kernel."""
+        self.helpers[name] = Helper(rank, code)
+
+    def check(self, err: str, i: str, w: int, lo: int, n: int, which: int) -> str:
+        """Index `i` (a C expression) checked to address elements i..i+w-1 of [lo, n) (see _CHECK); a failure fills
+        the error record `err` with `which`."""
+        self.use("uopc_check", _CHECK)
+        return f"uopc_check({err}, {i}, {w}, {lo}, {n}, {which})"
+
+    def var(self, u: UOp, prefix: str) -> str:
+        self.n += 1
+        self.names[u] = f"{prefix}{self.n}"
+        return self.names[u]
+
+    def needs_var(self, u: UOp) -> bool:
+        """Compute into a named variable: used more than once, or hoisted out of its user's loop."""
+        if u.op not in ALU:
+            return False
+        users = self.lin.users[u]
+        if any(x.op is Ops.MAX and x.dtype.is_float for x in users):  # a float max writes its first operand 3 times
+            return True
+        return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
+
+    def expr(self, u: UOp) -> str:
+        if u in self.names:
+            return self.names[u]
+        if u.op in _NARROW_WRAP and u.dtype is not None and u.dtype.is_int and u.dtype.itemsize < 4:
+            # C computes narrow ints in int: cast back so int8 100+100 wraps to -56, as NumPy and PyTorch do
+            return f"(({u.dtype.cname}){self._expr(u)})"
+        return self._expr(u)
+
+    def _expr(self, u: UOp) -> str:
+        fn = self.code_for_op.get(u.op)
+        if fn is None:
+            raise NotImplementedError(f"render_c: no C form for {u.op}")
+        return fn(self, u)
+
+    def divmod(self, u: UOp) -> str:
+        a, b = u.src
+        sym = "/" if u.op is Ops.IDIV else "%"
+        if b.op is Ops.CONST and b.arg > 0 and a.vmin >= 0:  # C truncation equals floor here
+            return f"({self.expr(a)}{sym}{self.expr(b)})"
+        dt = u.dtype
+        tag = dt.name
+        tmpl = _UNSIGNED_DIV if dt.is_unsigned else _FLOORDIV
+        unsigned = {1: "uint8_t", 2: "uint16_t", 4: "uint32_t", 8: "uint64_t"}[dt.itemsize]
+        self.use(f"uopc_idiv_{tag}", tmpl.format(t=dt.cname, n=tag, u=unsigned))
+        fn = "idiv" if u.op is Ops.IDIV else "mod"
+        return f"uopc_{fn}_{tag}({self.expr(a)}, {self.expr(b)})"
+
+    def address(self, idx: UOp) -> str:
+        base, i = _base(idx.src[0]), idx.src[1]
+        if idx.dtype.count > 1 and base.op is Ops.BUFFER:
+            return self.vector_address(idx, base)
+        return self.ref(base, self.expr(i))
+
+    def ref(self, base: UOp, i: str) -> str:
+        """The C lvalue of element `i` (a C expression) of an ALLOC or BUFFER."""
+        if base.op is Ops.ALLOC:
+            return self.names[base] if base.arg[1] == 1 else f"{self.names[base]}[{i}]"
+        if self.check_oob:  # the buffer's slot names it in the error
+            return f"data{base.arg.slot}[{self.check('uopc_oob', i, 1, 0, base.arg.shape[0], base.arg.slot)}]"
+        return f"data{base.arg.slot}[{i}]"
+
+    def gated_load(self, u: UOp, ind: str) -> None:
+        """A PAD load: read at the index clamped into the buffer (never out of range), then select it or 0 by the
+        gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
+        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test)."""
+        buf, i, gate = u.src[0].src
+        base = _base(buf)
+        zero = render_const(0, u.dtype)
+        n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
+        if n == 0:  # a padded empty buffer: every element is padding
+            self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {zero};")
+            return
+        ie = self.expr(i)
+        if i.vmin < 0 or i.vmax > n - 1:
+            if i not in self.names and i.op is not Ops.CONST:  # the index is used up to three times
+                self.n += 1
+                self.lines.append(f"{ind}{i.dtype.cname} alu{self.n} = {ie};")
+                ie = f"alu{self.n}"
+            if i.vmin < 0:
+                ie = f"({ie}<0?0:{ie})"
+            if i.vmax > n - 1:
+                ie = f"({ie}>{n - 1}?{n - 1}:{ie})"
+        self.n += 1
+        raw = f"val{self.n}"
+        ref = self.ref(base, ie)
+        self.lines.append(f"{ind}{u.dtype.cname} {raw} = {ref};")
+        self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = ({self.expr(gate)}?{raw}:{zero});")
+
+    def vector_address(self, idx: UOp, buf: UOp) -> str:
+        """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
+        (uopc's buffers start on 64-byte boundaries), else the unaligned type (vmovups costs the same there)."""
+        w, i = idx.dtype.count, self.expr(idx.src[1])
+        vt = idx.dtype.cname if _multiple_of(idx.src[1], w) else f"{idx.dtype.cname}_u"
+        if self.check_oob:  # the whole span i..i+w-1
+            i = self.check("uopc_oob", i, w, 0, buf.arg.shape[0], buf.arg.slot)
+        return f"(*({vt}*)(data{buf.arg.slot}+{i}))"
+
+    def emit(self, u: UOp, ind: str) -> None:
+        op = u.op
+        if op is Ops.LOAD:
+            idx = u.src[0]
+            if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
+                self.gated_load(u, ind)
+                return
+            ref = self.address(idx)
+            name = self.var(u, "val")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
+        elif op is Ops.STORE:
+            val = self.expr(u.src[1])
+            self.lines.append(f"{ind}{self.address(u.src[0])} = {val};")
+        elif op is Ops.CHECK:  # checked once, into a variable, where the index is first needed
+            val = self.expr(u)
+            name = self.var(u, "gidx")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {val};")
+        elif op is Ops.ALLOC:
+            n, size = u.arg
+            self.names[u] = f"acc{n}"
+            arr = f"[{size}]" if size > 1 else ""
+            self.lines.append(f"{ind}{u.dtype.cname} acc{n}{arr};")
+        elif u.op is Ops.VECTORIZE and u.src[0].op is not Ops.CONST and all(x is u.src[0] for x in u.src):
+            # a broadcast of a value, named once (a constant one stays inline, where gcc folds it)
+            name = self.var(u, "alu")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {self._expr(u)};")
+        elif self.needs_var(u):
+            val = self.expr(u)
+            name = self.var(u, "alu")
+            self.lines.append(f"{ind}{u.dtype.cname} {name} = {val};")
+
+    def loop(self, lp: Loop, ind: str) -> None:
+        for x in lp.body:
+            if isinstance(x, Loop):
+                r = x.rng
+                name = f"ridx{r.arg.idx}"
+                self.names[r] = name
+                if r.arg.kind is AxisType.THREAD:
+                    self.lines.append(f"{ind}#pragma omp parallel for")
+                self.lines.append(f"{ind}for ({r.dtype.cname} {name} = 0; {name} < {self.expr(r.src[0])}; {name}++) {{")
+                self.loop(x, ind + "  ")
+                self.lines.append(f"{ind}}}")
+            else:
+                self.emit(x, ind)
+
+
+def _infix(sym: str) -> Callable[[CRenderer, UOp], str]:
+    def render(r: CRenderer, u: UOp) -> str:
+        if u.dtype is dtypes.bool and u.op in _BOOL_INFIX:  # bool + is OR, * is AND (C would make 2)
+            return f"({r.expr(u.src[0])}{_BOOL_INFIX[u.op]}{r.expr(u.src[1])})"
+        return f"({r.expr(u.src[0])}{sym}{r.expr(u.src[1])})"
+
+    return render
+
+
+_BOOL_INFIX = {Ops.ADD: "|", Ops.MUL: "&"}
+
+
+def _max(r: CRenderer, u: UOp) -> str:
+    a, b = r.expr(u.src[0]), r.expr(u.src[1])
+    if u.dtype.is_float:  # NaN-propagating, as NumPy's maximum
+        return f"((({a}>{b})|({a}!={a}))?{a}:{b})"  # `|`, not `||`: no branch for gcc to keep
+    return f"(({a}>{b})?{a}:{b})"
+
+
+_CONVERT = {dtypes.float16: ("f16", _F16), dtypes.bfloat16: ("bf16", _BF16)}
+
+
+def _cast(r: CRenderer, u: UOp) -> str:
+    x = u.src[0]
+    for dt, way in ((u.dtype, "st"), (x.dtype, "ld")):  # float32 <-> 16 bits (uopc.renderer.half leaves no other casts)
+        if dt in _CONVERT:
+            tag, code = _CONVERT[dt]
+            r.use(f"uopc_{tag}", code)
+            return f"uopc_{tag}_{way}({r.expr(x)})"
+    if u.dtype.count > 1:  # vectors of 16-bit floats are never made (uopc.codegen.vectorize)
+        raise NotImplementedError(f"render_c: no C form for a vector cast to {u.dtype!r}")
+    return f"(({u.dtype.cname})({r.expr(x)}))"
+
+
+def _multiple_of(i: UOp, w: int) -> bool:
+    """Is index expression `i` a multiple of `w` for every value of its loops?"""
+    if i.op is Ops.CONST:
+        return i.arg % w == 0
+    if i.op is Ops.MUL:
+        return any(s.op is Ops.CONST and s.arg % w == 0 for s in i.src) or any(_multiple_of(s, w) for s in i.src)
+    if i.op is Ops.ADD:
+        return all(_multiple_of(s, w) for s in i.src)
+    return False
+
+
+def _vector_typedefs(ast: UOp) -> dict[str, Helper]:
+    """gcc vector types for every vector dtype the kernel uses: `f32x16` (64-byte aligned) and `f32x16_u` (aligned
+    as its elements), keyed like the other helpers."""
+    out = {}
+    for vt in {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}:
+        sc, size = vt.scalar(), vt.itemsize
+        code = (
+            f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));\n"
+            f"typedef {sc.cname} {vt.cname}_u __attribute__((vector_size({size}), aligned({sc.itemsize})));\n"
+        )
+        out[vt.cname] = Helper(Rank.TYPES, code)
+    return out
+
+
+def _math(r: CRenderer, u: UOp) -> str:
+    f, d = _MATH[u.op]
+    if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
+        f, code = F32_MATH[u.op]
+        r.use("F32_BITS", F32_BITS, Rank.SHARED)
+        r.use(f, code)
+    return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
+
+
+def _check(r: CRenderer, u: UOp) -> str:
+    n, which, lo = u.arg  # a data-dependent index: its kernel's error record is src[1]
+    return f"(({u.dtype.cname}){r.check(f'data{u.src[1].arg.slot}', r.expr(u.src[0]), 1, lo, n, which)})"
+
+
+# op -> C expression. Each entry renders one node from its sources' expressions.
+code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
+    Ops.CONST: lambda r, u: render_const(u.arg, u.dtype),
+    Ops.AFTER: lambda r, u: r.expr(u.src[0]),  # ordering only: the value is its first source's
+    Ops.INDEX: lambda r, u: r.address(u),
+    **{op: _infix(sym) for op, sym in _INFIX.items()},
+    Ops.NEG: lambda r, u: f"(-{r.expr(u.src[0])})",
+    Ops.MAX: _max,
+    Ops.WHERE: lambda r, u: f"({r.expr(u.src[0])}?{r.expr(u.src[1])}:{r.expr(u.src[2])})",
+    Ops.RECIP: lambda r, u: f"({render_const(1.0, u.dtype)}/{r.expr(u.src[0])})",
+    **{op: _math for op in _MATH},
+    Ops.CAST: _cast,
+    Ops.CHECK: _check,
+    Ops.IDIV: lambda r, u: r.divmod(u),
+    Ops.MOD: lambda r, u: r.divmod(u),
+    # SIMD (gcc vector extension): pack lanes, read one lane
+    Ops.VECTORIZE: lambda r, u: f"(({u.dtype.cname}){{{', '.join(r.expr(s) for s in u.src)}}})",
+    Ops.GEP: lambda r, u: f"({r.expr(u.src[0])}[{u.arg}])",
+}
+CRenderer.code_for_op = code_for_op
+
+
+class CFunction(NamedTuple):
+    """One rendered kernel, under whatever name the caller gives it: its helpers, parameters and statements."""
+
+    helpers: dict[str, Helper]
+    params: tuple[str, ...]  # `float* restrict data0`, ...
+    body: str  # the statements, indented
+    bufs: list[UOp]  # its BUFFERs, by slot
+
+    def declaration(self, name: str) -> str:
+        return f"void {name}({', '.join(self.params)})"
+
+    def definition(self, name: str) -> str:
+        return f"{self.declaration(name)} {{\n{self.body}\n}}\n"
+
+
+def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
+    """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global."""
+    ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
+    lin = linearize(ast)
+    r = CRenderer(lin)
+    with helpers.deep_recursion():
+        r.loop(lin.root, "  ")
+    bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
+    r.helpers.update(_vector_typedefs(ast))
+    params = [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs]
+    if r.check_oob and oob_param:
+        params.append("long long* restrict uopc_oob")
+    elif r.check_oob:  # standalone: the runtime reads the global after each call
+        r.use("uopc_oob", _OOB_RECORD)
+    return CFunction(r.helpers, tuple(params), "\n".join(r.lines), bufs)
+
+
+def render_c(ast: UOp, name: str) -> str:
+    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
+    fn = _render_function(ast)
+    return PRELUDE + _helper_text(fn.helpers) + "\n" + fn.definition(name)
+
+
+_PLAN_TIMER = """static inline long long uopc_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+"""
+
+
+def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", one_unit_below: int = 0) -> list[str]:
+    """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
+    digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
+    the unit of `void entry(void** bufs, long long* ns, long long* err)`, which calls them in order. A plan whose
+    kernels come to fewer than `one_unit_below` characters of C is one unit instead (one compiler run: spawning and
+    linking several costs more than sharing saves there).
+    Each kernel is (ast, its name in the plan, index into bufs of each parameter).
+
+    `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
+    uopc.codegen.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
+    first bad index fills it, and the plan records the kernel's number and stops after that kernel.
+    """
+    check = bool(helpers.settings().CHECK_OOB)
+    funcs: dict[str, CFunction] = {}  # by the name of its function
+    done: dict[UOp, tuple[str, list[UOp]]] = {}
+    calls = []
+    for i, (ast, name, where) in enumerate(kernels):
+        if ast not in done:
+            fn = _render_function(ast, oob_param=True)
+            # the kernel's shape name (without the plan's k0_ prefix and n1 suffix) and a digest of its C
+            base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
+            digest = hashlib.sha256((PRELUDE + _helper_text(fn.helpers) + fn.definition("uopc_kernel")).encode())
+            sym = f"{base}_{digest.hexdigest()[:16]}"
+            funcs[sym] = fn
+            done[ast] = (sym, fn.bufs)
+        sym, bufs = done[ast]
+        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
+        calls.append(f"  {sym}({', '.join(args)});")
+        calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
+        if check:
+            calls.append(f"  if (err[{ErrorField.FAILED.value}]) {{ err[{ErrorField.KERNEL.value}] = {i}; return; }}")
+    body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
+    body += "\n".join(calls) + "\n}\n"
+    defs = {sym: fn.definition(sym) for sym, fn in funcs.items()}
+    if sum(len(d) for d in defs.values()) < one_unit_below:
+        hs: dict[str, Helper] = {}
+        for fn in funcs.values():
+            hs.update(fn.helpers)
+        fns = "\n".join("static " + d for d in defs.values())
+        return [PRELUDE + "#include <time.h>\n" + _helper_text(hs) + _PLAN_TIMER + fns + body]
+    # hidden: the entry point calls each kernel directly, not through the PLT, and no other object can interpose it
+    hidden = '__attribute__((visibility("hidden"))) '
+    units = [PRELUDE + _helper_text(fn.helpers) + "\n" + hidden + defs[sym] for sym, fn in funcs.items()]
+    protos = "".join(hidden + fn.declaration(sym) + ";\n" for sym, fn in funcs.items())
+    return [*units, "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]

@@ -1,0 +1,55 @@
+"""The IR: op codes and typed args (ops.py), hash-consed nodes and graph walks (uop.py), dtypes (dtype.py),
+pattern rewriting (rewrite.py), index simplification (symbolic.py), movement ops as index maps (indexing.py).
+
+    from uopc.uop import UOp, Ops, ParamArg      # the names every stage uses, re-exported here
+"""
+
+from uopc.uop.ops import (
+    ALU,
+    BINARY,
+    COMMUTATIVE,
+    COMPARE,
+    MOVEMENT,
+    REDUCE_OPS,
+    TERNARY,
+    UNARY,
+    AxisType,
+    Ops,
+    ParamArg,
+    RangeArg,
+    Span,
+)
+from uopc.uop.uop import (
+    UOp,
+    add_reader,
+    base_buffer,
+    forget_reader,
+    identity_element,
+    read_only_by,
+    sink,
+    structure_key,
+)
+
+__all__ = [
+    "ALU",
+    "BINARY",
+    "COMMUTATIVE",
+    "COMPARE",
+    "MOVEMENT",
+    "REDUCE_OPS",
+    "TERNARY",
+    "UNARY",
+    "AxisType",
+    "Ops",
+    "ParamArg",
+    "RangeArg",
+    "Span",
+    "UOp",
+    "add_reader",
+    "base_buffer",
+    "forget_reader",
+    "identity_element",
+    "read_only_by",
+    "sink",
+    "structure_key",
+]

@@ -1,0 +1,138 @@
+"""The IR's vocabulary: the op codes, their groups, and the typed args of BUFFER, RANGE and SETITEM nodes.
+
+UOp(Ops.BUFFER, (), ParamArg(0, dtypes.f32, (16,)))      # uopc.uop.uop builds nodes from these
+Ops.ADD in ALU and Ops.ADD in COMMUTATIVE                  # True
+"""
+
+from __future__ import annotations
+
+from enum import Enum, IntEnum, auto
+from typing import NamedTuple
+
+from uopc.uop.dtype import DType
+
+__all__ = [
+    "ALU",
+    "BINARY",
+    "COMMUTATIVE",
+    "COMPARE",
+    "MOVEMENT",
+    "REDUCE_OPS",
+    "TERNARY",
+    "UNARY",
+    "AxisType",
+    "Ops",
+    "ParamArg",
+    "RangeArg",
+    "Span",
+]
+
+
+class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__ on this hot path
+    # shape graph: storage and constants
+    BUFFER = auto()
+    CONST = auto()
+    # movement ops: index maps
+    RESHAPE = auto()
+    EXPAND = auto()
+    PERMUTE = auto()
+    PAD = auto()
+    SHRINK = auto()
+    FLIP = auto()
+    # reductions and materialization requests
+    REDUCE = auto()
+    STAGE = auto()
+    # a data-dependent read: GATHER(x, index) takes x along one axis at positions the index tensor holds
+    GATHER = auto()
+    # a data-dependent write: SCATTER(base, index, values) combines values into base at positions the index holds
+    # (arg: dim, label, wrap, rop with rop ADD, MUL or MAX)
+    SCATTER = auto()
+    # a static-region write: SETITEM(base, value) is base with the elements of a region (arg: one Span per dim)
+    # replaced by value, whose shape is the region's counts
+    SETITEM = auto()
+    # ALU: unary
+    NEG = auto()
+    RECIP = auto()
+    SQRT = auto()
+    EXP2 = auto()
+    LOG2 = auto()
+    SIN = auto()
+    TRUNC = auto()
+    CAST = auto()
+    # ALU: binary
+    ADD = auto()
+    MUL = auto()
+    MAX = auto()
+    IDIV = auto()
+    MOD = auto()
+    CMPLT = auto()
+    CMPNE = auto()
+    AND = auto()
+    OR = auto()
+    XOR = auto()
+    # ALU: ternary
+    WHERE = auto()
+    # lowered program
+    RANGE = auto()
+    INDEX = auto()
+    LOAD = auto()
+    STORE = auto()
+    ALLOC = auto()
+    AFTER = auto()
+    END = auto()
+    SINK = auto()
+    # a data-dependent index, checked at run time: out-of-range values are recorded for the runtime to raise
+    CHECK = auto()
+    # SIMD vectors (made after lowering by uopc.codegen.vectorize): pack n scalars, take lane i of a vector
+    VECTORIZE = auto()
+    GEP = auto()
+
+    def __repr__(self) -> str:
+        return f"Ops.{self.name}"
+
+    __str__ = __repr__  # not IntEnum's bare number in messages
+
+
+MOVEMENT = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
+UNARY = frozenset({Ops.NEG, Ops.RECIP, Ops.SQRT, Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.TRUNC, Ops.CAST})
+BINARY = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+TERNARY = frozenset({Ops.WHERE})
+ALU = UNARY | BINARY | TERNARY
+COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
+COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE})
+REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX})
+
+
+class ParamArg(NamedTuple):
+    """The arg of a BUFFER: its slot (identity), dtype and flat shape."""
+
+    slot: int
+    dtype: DType
+    shape: tuple[int, ...]
+
+
+class Span(NamedTuple):
+    """One dim of a SETITEM region: the `count` elements start, start + step, ... (step may be negative)."""
+
+    start: int
+    step: int
+    count: int
+
+
+class AxisType(Enum):
+    """What a RANGE loop is: a plain loop, a parallel (OpenMP) one, a reduction, or an upcast (unrolled) one."""
+
+    LOOP = auto()
+    THREAD = auto()
+    REDUCE = auto()
+    UPCAST = auto()
+
+    def __repr__(self) -> str:
+        return f"AxisType.{self.name}"
+
+
+class RangeArg(NamedTuple):
+    """The arg of a RANGE: its number in the kernel (ridxN) and its kind."""
+
+    idx: int
+    kind: AxisType = AxisType.LOOP
