@@ -28,7 +28,18 @@ from uopc.uop.dtype import DType, dtypes
 from uopc.uop.indexing import and_, ravel, through
 from uopc.uop.symbolic import simplify
 
-__all__ = ["Ctx", "Opts", "AxisType", "rangeify", "lower", "lower_scatter", "merge_ends", "ranges_in", "ravel"]
+__all__ = [
+    "Ctx",
+    "Opts",
+    "AxisType",
+    "rangeify",
+    "lower",
+    "lower_scatter",
+    "lower_setitem",
+    "merge_ends",
+    "ranges_in",
+    "ravel",
+]
 
 
 class Ctx:
@@ -103,8 +114,8 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         return _reduce(u, idx, ctx, valid)
     if op is Ops.GATHER:
         return _gather(u, idx, ctx, valid)
-    if op is Ops.SCATTER:
-        raise NotImplementedError("rangeify: a SCATTER is its own kernel (the scheduler materializes it)")
+    if op in (Ops.SCATTER, Ops.SETITEM):
+        raise NotImplementedError(f"rangeify: a {op.name} is its own kernel (the scheduler materializes it)")
     if op in ALU:
         return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
     raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
@@ -497,6 +508,22 @@ def lower_scatter(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
         target = out.index(ravel(idx[:dim] + (j,) + idx[dim + 1 :], root.shape))
         st = target.store(UOp(root.arg[3], (target.load(), rangeify(values, idx, ctx))))
         return _keep_checks(simplify(sink(st.end(*ranges_in(*loops)))), ctx)
+
+
+def lower_setitem(root: UOp, out: UOp, thread: int | None = None) -> UOp:
+    """The writing half of SETITEM(base, value): out[.., start + step * i, ..] = value[.., i, ..] over the region
+    alone, one loop per dim of the value (the region's counts), axis `thread` on threads (its elements are distinct).
+
+    `out` already holds the base (an ordinary kernel copies it there first)."""
+    ctx, value = Ctx(Opts(thread=thread)), root.src[1]
+    with deep_recursion():
+        ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
+        _setup_checks(ctx, value, out)
+        kinds = [AxisType.THREAD if k == thread else AxisType.LOOP for k in range(len(value.shape))]
+        idx = tuple(ctx.rng(s, kd) if s > 1 else UOp.const(0, ctx.idx) for s, kd in zip(value.shape, kinds))
+        at = tuple(i * sp.step + sp.start for i, sp in zip(idx, root.arg))
+        st = out.index(ravel(at, root.shape)).store(rangeify(value, idx, ctx))
+        return _keep_checks(simplify(sink(st.end(*ranges_in(*idx)))), ctx)
 
 
 def _needs_64bit(root: UOp, out: UOp) -> bool:

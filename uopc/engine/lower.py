@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 from uopc import helpers
-from uopc.codegen.rangeify import Ctx, lower, lower_scatter
+from uopc.codegen.rangeify import Ctx, lower, lower_scatter, lower_setitem
+from uopc.helpers import prod
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
 from uopc.uop import Ops, UOp
 
@@ -43,13 +44,29 @@ def lower_schedule(sched: Schedule, opt: Any) -> Plan:
 def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
     if item.body.op is Ops.SCATTER:  # the accumulating half: serial, in order (threads would race on repeated indices)
         ast, opts = lower_scatter(item.body, item.out), None
+    elif item.body.op is Ops.SETITEM:  # the region write: its loops cover the region alone
+        ast, opts = lower_setitem(item.body, item.out, _region_thread(item.body, opt)), None
     else:
         ast, opts = lowered(item.body, item.out, opt)
     # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
     alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
     refs = tuple(item.refs[s] for s in alive)
-    return Kernel(item.name, ast, refs, item.flops, opts, item.checks, moved_bytes(item, alive), item.op)
+    return Kernel(item.name, ast, refs, item.flops, opts, item.checks, moved_bytes(item, alive), item.op, item.copy)
+
+
+# a region write moves its elements once, as an elementwise kernel does: threads pay off from the same size
+# (opt.heuristic's THREAD_MIN_WORK, measured there: a parallel region costs ~3 us)
+REGION_THREAD_MIN = 1 << 16
+
+
+def _region_thread(body: UOp, opt: Any) -> int | None:
+    """The axis of SETITEM `body`'s region write that runs on threads: its outermost of 2+ elements, when an optimizer
+    runs and the region is large (None: serial)."""
+    counts = body.src[1].shape
+    if opt is None or prod(counts) < REGION_THREAD_MIN:
+        return None
+    return next((k for k, c in enumerate(counts) if c >= 2), None)
 
 
 def _unique_names(names: list[str], asts: list[UOp]) -> list[str]:

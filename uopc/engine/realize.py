@@ -33,7 +33,7 @@ from uopc.renderer.c import render_plan
 from uopc.runtime.buffer import buffer_ptr, output_buffer, pool
 from uopc.runtime.compiler import Program, compiler_identity, machine
 from uopc.runtime.threads import ensure_threads
-from uopc.schedule import Kernel, Plan, Ref, RefKind
+from uopc.schedule import Copy, Kernel, Plan, Ref, RefKind
 from uopc.uop import Ops, UOp, structure_key
 
 __all__ = [
@@ -227,7 +227,8 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
         return cp
     with helpers.phase("render"):
         kernels = [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)]
-        srcs = render_plan(kernels, one_unit_below=ONE_UNIT_CHARS)
+        copies = {i: (cp.where(k.copy.src), cp.where(k.copy.dst)) for i, k in enumerate(plan.kernels) if k.copy}
+        srcs = render_plan(kernels, one_unit_below=ONE_UNIT_CHARS, copies=copies)
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
         print(cp.src)
@@ -414,15 +415,17 @@ def run_plan(
 def inplace_ok(cp: CompiledPlan, r: int, i: int | None) -> bool:
     """Whether root `r` may be written into the storage of input `i` (None: an input the plan does not read):
     every read of the input's old value comes before the first kernel that writes the root, or is in that kernel
-    at exactly the element it stores (an elementwise update p - lr * g)."""
+    at exactly the element it stores (an elementwise update p - lr * g). A kernel copying the input into the root
+    (the first half of a slice write) is skipped when both are one storage: it writes nothing there."""
     plan = cp.plan
     if plan.outs[r].alias is not None:
         return False  # an alias of an input or of another root: nothing is written for it
     if i is None:
         return True
     out, src = Ref(RefKind.OUT, r), Ref(RefKind.IN, i)
-    w0 = next(w for w, k in enumerate(plan.kernels) if out in k.refs)
-    for w, k in enumerate(plan.kernels):
+    kernels = [k for k in plan.kernels if k.copy != Copy(src, out)]
+    w0 = next(w for w, k in enumerate(kernels) if out in k.refs)
+    for w, k in enumerate(kernels):
         if src in k.refs and (w > w0 or (w == w0 and not _same_element(k, src, out))):
             return False
     return True

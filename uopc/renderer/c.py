@@ -491,13 +491,19 @@ _PLAN_TIMER = """static inline long long uopc_now(void) {
 """
 
 
-def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", one_unit_below: int = 0) -> list[str]:
+def render_plan(
+    kernels: list[tuple[UOp, str, list[int]]],
+    entry: str = "plan",
+    one_unit_below: int = 0,
+    copies: dict[int, tuple[int, int]] | None = None,
+) -> list[str]:
     """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
     digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
     the unit of `void entry(void** bufs, long long* ns, long long* err)`, which calls them in order. A plan whose
     kernels come to fewer than `one_unit_below` characters of C is one unit instead (one compiler run: spawning and
     linking several costs more than sharing saves there).
-    Each kernel is (ast, its name in the plan, index into bufs of each parameter).
+    Each kernel is (ast, its name in the plan, index into bufs of each parameter). `copies` maps kernel i to the
+    (source, destination) bufs of the copy it is: the entry point skips it when both are one storage.
 
     `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
     uopc.codegen.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
@@ -518,7 +524,10 @@ def render_plan(kernels: list[tuple[UOp, str, list[int]]], entry: str = "plan", 
             done[ast] = (sym, fn.bufs)
         sym, bufs = done[ast]
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
-        calls.append(f"  {sym}({', '.join(args)});")
+        call = f"{sym}({', '.join(args)});"
+        if copies and i in copies:  # a copy onto itself (a write in place) does nothing
+            call = f"if (bufs[{copies[i][0]}] != bufs[{copies[i][1]}]) {call}"
+        calls.append(f"  {call}")
         calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
         if check:
             calls.append(f"  if (err[{ErrorField.FAILED.value}]) {{ err[{ErrorField.KERNEL.value}] = {i}; return; }}")

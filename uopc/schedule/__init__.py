@@ -13,10 +13,11 @@ from uopc.schedule.cut import (
     stage_broadcast_compute,
     strip_detach,
 )
-from uopc.schedule.plan import Arena, Kernel, Out, Plan, Ref, RefKind, Schedule, ScheduleItem, Temp, plan_memory
+from uopc.schedule.plan import Arena, Copy, Kernel, Out, Plan, Ref, RefKind, Schedule, ScheduleItem, Temp, plan_memory
 
 __all__ = [
     "Arena",
+    "Copy",
     "Kernel",
     "Out",
     "Plan",

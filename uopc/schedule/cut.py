@@ -20,11 +20,12 @@ caches plans by structure).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from uopc import helpers
 from uopc.helpers import prod
-from uopc.schedule.plan import Out, Ref, RefKind, Schedule, ScheduleItem, Temp
+from uopc.schedule.plan import Copy, Out, Ref, RefKind, Schedule, ScheduleItem, Temp
 from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base_buffer
 from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 
@@ -44,7 +45,7 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op in (Ops.STAGE, Ops.SCATTER) or (u.op is Ops.REDUCE and not fuse_reduce):
+        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM) or (u.op is Ops.REDUCE and not fuse_reduce):
             points.append(u)
         elif u in rootset and base_buffer(u).op is not Ops.BUFFER:
             points.append(u)
@@ -60,7 +61,7 @@ def _fused_work(u: UOp) -> int:
     n, seen, stack = 0, set(), [u]
     while stack:
         x = stack.pop()
-        if x in seen or x.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER):
+        if x in seen or x.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM):
             continue
         seen.add(x)
         n += x.op in ALU
@@ -150,14 +151,16 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
         ph = UOp(Ops.BUFFER, (), ParamArg(-1 - len(place), u.dtype, (max(1, prod(u.shape)),)))
         place[u] = ph.reshape(u.shape) if u.shape != ph.shape else ph
     ph_ref = {base_buffer(place[u]).arg.slot: ref[u] for u in points}
-    # 5. one item per piece (a SCATTER is two: copy its base, then add the values in)
+    # 5. one item per piece (a SCATTER or SETITEM is two: copy its base, then write the values in)
     items: list[ScheduleItem] = []
     n_err = 0  # error records so far: a kernel with index checks gets the next one
     for u in points:
         body = u.src[0] if u.op is Ops.STAGE else u
         body = body.substitute({p: v for p, v in place.items() if p is not u})
-        for piece in (body.src[0], body) if body.op is Ops.SCATTER else (body,):
+        for piece in (body.src[0], body) if body.op in (Ops.SCATTER, Ops.SETITEM) else (body,):
             item = _item(piece, ref[u], ph_ref, in_idx, n_err)
+            if piece is not body and base_buffer(piece) in in_idx:  # the base copied as it is
+                item = replace(item, copy=Copy(Ref(RefKind.IN, in_idx[base_buffer(piece)]), ref[u]))
             n_err += bool(item.checks)
             items.append(item)
     return Schedule(tuple(items), tuple(temps), tuple(outs), n_err), inputs
@@ -170,15 +173,18 @@ def _item(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
+    work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]
-    checks = checks_of(body)
+    checks = checks_of(work)
     if checks:  # the error record is the parameter after the output; one record per kernel that checks
         refs.append(Ref(RefKind.ERR, n_err))
     if body.op is Ops.SCATTER:  # the accumulating half: named by the values it adds in
         name, op = "s_" + "_".join(map(str, body.src[2].shape or (1,))), f"scatter_{body.arg[3].name.lower()}"
+    elif body.op is Ops.SETITEM:  # the region write: named by the region (w_ and its counts)
+        name, op = "w_" + "_".join(map(str, work.shape or (1,))), f"setitem ({kernel_op(work)})"
     else:
         name, op = kernel_name(body), kernel_op(body)
-    return ScheduleItem(name, body, out, tuple(refs), _flops(body), checks, op)
+    return ScheduleItem(name, body, out, tuple(refs), _flops(work), checks, op)
 
 
 def checks_of(root: UOp) -> tuple[str, ...]:
@@ -189,9 +195,11 @@ def checks_of(root: UOp) -> tuple[str, ...]:
 
 def moved_bytes(item: ScheduleItem, slots: list[int]) -> int:
     """Bytes a kernel must move at least: each buffer it still reads once (its `slots` that survive lowering), and
-    its output once."""
+    its output once (a region write: the region)."""
     bufs = {b.arg.slot: b for b in item.body.toposort() if b.op is Ops.BUFFER}
-    return sum(prod(b.arg.shape) * b.dtype.itemsize for b in (*(bufs[i] for i in slots if i in bufs), item.out))
+    read = sum(prod(bufs[i].arg.shape) * bufs[i].dtype.itemsize for i in slots if i in bufs and bufs[i] is not item.out)
+    written = prod(item.body.src[1].shape) if item.body.op is Ops.SETITEM else prod(item.out.arg.shape)
+    return read + written * item.out.dtype.itemsize
 
 
 def _assign_refs(

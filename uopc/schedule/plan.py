@@ -14,7 +14,19 @@ from typing import Any, NamedTuple
 from uopc.uop import UOp
 from uopc.uop.dtype import DType
 
-__all__ = ["Arena", "Kernel", "Out", "Plan", "Ref", "RefKind", "Schedule", "ScheduleItem", "Temp", "plan_memory"]
+__all__ = [
+    "Arena",
+    "Copy",
+    "Kernel",
+    "Out",
+    "Plan",
+    "Ref",
+    "RefKind",
+    "Schedule",
+    "ScheduleItem",
+    "Temp",
+    "plan_memory",
+]
 
 
 class RefKind(Enum):
@@ -64,6 +76,15 @@ class Kernel:
     checks: tuple[str, ...] = ()  # labels of its data-dependent index checks (GATHERs), by their number
     nbytes: int = 0  # bytes it must move: every buffer it reads, once, plus its output
     op: str = ""  # the Tensor-level operation it computes, derived from the graph ("sum", "matmul", "exp2 mul ...")
+    copy: Copy | None = None  # it copies an input unchanged: nothing to do when the output is that input's storage
+
+
+class Copy(NamedTuple):
+    """A kernel that copies input `src` element for element into `dst` (the first half of a SETITEM or SCATTER
+    whose base is an input buffer): when both are one storage (a write in place) it is skipped."""
+
+    src: Ref
+    dst: Ref
 
 
 @dataclass(frozen=True)
@@ -100,6 +121,7 @@ class ScheduleItem:
     flops: int
     checks: tuple[str, ...]  # labels of its data-dependent index checks (GATHERs), by their number
     op: str  # the Tensor-level operation it computes ("sum", "matmul", "exp2 mul ...")
+    copy: Copy | None = None  # a copy of an input buffer (Kernel.copy)
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 padding modes, item assignment, and the losses on probabilities (nll_loss, binary cross-entropies).
 
 All of them are movement ops, ALU ops and reductions on the shape graph. Item assignment is lazy: `x[1:3] = v`
-pads v into place and selects it with a mask, then assigns the result to x (nothing runs until x is used).
+assigns x the SETITEM of its region (x with those elements replaced by v); nothing runs until x is used, and then
+a copy of x and a kernel writing the region alone (under TinyJit, in place: the copy is skipped).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from uopc.tensor.elementwise import opmath
-from uopc.tensor.shape import Axis, is_int, norm_dim
+from uopc.tensor.shape import Axis, basic_index, is_int, norm_dim
+from uopc.uop import Span
 from uopc.uop.dtype import dtypes, to_dtype
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -295,51 +297,40 @@ class ExtrasMixin:
         return x
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        """x[index] = value for basic indices (ints, slices with any step, ..., None): lazy, through assign."""
-        items = list(index) if isinstance(index, tuple) else [index]
-        for it in items:
-            if not (it is None or it is Ellipsis or is_int(it) or isinstance(it, slice)):
-                raise TypeError(f"item assignment supports ints, slices and ..., got {type(it).__name__} {it!r}")
-        items = [it for it in items if it is not None]
-        if sum(it is Ellipsis for it in items) > 1:
-            raise IndexError("an index can only have a single ellipsis ('...')")
-        if len([it for it in items if it is not Ellipsis]) > self.ndim:
-            raise IndexError(f"too many indices for tensor of dimension {self.ndim}: {index!r}")
-        if any(it is Ellipsis for it in items):
-            at = next(i for i, it in enumerate(items) if it is Ellipsis)
-            items[at : at + 1] = [slice(None)] * (self.ndim - len(items) + 1)
-        items += [slice(None)] * (self.ndim - len(items))
-        view = self[tuple(items)]
+        """x[index] = value for basic indices (ints, slices with any step, ..., None): lazy, through assign. Only the
+        indexed elements are written (a SETITEM: a copy of x, then a kernel over the region alone; TinyJit replays
+        write in place). On a view made by basic indexing, x[0][1:3] = v writes x's elements, as in PyTorch."""
+        region = basic_index(self.shape, index)
         v = value if isinstance(value, ExtrasMixin) else type(self)(value, dtype=self.dtype)
-        v = v.cast(self.dtype)._broadcast_to(view.shape, keep_const=False)
-        mask = self.full_like(True, dtypes.bool)[tuple(items)]._broadcast_to(view.shape, keep_const=False)
-        # undo the indexing on v and the mask: an int index becomes a size-1 dim, a slice is un-strided and padded
-        for d, it in enumerate(items):
-            n = self.shape[d]
-            if is_int(it):
-                if not -n <= it < n:
-                    raise IndexError(f"index {it} is out of bounds for dimension {d} with size {n}")
-                v, mask = v.unsqueeze(d), mask.unsqueeze(d)
-                lo = int(it) % n
-                span, step, flip = (lo, lo + 1), 1, False
-            else:
-                start, stop, step = it.indices(n)
-                cnt = len(range(start, stop, step))
-                if cnt == 0:
-                    return
-                first, last = (start, start + (cnt - 1) * step) if step > 0 else (start + (cnt - 1) * step, start)
-                span, flip, step = (first, last + 1), step < 0, abs(step)
-            if flip:
-                v, mask = v.flip(d), mask.flip(d)
-            if step > 1:
-                v, mask = (t._unstride(d, step) for t in (v, mask))
-            pads = tuple((span[0], n - span[1]) if i == d else (0, 0) for i in range(v.ndim))
-            v, mask = v.pad(pads), mask.pad(pads)
-        self.assign(mask.where(v, self))
+        shape = region.shape
+        while v.ndim > len(shape) and v.shape[0] == 1:  # NumPy drops leading size-1 dims of the value
+            v = v.reshape(v.shape[1:])
+        if v.ndim > len(shape) or any(a not in (b, 1) for a, b in zip(reversed(v.shape), reversed(shape))):
+            raise ValueError(f"item assignment: a value of shape {v.shape} cannot be broadcast to the indexed {shape}")
+        v = v.cast(self.dtype)._broadcast_to(shape, keep_const=False)
+        self._write_region(region.spans, v.reshape(tuple(sp.count for sp in region.spans)))
 
-    def _unstride(self, d: int, step: int) -> Self:
-        """Spread dim d out by `step`: element i lands at i * step, zeros between (the inverse of a strided view)."""
-        c = self.shape[d]
-        x = self.unsqueeze(d + 1).pad(tuple((0, step - 1) if i == d + 1 else (0, 0) for i in range(self.ndim + 1)))
-        x = x.reshape(*self.shape[:d], c * step, *self.shape[d + 1 :])
-        return x.shrink(tuple((0, (c - 1) * step + 1) if i == d else None for i in range(self.ndim)))
+    def _viewed(self) -> Any:
+        """The tensor this one is a basic-indexing view of (x for x[1:3]), if it is still alive; else None."""
+        view = self._view_of
+        return view.src() if view is not None else None
+
+    def _write_region(self, spans: tuple[Span, ...], v: Any) -> None:
+        """Write v (shape: the spans' counts) into the region of self; a view writes into the tensor it views (its
+        region composed with the view's), then shows the new values."""
+        if any(sp.count == 0 for sp in spans):
+            return
+        src = self._viewed()
+        if src is None:
+            self._view_of = None
+            self._rebind(type(self)(self.uop.setitem(v.uop, spans)))
+            return
+        index = self._view_of.index
+        outer = basic_index(src.shape, index)
+        new = list(outer.spans)  # a dim the view indexed with an int keeps its single element
+        for j, d in enumerate(outer.dims):  # view dim j walks src dim d (None: a dim the view added)
+            if d is not None:
+                a, b = outer.spans[d], spans[j]
+                new[d] = Span(a.start + a.step * b.start, a.step * b.step, b.count)
+        src._write_region(tuple(new), v.reshape(tuple(sp.count for sp in new)))
+        self.uop, self._graph = src[index].uop, None

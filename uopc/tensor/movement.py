@@ -11,8 +11,9 @@ Concatenation pads every piece to the full size at its offset and adds them, so 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -32,6 +33,13 @@ from uopc.tensor.shape import (
 )
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes, promote
+
+
+class View(NamedTuple):
+    """Where a tensor made by basic indexing comes from: x[index] for the tensor `src()` (None once it is gone)."""
+
+    src: weakref.ref
+    index: Any
 
 
 class MovementMixin:
@@ -226,6 +234,8 @@ class MovementMixin:
             d += 1
         out = self.shrink(bounds).flip(tuple(flips))._strided(steps).reshape(tuple(final))
         if gather_at is None:
+            if out is not self:  # a view: writing to it writes self (weakly: a view alone does not keep self alive)
+                out._view_of = View(weakref.ref(self), index)
             return out
         out = out._take(gather_at, items[tensors[0]])
         # NumPy: ints and the Tensor are all advanced indices; if they are not adjacent, the gathered dims go first

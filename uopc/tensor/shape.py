@@ -12,11 +12,12 @@ normalized form, or raises a clear exception naming the problem:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from uopc.helpers import prod
+from uopc.uop import Span
 from uopc.uop.dtype import DType, dtypes
 
 Scalar = bool | int | float
@@ -190,3 +191,50 @@ def pad_cuts(shape: tuple[int, ...], pairs: list[tuple[int, int]], padding: Sequ
             raise ValueError(f"padding {tuple(padding)} cuts {lo_cut + hi_cut} from dim {d} of shape {shape}")
         cut.append((lo_cut, s - hi_cut))
     return cut
+
+
+class BasicIndex(NamedTuple):
+    """A basic index (ints, slices, ..., None) on a shape: the elements it selects, per dim of the indexed tensor,
+    and per dim of the result the dim it walks (None: a size-1 dim the index added)."""
+
+    spans: tuple[Span, ...]
+    dims: tuple[int | None, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the indexed view."""
+        return tuple(1 if d is None else self.spans[d].count for d in self.dims)
+
+
+def basic_index(shape: tuple[int, ...], index: Any) -> BasicIndex:
+    """The elements `x[index]` selects for an x of `shape`, as NumPy's basic indexing:
+
+    >>> basic_index((4, 6), (1, slice(None, None, -2)))
+    BasicIndex(spans=(Span(start=1, step=1, count=1), Span(start=5, step=-2, count=3)), dims=(1,))"""
+    items = list(index) if isinstance(index, tuple) else [index]
+    for it in items:
+        if not (it is None or it is Ellipsis or is_int(it) or isinstance(it, slice)):
+            raise TypeError(f"item assignment supports ints, slices and ..., got {type(it).__name__} {it!r}")
+    if sum(it is Ellipsis for it in items) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    consumed = sum(it is not None and it is not Ellipsis for it in items)
+    if consumed > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}: {index!r}")
+    at = next((i for i, it in enumerate(items) if it is Ellipsis), len(items))
+    items[at : at + 1] = [slice(None)] * (len(shape) - consumed)
+    spans: list[Span] = []
+    dims: list[int | None] = []
+    for it in items:
+        if it is None:
+            dims.append(None)
+            continue
+        d, n = len(spans), shape[len(spans)]
+        if is_int(it):
+            if not -n <= it < n:
+                raise IndexError(f"index {it} is out of bounds for dimension {d} with size {n}")
+            spans.append(Span(int(it) % n, 1, 1))
+            continue
+        start, stop, step = it.indices(n)
+        spans.append(Span(start, step, len(range(start, stop, step))))
+        dims.append(d)
+    return BasicIndex(tuple(spans), tuple(dims))

@@ -36,13 +36,13 @@ from uopc.tensor.elementwise import ElementwiseMixin
 from uopc.tensor.extras import ExtrasMixin
 from uopc.tensor.loss import LossMixin
 from uopc.tensor.math import MathMixin
-from uopc.tensor.movement import MovementMixin
+from uopc.tensor.movement import MovementMixin, View
 from uopc.tensor.norm import NormMixin
 from uopc.tensor.random import RandomMixin
 from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
-from uopc.uop import Ops, UOp, add_reader, base_buffer, forget_reader
+from uopc.uop import Ops, Span, UOp, add_reader, base_buffer, forget_reader
 from uopc.uop.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
 
 # repr shows the values of a realized tensor with at most this many elements
@@ -88,6 +88,7 @@ class Tensor(
         self._graph: UOp | None = None
         self._leaf = True  # created from data (or assign): realize never keeps a leaf's graph
         self._assigned: _Pending | None = None  # an assign is pending, until it is realized
+        self._view_of: View | None = None  # made by basic indexing: an assign to it writes the tensor it views
         if isinstance(data, Tensor):
             data = data.uop
         if isinstance(data, UOp):
@@ -252,13 +253,23 @@ class Tensor(
         return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"), requires_grad=False)
 
     def assign(self, x: Any) -> Tensor:
-        """Rebind this tensor to x's graph (lazily): x must broadcast to self's shape and have self's dtype."""
+        """Give this tensor x's value (lazily): x must broadcast to self's shape and have self's dtype. On a view made
+        by basic indexing the elements of the tensor it views are written, as PyTorch's copy_: x[1:3].assign(v) is
+        x[1:3] = v (other views, as reshape() or .T, are only rebound)."""
         if not isinstance(x, Tensor):
             x = Tensor(x, dtype=self.dtype) if not is_scalar(x) else self.full_like(x)
         if x.dtype is not self.dtype:
             raise TypeError(f"assign: dtype {x.dtype!r} does not match the tensor's {self.dtype!r}")
         if broadcast_shape(self.shape, x.shape) != self.shape:
             raise ValueError(f"assign: shape {x.shape} cannot be broadcast to the tensor's shape {self.shape}")
+        if self._viewed() is not None:
+            every = tuple(Span(0, 1, n) for n in self.shape)
+            self._write_region(every, x._broadcast_to(self.shape, keep_const=False))
+            return self
+        return self._rebind(x)
+
+    def _rebind(self, x: Tensor) -> Tensor:
+        """Rebind this tensor to x's graph (checked by assign): the pending assign remembers the buffer it replaces."""
         if is_contiguous_buffer(x.uop):  # a copy, never a shared buffer: a later in-place write would change both
             x = x.contiguous()
         if self._assigned is None:  # the storage this assign replaces (TinyJit writes it in place where it can)

@@ -1,0 +1,66 @@
+"""Two checkouts of uopc, one benchmark, interleaved: is the new commit slower than the old one?
+
+    git worktree add /tmp/old <commit>
+    python bench/bench_commits.py /tmp/old . bench/bench_overhead.py --runs 5 -- --rounds 3
+
+Each run starts a fresh process of the benchmark script *from that checkout* (its own copy of the script, with that
+checkout first on PYTHONPATH), alternating old, new, old, new, ... so drifting machine load hits both alike. Every
+output line that both sides print is matched by its text with the numbers taken out; the table gives, per line, the
+median over runs of its first number on each side and new/old. Timings are the benchmark's own (it already
+interleaves its variants and prints medians); this adds the between-commit comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def run(tree: str, script: str, args: list[str]) -> list[str]:
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    out = subprocess.run(
+        [sys.executable, os.path.join(tree, script), *args], env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.splitlines()
+
+
+def figures(lines: list[str]) -> dict[str, float]:
+    """Each line with numbers -> its first number, keyed by the line's text with every number replaced by #."""
+    out = {}
+    for line in lines:
+        nums = NUMBER.findall(line)
+        if nums:
+            out.setdefault(NUMBER.sub("#", line).strip(), float(nums[0]))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("old", help="checkout of the old commit")
+    ap.add_argument("new", help="checkout of the new commit")
+    ap.add_argument("script", help="benchmark script, relative to each checkout")
+    ap.add_argument("--runs", type=int, default=5, help="processes per side")
+    ap.add_argument("args", nargs="*", help="arguments for the script (after --)")
+    a = ap.parse_args()
+    got: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    for i in range(a.runs):
+        for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
+            for key, v in figures(run(getattr(a, side), a.script, a.args)).items():
+                got[side].setdefault(key, []).append(v)
+    print(f"{a.script}: {a.runs} runs per side, alternating; median of each line's first number")
+    print(f"{'old':>10s} {'new':>10s} {'new/old':>8s}  line")
+    for key in got["new"]:
+        if key in got["old"]:
+            o, n = statistics.median(got["old"][key]), statistics.median(got["new"][key])
+            ratio = f"{n / o:8.3f}" if o else "       -"
+            print(f"{o:10.4g} {n:10.4g} {ratio}  {key[:90]}")
+
+
+if __name__ == "__main__":
+    main()
