@@ -12,8 +12,10 @@
 
 Inputs are the Tensors among the arguments, bound by position (keyword arguments by name). Everything else a plan
 read (parameters, optimizer state, constants) is bound by identity: a tensor that was assigned during the step is
-followed to its current buffer, and written in place when every read of its old value comes earlier in the plan
-and nothing outside holds it (else into fresh pool storage, and the tensor is rebound). Returned Tensors are fresh
+followed to its current buffer, and written in place when the plan allows it (every read of the old value comes
+earlier, or at the element it writes: decided once, at capture) and nothing else reads the storage (no other graph
+or tensor holds it, no NumPy view of it was handed out: uopc.uop.read_only_by, checked on every replay); else it is
+written into fresh pool storage and the tensor is rebound. Returned Tensors are fresh
 buffers of that call, valid after later calls. A call whose Tensor shapes or dtypes, or whose other arguments,
 differ from the captured call raises ValueError naming the argument, as does a change of `Tensor.training` or
 `Tensor.no_grad` (the modes the step's graph depends on); `reset()` captures anew.
