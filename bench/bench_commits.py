@@ -36,7 +36,7 @@ def figures(lines: list[str]) -> dict[str, float]:
     for line in lines:
         nums = NUMBER.findall(line)
         if nums:
-            out.setdefault(NUMBER.sub("#", line).strip(), float(nums[0]))
+            out.setdefault(" ".join(NUMBER.sub("#", line).split()), float(nums[0]))
     return out
 
 
@@ -46,8 +46,10 @@ def main() -> None:
     ap.add_argument("new", help="checkout of the new commit")
     ap.add_argument("script", help="benchmark script, relative to each checkout")
     ap.add_argument("--runs", type=int, default=5, help="processes per side")
-    ap.add_argument("args", nargs="*", help="arguments for the script (after --)")
-    a = ap.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    a.args = argv[cut + 1 :]  # the script's own arguments
     got: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
     for i in range(a.runs):
         for side in ("old", "new") if i % 2 == 0 else ("new", "old"):

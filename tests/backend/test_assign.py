@@ -13,7 +13,7 @@ from uopc import Tensor, dtypes
 from uopc.engine.jit import TinyJit
 from uopc.nn import AdamW, Linear, parameters
 from uopc.runtime.buffer import buffer_data, buffer_ptr, new_buffer, pool
-from uopc.uop import base_buffer, read_only_by
+from uopc.uop import base_buffer, read_only_by, track
 
 
 def _ptr(t: Tensor) -> int:
@@ -133,6 +133,8 @@ def test_adamw_replays_update_every_state_tensor_in_place():
 
 def test_read_only_by_sees_every_kind_of_reader():
     b = new_buffer(dtypes.float32, 6, np.zeros(6, np.float32))
+    assert not read_only_by(b, None)  # untracked storage: its readers are unknown, so never "only"
+    track(b)
     t = Tensor(b.reshape((2, 3)))
     assert read_only_by(t.uop, t)
     graph = t.uop * 2  # a node built on the view
@@ -148,3 +150,16 @@ def test_read_only_by_sees_every_kind_of_reader():
     assert not read_only_by(t.uop, t)
     del other
     assert read_only_by(t.uop, t)
+
+
+def test_only_assigned_storage_is_tracked():
+    """Readers are recorded only on an assign's storage, from its birth: building on other buffers costs nothing."""
+    x = Tensor(np.ones(4, np.float32))
+    y = (x + 1).realize()
+    assert not base_buffer(x.uop).tracked and not base_buffer(y.uop).tracked
+    w = Tensor(np.zeros(4, np.float32))
+    w.assign(w + 1).realize()
+    assert base_buffer(w.uop).tracked and read_only_by(w.uop, w)
+    lazy = w * 2
+    assert not read_only_by(w.uop, w)
+    np.testing.assert_array_equal(lazy.numpy(), np.full(4, 2.0))

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from uopc.engine import realize
-from uopc.runtime.buffer import is_contiguous_buffer, is_shared
+from uopc.runtime.buffer import is_shared
 from uopc.tensor import Tensor
-from uopc.uop import UOp, base_buffer, read_only_by
+from uopc.uop import Ops, UOp, base_buffer, read_only_by
 
 __all__ = ["TinyJit"]
 
@@ -128,6 +128,24 @@ def _fast_key(args: tuple) -> tuple | None:
     return tuple(key)
 
 
+def _fast_bufs(args: tuple, key: tuple) -> list[UOp] | None:
+    """The Tensor arguments' buffers (realized if lazy) when the positional arguments match `key`, the captured
+    call's _fast_key, in one pass; None when they do not."""
+    if len(args) + 1 != len(key) or key[0] != (Tensor.training, Tensor.no_grad):
+        return None
+    bufs = []
+    for a, k in zip(args, key[1:], strict=True):
+        if isinstance(a, Tensor):
+            u = a.uop
+            if (u.shape, u.dtype) != k:
+                return None
+            b = base_buffer(u)
+            bufs.append(b if b.op is Ops.BUFFER else base_buffer(a.realize().uop))
+        elif type(a) not in _SIMPLE or (type(a), a) != k:
+            return None
+    return bufs
+
+
 def _same(a: Any, b: Any) -> bool:
     if a is b:
         return True
@@ -149,7 +167,7 @@ def _sole_reader(t: Tensor) -> bool:
     """Nothing but `t` reads its storage: no lazy graph, view or other tensor can still see the old value, and no
     NumPy view of it was handed out."""
     u = t.uop
-    return u.storage_view and read_only_by(u, t) and not is_shared(base_buffer(u))
+    return read_only_by(u, t) and not is_shared(base_buffer(u))
 
 
 class TinyJit:
@@ -172,14 +190,10 @@ class TinyJit:
         return self if obj is None else functools.partial(self.__call__, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.cnt >= 2 and not kwargs and self._key is not None and _fast_key(args) == self._key:
-            # replay fast path: the same simple signature as the captured call
-            bufs = []
-            for a in args:
-                if isinstance(a, Tensor):
-                    u = a.uop if is_contiguous_buffer(a.uop) else a.realize().uop
-                    bufs.append(base_buffer(u))
-            return self._replay(bufs)
+        if self.cnt >= 2 and not kwargs and self._key is not None:
+            bufs = _fast_bufs(args, self._key)
+            if bufs is not None:  # replay fast path: the same simple signature as the captured call
+                return self._replay(bufs)
         named, tensors, sig = _signature(args, kwargs)
         if self._sig is not None:
             self._check(sig)
@@ -248,7 +262,8 @@ class TinyJit:
             for up in call.updates:
                 if up.in_place and _sole_reader(up.tensor):
                     outs[up.root] = base_buffer(up.tensor.uop)
-            res = realize.run_plan(call.cp, [b.get(args, results) for b in call.inputs], outs)
+            fresh = tuple(up.root for up in call.updates if outs[up.root] is None) if call.updates else ()
+            res = realize.run_plan(call.cp, [b.get(args, results) for b in call.inputs], outs, tracked=fresh)
             for up in call.updates:
                 if outs[up.root] is None:  # written into fresh storage: the tensor follows it
                     t, u = up.tensor, res[up.root]

@@ -34,7 +34,7 @@ from uopc.runtime.buffer import buffer_ptr, output_buffer, pool
 from uopc.runtime.compiler import Program, compiler_identity, machine
 from uopc.runtime.threads import ensure_threads
 from uopc.schedule import Copy, Kernel, Plan, Ref, RefKind
-from uopc.uop import Ops, UOp, structure_key
+from uopc.uop import Ops, UOp, structure_key, track
 
 __all__ = [
     "Captured",
@@ -314,8 +314,9 @@ def built_line(plan: Plan, before: dict[str, float], after: dict[str, float]) ->
 def realize(
     roots: list[UOp], fuse_reduce: bool = False, opt: Any = None, assigns: list[Assign | None] | None = None
 ) -> list[UOp]:
-    """Compute each root. Returns, per root, a BUFFER UOp holding the result. `assigns` (per root, while a TinyJit
-    captures) says which roots are assigns, for the capture record.
+    """Compute each root. Returns, per root, a BUFFER UOp holding the result. `assigns` (per root; None: no root is
+    an assign) says which roots are assigns: their fresh buffers are tracked from birth (uopc.uop.track: TinyJit may
+    write them in place later), and a TinyJit capture records them.
 
     The settings are read once, here, into a snapshot that keys the plan and travels with it."""
     s = helpers.settings()
@@ -324,13 +325,14 @@ def realize(
     skey, inputs = structure_key(uniq)
     cp = _get_plan(plan_key(skey, fuse_reduce, opt, s, machine()), uniq, fuse_reduce, opt, s)
     t1 = time.perf_counter()
-    outs = run_plan(cp, inputs, debug=s.DEBUG)
+    first: dict[UOp, Assign | None] = {}
+    for r, a in zip(roots, assigns or (), strict=False):
+        if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
+            first[r] = a
+    tracked = tuple(i for i, r in enumerate(uniq) if first.get(r) is not None)
+    outs = run_plan(cp, inputs, debug=s.DEBUG, tracked=tracked)
     if _capture.calls is not None:
-        first: dict[UOp, Assign | None] = {}
-        for r, a in zip(roots, assigns or [None] * len(roots), strict=True):
-            if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
-                first[r] = a
-        _capture.calls.append(Captured(cp, list(inputs), list(outs), [first[r] for r in uniq]))
+        _capture.calls.append(Captured(cp, list(inputs), list(outs), [first.get(r) for r in uniq]))
     if s.DEBUG >= 1:
         t2 = time.perf_counter()
         plan = cp.plan
@@ -345,11 +347,16 @@ def realize(
 
 
 def run_plan(
-    cp: CompiledPlan, inputs: list[UOp], outs: list[UOp | None] | None = None, debug: int | None = None
+    cp: CompiledPlan,
+    inputs: list[UOp],
+    outs: list[UOp | None] | None = None,
+    debug: int | None = None,
+    tracked: tuple[int, ...] = (),
 ) -> list[UOp]:
     """Run a compiled plan on `inputs` (BUFFERs bound by position). Returns a BUFFER per root: fresh ones from the
-    pool, or the given `outs[r]` where not None (the plan writes into that storage). `debug` is the DEBUG level
-    (default: the current setting); whether index checks are read is what the plan was built with."""
+    pool, or the given `outs[r]` where not None (the plan writes into that storage); the fresh buffers of the roots
+    in `tracked` are tracked from birth (uopc.uop.track). `debug` is the DEBUG level (default: the current setting);
+    whether index checks are read is what the plan was built with."""
     if debug is None:
         debug = helpers.settings().DEBUG
     plan = cp.plan
@@ -361,7 +368,12 @@ def run_plan(
     for r in cp.fresh:
         # fresh outputs are fully written by their kernel: uninitialized, not zeros
         o = plan.outs[r]
-        u = outs[r] if outs is not None and outs[r] is not None else output_buffer(o.dtype, o.size)
+        if outs is not None and outs[r] is not None:
+            u = outs[r]
+        else:
+            u = output_buffer(o.dtype, o.size)
+            if r in tracked:
+                track(u)
         res[r] = u
         ptrs[n_in + r] = buffer_ptr(u)
     if len(cp.fresh) != len(res):  # roots that alias an input or an earlier root

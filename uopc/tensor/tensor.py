@@ -55,6 +55,21 @@ class _Pending(NamedTuple):
     replaces: UOp | None
 
 
+class _StorageHolder:
+    """Tensor.uop: read as a plain attribute (this descriptor has no __get__, so reads go to the instance dict);
+    setting it registers the tensor as a reader of the tracked storage it now holds (uopc.uop.add_reader), so an
+    in-place write never changes a value a tensor holds, and forgets the view it held before."""
+
+    def __set__(self, t: Tensor, u: UOp) -> None:
+        d = t.__dict__
+        old = d.get("uop")
+        if old is not None and old.tracked:
+            forget_reader(old, t)
+        d["uop"] = u
+        if u.tracked:
+            add_reader(u, t)
+
+
 class Tensor(
     RandomMixin,
     CreationMixin,
@@ -72,6 +87,7 @@ class Tensor(
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
     fuse_reduce: bool = False  # passed to uopc.engine.realize.realize: let reductions fuse into their consumers
+    uop = _StorageHolder()  # the graph of this tensor's value (a BUFFER, or RESHAPEs of one, once realized)
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
     # tensors that loss.backward() without a parameter list may fill: those made requires_grad=True, and float ones
@@ -92,7 +108,10 @@ class Tensor(
         if isinstance(data, Tensor):
             data = data.uop
         if isinstance(data, UOp):
-            self.uop: UOp = data if dtype is None else data.cast(to_dtype(dtype))
+            u = data if dtype is None else data.cast(to_dtype(dtype))
+            self.__dict__["uop"] = u  # what _StorageHolder.__set__ does for a tensor that held nothing before
+            if u.tracked:
+                add_reader(u, self)
             return
         arr, dt = host_array(data, dtype)
         if arr.size == 0:
@@ -118,20 +137,6 @@ class Tensor(
         return self
 
     # ---------------------------------------------------------------- properties
-
-    @property
-    def uop(self) -> UOp:
-        """The graph of this tensor's value (a BUFFER, or RESHAPEs of one, once realized)."""
-        return self._uop
-
-    @uop.setter
-    def uop(self, u: UOp) -> None:
-        old = self.__dict__.get("_uop")
-        if old is not None and old.storage_view:
-            forget_reader(old, self)
-        self._uop = u
-        if u.storage_view:  # held storage: an in-place write into it must know this tensor still reads it
-            add_reader(u, self)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -212,8 +217,8 @@ class Tensor(
         if not todo:
             return
         roots = [t.uop for t in todo]
-        assigns = None
-        if realize.capturing() is not None:  # TinyJit follows assigned tensors (and writes them in place on replay)
+        assigns = None  # which roots are assigns: their storage is tracked; TinyJit follows them, may write in place
+        if any(t._assigned is not None for t in todo):
             assigns = [realize.Assign(t, t._assigned.replaces) if t._assigned is not None else None for t in todo]
         bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt(), assigns=assigns)
         for t, buf in zip(todo, bufs, strict=True):

@@ -28,6 +28,7 @@ from uopc.uop.uop import (
     read_only_by,
     sink,
     structure_key,
+    track,
 )
 
 __all__ = [
@@ -52,4 +53,5 @@ __all__ = [
     "read_only_by",
     "sink",
     "structure_key",
+    "track",
 ]
