@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 from uopc.engine import realize
 from uopc.runtime.buffer import is_shared
 from uopc.tensor import Tensor
-from uopc.uop import Ops, UOp, base_buffer, read_only_by
+from uopc.uop import Ops, UOp, base_buffer, read_only_by, readers_epoch
 
 __all__ = ["TinyJit"]
 
@@ -185,6 +185,7 @@ class TinyJit:
         self._calls: list[_Call] = []
         self._ret: Any = None  # the return value with its Tensors as _Returned/_Value bindings
         self._key: tuple | None = None  # the captured call's signature in a form compared with one ==
+        self._sole: dict[int, tuple[int, bool]] = {}  # id(_Update) -> (readers epoch, _sole_reader then)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self.__call__, obj)
@@ -255,12 +256,23 @@ class TinyJit:
             self._calls.append(_Call(c.cp, binds, updates))
         self._ret = _map(ret, lambda t: _ret_binding(t, out_of, arg_of))
 
+    def _sole_reader(self, up: _Update) -> bool:
+        """_sole_reader(up.tensor), kept while uopc.uop.readers_epoch() stays the same: in a steady loop nothing
+        gains a reader, and a False answer never lasts (its tensor is rebound to fresh storage, which adds one)."""
+        epoch = readers_epoch()
+        hit = self._sole.get(id(up))
+        if hit is not None and hit[0] == epoch:
+            return hit[1]
+        ok = _sole_reader(up.tensor)
+        self._sole[id(up)] = (epoch, ok)
+        return ok
+
     def _replay(self, args: list[UOp]) -> Any:
         results: list[list[UOp]] = []
         for call in self._calls:
             outs: list[UOp | None] = [None] * len(call.cp.plan.outs)
             for up in call.updates:
-                if up.in_place and _sole_reader(up.tensor):
+                if up.in_place and self._sole_reader(up):
                     outs[up.root] = base_buffer(up.tensor.uop)
             fresh = tuple(up.root for up in call.updates if outs[up.root] is None) if call.updates else ()
             res = realize.run_plan(call.cp, [b.get(args, results) for b in call.inputs], outs, tracked=fresh)

@@ -76,6 +76,8 @@ class CompiledPlan:
         # a kernel stores into one of the plan's inputs: running the plan twice is not running it once (DEBUG=3)
         self.writes_input = any(r.kind is RefKind.IN for k in plan.kernels for r in k.refs[-1:])
         self._in_place: dict[tuple[int, int | None], bool] = {}
+        # the kernels with data-dependent index checks and their error records, found once, not on every call
+        self.checked = tuple((k, r.i) for k in plan.kernels for r in k.refs if r.kind is RefKind.ERR)
 
     def can_write_in_place(self, r: int, i: int | None) -> bool:
         """Whether root `r` may be written into the storage of input `i` (None: storage the plan does not read),
@@ -418,7 +420,7 @@ def run_plan(
         if arena is not None:
             pool.free(arena)
     if records is not None:
-        _raise_index_errors(plan, records)
+        _raise_index_errors(cp, records)
     if err is not None and err[ErrorField.FAILED]:
         raise oob_error(err, plan.kernels[err[ErrorField.KERNEL]].name)
     return res
@@ -462,12 +464,11 @@ def _same_element(k: Kernel, src: Ref, out: Ref) -> bool:
     return all(ld in fed for ld in loads if ld.src[0].src[0].arg.slot == s_in)
 
 
-def _raise_index_errors(plan: Plan, records: np.ndarray) -> None:
+def _raise_index_errors(cp: CompiledPlan, records: np.ndarray) -> None:
     """After a run: raise IndexError for the first kernel whose data-dependent index check failed."""
-    for k in plan.kernels:
-        rec = next((records[ref.i] for ref in k.refs if ref.kind is RefKind.ERR), None)
-        if rec is not None and rec[ErrorField.FAILED]:
-            raise check_error(rec, k.name, k.checks)
+    for k, i in cp.checked:
+        if records[i, ErrorField.FAILED]:
+            raise check_error(records[i], k.name, k.checks)
 
 
 def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_given: bool) -> None:

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from uopc import helpers
-from uopc.uop import Ops, ParamArg, UOp, base_buffer
+from uopc.uop import Ops, ParamArg, UOp, base_buffer, note_new_reader
 from uopc.uop.dtype import DType
 
 __all__ = [
@@ -216,7 +216,10 @@ def buffer_data(u: UOp) -> np.ndarray:
     From then on the storage is the view's as much as uopc's: the pool never reuses it, and no plan writes into it
     in place (an assign to its tensor goes to fresh storage), so the view keeps the values it shows.
     """
-    _entry(u).shared = True
+    entry = _entry(u)
+    if not entry.shared:
+        entry.shared = True
+        note_new_reader()  # a TinyJit replay that found this storage free to overwrite must look again
     return storage_view(u)
 
 

@@ -512,8 +512,25 @@ def track(buf: UOp) -> None:
     buf.__dict__["tracked"] = True
 
 
+_epoch = 0  # bumped whenever a reader is added anywhere (or storage handed out): see readers_epoch
+
+
+def readers_epoch() -> int:
+    """A number that changes whenever tracked storage gains a reader (add_reader) or is handed out to NumPy
+    (note_new_reader): while it stays the same, no read_only_by answer that was True has become False."""
+    return _epoch
+
+
+def note_new_reader() -> None:
+    """Something outside the graph now reads some storage (a NumPy view of it): read_only_by answers may change."""
+    global _epoch
+    _epoch += 1
+
+
 def add_reader(u: UOp, reader: Any) -> None:
     """Record, weakly, that `reader` (a node built on u, or a Tensor holding u) may read u's storage later."""
+    global _epoch
+    _epoch += 1
     readers = u.__dict__.setdefault("readers", [])
     readers.append(weakref.ref(reader))
     n = len(readers)
