@@ -30,13 +30,13 @@ def run(tree: str, script: str, args: list[str]) -> list[str]:
     return out.stdout.splitlines()
 
 
-def figures(lines: list[str]) -> dict[str, float]:
-    """Each line with numbers -> its first number, keyed by the line's text with every number replaced by #."""
+def figures(lines: list[str]) -> dict[str, list[float]]:
+    """Each line with numbers -> its numbers, keyed by the line's text with every number replaced by #."""
     out = {}
     for line in lines:
         nums = NUMBER.findall(line)
         if nums:
-            out.setdefault(" ".join(NUMBER.sub("#", line).split()), float(nums[0]))
+            out.setdefault(" ".join(NUMBER.sub("#", line).split()), [float(n) for n in nums])
     return out
 
 
@@ -50,18 +50,25 @@ def main() -> None:
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
     a.args = argv[cut + 1 :]  # the script's own arguments
-    got: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    got: dict[str, dict[str, list[list[float]]]] = {"old": {}, "new": {}}
     for i in range(a.runs):
         for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
             for key, v in figures(run(getattr(a, side), a.script, a.args)).items():
                 got[side].setdefault(key, []).append(v)
-    print(f"{a.script}: {a.runs} runs per side, alternating; median of each line's first number")
-    print(f"{'old':>10s} {'new':>10s} {'new/old':>8s}  line")
+    print(f"{a.script}: {a.runs} runs per side, alternating; per line, the median of its first two numbers")
+    print(f"{'old':>10s} {'new':>10s} {'new/old':>8s} | {'old #2':>8s} {'new #2':>8s}  line")
     for key in got["new"]:
-        if key in got["old"]:
-            o, n = statistics.median(got["old"][key]), statistics.median(got["new"][key])
-            ratio = f"{n / o:8.3f}" if o else "       -"
-            print(f"{o:10.4g} {n:10.4g} {ratio}  {key[:90]}")
+        if key not in got["old"]:
+            continue
+        cols = []
+        for j in range(2):
+            o = [v[j] for v in got["old"][key] if len(v) > j]
+            n = [v[j] for v in got["new"][key] if len(v) > j]
+            cols.append((statistics.median(o), statistics.median(n)) if o and n else None)
+        (o, n), second = cols[0], cols[1]
+        ratio = f"{n / o:8.3f}" if o else "       -"
+        two = f"{second[0]:8.4g} {second[1]:8.4g}" if second else " " * 17
+        print(f"{o:10.4g} {n:10.4g} {ratio} | {two}  {key[:80]}")
 
 
 if __name__ == "__main__":
