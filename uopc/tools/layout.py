@@ -19,6 +19,8 @@ import functools
 import os
 import sys
 
+from uopc.helpers import atomic_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the uopc package
 LAYOUT = os.path.join(os.path.dirname(ROOT), "docs", "layout.md")
 BEGIN, END = "<!-- generated: python -m uopc.tools.layout --write -->", "<!-- end generated -->"
@@ -199,8 +201,8 @@ def main(argv: list[str]) -> int:
     if argv == ["--write"]:
         with open(LAYOUT) as f:
             doc = f.read()
-        with open(LAYOUT, "w") as f:
-            f.write(doc.replace(generated_block(doc), layout_text()))
+        new = doc.replace(generated_block(doc), layout_text())  # computed first: a failure leaves the page as it was
+        atomic_write(LAYOUT, new.encode())
         return 0
     if argv == ["--check"]:
         with open(LAYOUT) as f:

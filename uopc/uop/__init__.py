@@ -1,5 +1,6 @@
-"""The IR: op codes and typed args (ops.py), hash-consed nodes and graph walks (uop.py), dtypes (dtype.py),
-pattern rewriting (rewrite.py), index simplification (symbolic.py), movement ops as index maps (indexing.py).
+"""The IR: op codes and typed args (ops.py), hash-consed nodes and graph walks (uop.py), the weak record of who
+reads tracked storage (readers.py), dtypes (dtype.py), pattern rewriting (rewrite.py), index simplification
+(symbolic.py), movement ops as index maps (indexing.py).
 
     from uopc.uop import UOp, Ops, ParamArg      # the names every stage uses, re-exported here
 """
@@ -19,19 +20,8 @@ from uopc.uop.ops import (
     RangeArg,
     Span,
 )
-from uopc.uop.uop import (
-    UOp,
-    add_reader,
-    base_buffer,
-    forget_reader,
-    identity_element,
-    note_new_reader,
-    read_only_by,
-    readers_epoch,
-    sink,
-    structure_key,
-    track,
-)
+from uopc.uop.readers import add_reader, forget_reader, note_new_reader, read_only_by, readers_epoch, track
+from uopc.uop.uop import UOp, base_buffer, identity_element, sink, structure_key
 
 __all__ = [
     "ALU",
