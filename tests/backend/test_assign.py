@@ -10,6 +10,7 @@ import gc
 import numpy as np
 
 from uopc import Tensor, dtypes
+from uopc.engine import realize
 from uopc.engine.jit import TinyJit
 from uopc.nn import AdamW, Linear, parameters
 from uopc.runtime.buffer import buffer_data, buffer_ptr, new_buffer, pool
@@ -146,20 +147,24 @@ def test_read_only_by_sees_every_kind_of_reader():
     del direct
     other = Tensor(t.uop)  # another tensor holding the view
     assert not read_only_by(t.uop, t)
-    other.uop = b.reshape((6,))  # rebound: it reads b through another view still
+    other.hold(b.reshape((6,)))  # rebound: it reads b through another view still
     assert not read_only_by(t.uop, t)
     del other
     assert read_only_by(t.uop, t)
 
 
 def test_only_assigned_storage_is_tracked():
-    """Readers are recorded only on an assign's storage, from its birth: building on other buffers costs nothing."""
+    """Readers are recorded only on an assign's storage realized under a TinyJit capture, from its birth: building
+    on other buffers, or on an assign realized eagerly (nothing consults its readers), costs nothing."""
     x = Tensor(np.ones(4, np.float32))
     y = (x + 1).realize()
     assert not base_buffer(x.uop).tracked and not base_buffer(y.uop).tracked
     w = Tensor(np.zeros(4, np.float32))
     w.assign(w + 1).realize()
+    assert not base_buffer(w.uop).tracked
+    with realize.capture():
+        w.assign(w + 1).realize()
     assert base_buffer(w.uop).tracked and read_only_by(w.uop, w)
     lazy = w * 2
     assert not read_only_by(w.uop, w)
-    np.testing.assert_array_equal(lazy.numpy(), np.full(4, 2.0))
+    np.testing.assert_array_equal(lazy.numpy(), np.full(4, 4.0))

@@ -279,7 +279,7 @@ class TinyJit:
             for up in call.updates:
                 if outs[up.root] is None:  # written into fresh storage: the tensor follows it
                     t, u = up.tensor, res[up.root]
-                    t.uop = u if u.shape == t.shape else u.reshape(t.shape)
+                    t.hold(u if u.shape == t.shape else u.reshape(t.shape))
             results.append(res)
         return _map(self._ret, lambda b: b.value(results, args))
 

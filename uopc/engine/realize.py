@@ -317,8 +317,10 @@ def realize(
     roots: list[UOp], fuse_reduce: bool = False, opt: Any = None, assigns: list[Assign | None] | None = None
 ) -> list[UOp]:
     """Compute each root. Returns, per root, a BUFFER UOp holding the result. `assigns` (per root; None: no root is
-    an assign) says which roots are assigns: their fresh buffers are tracked from birth (uopc.uop.track: TinyJit may
-    write them in place later), and a TinyJit capture records them.
+    an assign) says which roots are assigns. Under a TinyJit capture their fresh buffers are tracked from birth
+    (uopc.uop.track: a replay may write them in place) and the capture records them; outside one nothing consults
+    the readers of storage, so nothing is tracked and building on the result records nothing (an eager training
+    loop pays no bookkeeping; its tensors move to tracked storage at the capture, which rebinds them).
 
     The settings are read once, here, into a snapshot that keys the plan and travels with it."""
     s = helpers.settings()
@@ -331,7 +333,7 @@ def realize(
     for r, a in zip(roots, assigns or (), strict=False):
         if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
             first[r] = a
-    tracked = tuple(i for i, r in enumerate(uniq) if first.get(r) is not None)
+    tracked = tuple(i for i, r in enumerate(uniq) if first.get(r) is not None) if _capture.calls is not None else ()
     outs = run_plan(cp, inputs, debug=s.DEBUG, tracked=tracked)
     if _capture.calls is not None:
         _capture.calls.append(Captured(cp, list(inputs), list(outs), [first.get(r) for r in uniq]))

@@ -55,21 +55,6 @@ class _Pending(NamedTuple):
     replaces: UOp | None
 
 
-class _StorageHolder:
-    """Tensor.uop: read as a plain attribute (this descriptor has no __get__, so reads go to the instance dict);
-    setting it registers the tensor as a reader of the tracked storage it now holds (uopc.uop.add_reader), so an
-    in-place write never changes a value a tensor holds, and forgets the view it held before."""
-
-    def __set__(self, t: Tensor, u: UOp) -> None:
-        d = t.__dict__
-        old = d.get("uop")
-        if old is not None and old.tracked:
-            forget_reader(old, t)
-        d["uop"] = u
-        if u.tracked:
-            add_reader(u, t)
-
-
 class Tensor(
     RandomMixin,
     CreationMixin,
@@ -87,7 +72,6 @@ class Tensor(
     """A lazy n-dimensional array: operations build a UOp graph, numpy()/item()/realize() compute it."""
 
     fuse_reduce: bool = False  # passed to uopc.engine.realize.realize: let reductions fuse into their consumers
-    uop = _StorageHolder()  # the graph of this tensor's value (a BUFFER, or RESHAPEs of one, once realized)
     __array_ufunc__ = None  # NumPy defers to our reflected operators: np_array + t calls t.__radd__
     device = "CPU"
     # tensors that loss.backward() without a parameter list may fill: those made requires_grad=True, and float ones
@@ -109,17 +93,28 @@ class Tensor(
             data = data.uop
         if isinstance(data, UOp):
             u = data if dtype is None else data.cast(to_dtype(dtype))
-            self.__dict__["uop"] = u  # what _StorageHolder.__set__ does for a tensor that held nothing before
+            # the graph of this tensor's value (a BUFFER, or RESHAPEs of one, once realized); read it freely, change
+            # it only through hold()
+            self.uop = u
             if u.tracked:
                 add_reader(u, self)
             return
         arr, dt = host_array(data, dtype)
-        if arr.size == 0:
-            self.uop = full_uop(0, dt, arr.shape)
-        else:
-            self.uop = new_buffer(dt, arr.size, arr).reshape(arr.shape)
+        self.uop = full_uop(0, dt, arr.shape) if arr.size == 0 else new_buffer(dt, arr.size, arr).reshape(arr.shape)
         if requires_grad is None and dt.is_float:
             Tensor._grad_tensors[id(self)] = self
+
+    def hold(self, u: UOp) -> None:
+        """Make this tensor hold the graph `u` (its value from now on): the one way to change `.uop` after
+        construction. It keeps the record of who reads tracked storage (uopc.uop.add_reader) that TinyJit's in-place
+        writes consult, so no write ever changes a value a tensor holds. (`uop` is a plain attribute, not a property:
+        it is read on every operation, and a descriptor made each read measurably slower.)"""
+        old = self.uop
+        if old.tracked:
+            forget_reader(old, self)
+        self.uop = u
+        if u.tracked:
+            add_reader(u, self)
 
     def _new(self, uop: UOp, *others: Tensor) -> Tensor:
         """A tensor computed from self (and others): it tracks gradients if any input does."""
@@ -211,7 +206,7 @@ class Tensor(
             tensors = (*tensors, counter)
         for t in dict.fromkeys(tensors):
             if t.numel() == 0:  # never realize an empty root: its value is fully known
-                t.uop = full_uop(0, t.dtype, t.shape)
+                t.hold(full_uop(0, t.dtype, t.shape))
             elif not is_contiguous_buffer(t.uop):
                 todo.append(t)
         if not todo:
@@ -224,7 +219,7 @@ class Tensor(
         for t, buf in zip(todo, bufs, strict=True):
             t._assigned = None
             t._graph = t.uop if t.requires_grad and not t._leaf else None
-            t.uop = buf.reshape(t.shape)  # drop the graph: its intermediates can be freed
+            t.hold(buf.reshape(t.shape))  # drop the graph: its intermediates can be freed
 
     def numpy(self) -> np.ndarray:
         """A fresh NumPy copy of the data (realizes)."""
@@ -279,7 +274,7 @@ class Tensor(
             x = x.contiguous()
         if self._assigned is None:  # the storage this assign replaces (TinyJit writes it in place where it can)
             self._assigned = _Pending(base_buffer(self.uop) if is_contiguous_buffer(self.uop) else None)
-        self.uop = x._broadcast_to(self.shape, keep_const=False).uop
+        self.hold(x._broadcast_to(self.shape, keep_const=False).uop)
         self._graph, self._leaf = None, True
         return self
 

@@ -1,7 +1,7 @@
 """Who reads a storage view: the weak record TinyJit consults before writing an assigned tensor's storage in place.
 (Nodes are typed Any here: uop.py imports this module.)
 
-    track(buf)                      # an assign's fresh buffer, at its birth (uopc.engine.realize.run_plan)
+    track(buf)                      # an assign's fresh buffer under a TinyJit capture or replay, at its birth
     y = w.uop * 2                   # UOp.__new__ calls add_reader(w.uop, y): y may read w's storage later
     read_only_by(w.uop, w)          # False while y lives; True again once it is gone
 
