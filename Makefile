@@ -19,12 +19,15 @@ demo: $(VENV)/.installed
 	$(VPY) examples/demo.py
 	$(VPY) examples/train_mnist.py
 
+# pytest-xdist: one test process per CPU (a test spends most of its time in Python and gcc, one core each)
+XDIST := -n auto
+
 test: $(VENV)/.installed
-	$(VPY) -m pytest tests -q
+	$(VPY) -m pytest tests -q $(XDIST)
 	# once more with the optimizer off and every load and store index checked against its buffer
-	UOPC_CHECK_OOB=1 OPT=0 $(VPY) -m pytest tests -q
+	UOPC_CHECK_OOB=1 OPT=0 $(VPY) -m pytest tests -q $(XDIST)
 	# and the autotuner (OPT=2) on the reductions and matmuls of the Tensor suite
-	OPT=2 $(VPY) -m pytest tests/backend/test_tensor_ops.py -q -k "matmul or softmax or sum or mean or var or max"
+	OPT=2 $(VPY) -m pytest tests/backend/test_tensor_ops.py -q $(XDIST) -k "matmul or softmax or sum or mean or var or max"
 	$(MAKE) --no-print-directory test-v3 wheel-check lint
 
 # -march in CFLAGS decides the ISA uopc targets (the Machine record), so an AVX-512 machine runs the AVX2 paths here;
@@ -32,7 +35,7 @@ test: $(VENV)/.installed
 test-v3: $(VENV)/.installed
 	@if [ "$$(uname -m)" != x86_64 ]; then echo "x86-64-v3 pass: not an x86-64 machine, skipped"; exit 0; fi; \
 	start=$$(date +%s); \
-	CFLAGS="$$($(VPY) -c "$$V3_CFLAGS")" $(VPY) -m pytest $(ISA_TESTS) -q --sweep-dtypes=f16,bf16 && \
+	CFLAGS="$$($(VPY) -c "$$V3_CFLAGS")" $(VPY) -m pytest $(ISA_TESTS) -q $(XDIST) --sweep-dtypes=f16,bf16 && \
 	echo "x86-64-v3 pass: $$(( $$(date +%s) - start )) s"
 
 # build the wheel and import uopc from it alone (not from this checkout): every subpackage must ship

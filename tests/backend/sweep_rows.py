@@ -1279,7 +1279,7 @@ EXCLUDED = {
     "numpy",
     "item",
     "tolist",
-    "uop",  # the graph a tensor holds (a property: setting it registers the tensor as a reader of its storage)
+    "hold",  # rebinds the graph a tensor holds (its `uop` attribute), keeping the reader record: test_assign.py
     "requires_grad_",  # the requires_grad rule has its own tests in test_torch_sweep.py
     "fuse_reduce",
     "device",  # a setting and a constant, not ops
