@@ -111,8 +111,11 @@ def main() -> None:
                         lambda k, t, acc=acc: acc.__setitem__(kind(k), acc.get(kind(k), 0) + t)
                     )
                     with helpers.Context(CFLAGS=levels[lv]):
-                        for _ in range(args.calls):
-                            w.call(*xs)
+                        for _ in range(args.calls):  # an inference call returns a lazy tensor: realize it
+                            out = w.call(*xs)
+                            Tensor.realize_all(
+                                *[t for t in (out if isinstance(out, tuple) else (out,)) if isinstance(t, Tensor)]
+                            )
                     realize.set_kernel_hook(old)
                     for c, t in acc.items():
                         run[lv].setdefault(c, []).append(t / args.calls)
@@ -142,9 +145,10 @@ def main() -> None:
                 f"{t['-O3'] * 1e3:11.3f} {t['-O2'] * 1e3:11.3f} {tr:6.2f}"
             )
         a, b = tot["-O3"], tot["-O2"]
+        nan = float("nan")
         print(
-            f"  {'all':14s} {len(kernels):4d} {a[0]:10.2f} {b[0]:10.2f} {b[0] / a[0]:6.2f} "
-            f"{a[1] * 1e3:11.3f} {b[1] * 1e3:11.3f} {b[1] / a[1]:6.2f}"
+            f"  {'all':14s} {len(kernels):4d} {a[0]:10.2f} {b[0]:10.2f} {b[0] / a[0] if a[0] else nan:6.2f} "
+            f"{a[1] * 1e3:11.3f} {b[1] * 1e3:11.3f} {b[1] / a[1] if a[1] else nan:6.2f}"
         )
 
 

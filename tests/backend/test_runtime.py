@@ -584,3 +584,49 @@ def test_two_processes_compiling_one_plan_at_once(cache: Path):
     objs, jsons = list((cache / "obj").glob("*.o")), list((cache / "obj").glob("*.json"))
     assert objs and len(objs) == len(jsons)
     assert len(list(cache.glob("*.so"))) == 1 and not list(cache.glob(".build-*"))
+
+
+def test_a_big_plan_compiles_its_kernels_while_it_is_lowered(cache: Path, monkeypatch):
+    """Past ONE_UNIT_CHARS of kernel C, each distinct kernel goes to gcc as soon as it is lowered (in the
+    background, as many at once as there are CPUs); the link waits for those and compiles the rest."""
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
+    _fresh_plans()
+    started: list[str] = []
+    real = realize.prefetch
+    monkeypatch.setattr(realize, "prefetch", lambda src: (started.append(src), real(src)))
+    x = np.random.default_rng(5).standard_normal((12, 56)).astype(np.float32)
+    before = dict(runtime.stats)
+    got = ((Tensor(x).softmax(-1) * 3).exp2().sum(0) + 0.5).numpy()
+    cp = next(reversed(realize._plans.values()))
+    assert sorted(started) == sorted(cp.srcs[:-1])  # every kernel unit, once, before the link
+    # each unit compiled once: early, or by the link if it was still waiting for a CPU then; the entry by the link
+    assert runtime.stats["compiles"] - before["compiles"] == len(cp.srcs)
+    assert runtime.stats["object_hits"] - before["object_hits"] >= 1  # at least one was ready for the link
+    assert not list((cache / "obj").glob(".prefetch-*"))  # no compile left running, no file left behind
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, np.exp2(e / e.sum(-1, keepdims=True) * 3).sum(0) + 0.5, rtol=1e-5)
+    # built again with its whole object in the cache but not its kernels': the early compiles nobody links are
+    # stopped when the plan is loaded, leaving no file behind
+    for f in (cache / "obj").iterdir():
+        f.unlink()
+    runtime._clear_memory_cache()
+    plan_store = _fresh_plans()
+    monkeypatch.setattr(plan_store, "load", lambda name: None)
+    started.clear()
+    hits = runtime.stats["disk_hits"]
+    again = ((Tensor(x).softmax(-1) * 3).exp2().sum(0) + 0.5).numpy()
+    assert started and runtime.stats["disk_hits"] == hits + 1
+    assert not list((cache / "obj").glob(".prefetch-*"))
+    np.testing.assert_array_equal(again, got)
+
+
+def test_a_failed_early_compile_is_reported_by_the_link(cache: Path):
+    """An early (prefetched) compile that fails leaves nothing in the cache; the link compiles the unit again and
+    raises the compiler's error with the source saved."""
+    bad = "void broken(float* a) { a[0] = ; }\n"
+    runtime.prefetch(bad)
+    with pytest.raises(CompileError) as e:
+        Program((bad, "void plan(void) {}\n"), "plan")
+    assert "broken" in e.value.src and e.value.c_path and os.path.exists(e.value.c_path)
+    assert len(list((cache / "obj").glob("*.o"))) == 1  # the entry point's object only
+    assert not list((cache / "obj").glob(".prefetch-*"))

@@ -80,6 +80,47 @@ def test_layernorm_into_matmul(opt0, monkeypatch):
     assert names(_layernorm_matmul()) == ["r_128", "r_128n1", "r_128_256"]
 
 
+def _residual_stack(layers: int, x0: np.ndarray, ws: list[np.ndarray], bs: list[np.ndarray]):
+    """A transformer-like residual stream: x = x + relu(layernorm(x) @ W + b) per layer, then a final LayerNorm."""
+
+    def ln(t):
+        m = t.mean(-1, keepdim=True)
+        return (t - m) * ((t - m).square().mean(-1, keepdim=True) + 1e-5).rsqrt()
+
+    x = Tensor(x0)
+    for w, b in zip(ws[:layers], bs[:layers], strict=True):
+        x = x + (ln(x) @ Tensor(w) + Tensor(b)).relu()
+    return ln(x)
+
+
+def _residual_ref(layers: int, x: np.ndarray, ws, bs) -> np.ndarray:
+    def ln(t):
+        t = t.astype(np.float64)
+        c = t - t.mean(-1, keepdims=True)
+        return c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-5)
+
+    for w, b in zip(ws[:layers], bs[:layers], strict=True):
+        x = x + np.maximum(ln(x) @ w + b, 0)
+    return ln(x)
+
+
+def test_residual_stream_is_staged_so_every_layer_has_the_same_kernels(opt0):
+    """Unstaged, layer L's LayerNorm would recompute the whole stream x + f_1 + ... + f_L (2L reads): distinct,
+    growing kernels per layer. stage_shared_chains materializes it at 3 full-size reads, so 3 and 6 layers
+    schedule to the same set of distinct kernels, each layer's the same."""
+    x0 = r(16, 32)
+    ws, bs = [r(32, 32) * 0.2 for _ in range(6)], [r(32) * 0.1 for _ in range(6)]
+    distinct = {}
+    for layers in (3, 6):
+        out = _residual_stack(layers, x0, ws, bs)
+        plan, _ = make_plan([out.uop])
+        distinct[layers] = {k.ast for k in plan.kernels}
+        np.testing.assert_allclose(out.numpy(), _residual_ref(layers, x0, ws, bs), rtol=2e-4, atol=2e-4)
+    assert distinct[3] == distinct[6]
+    # a short chain read by two kernels stays fused: softmax's exp(x - max) feeds the sum and the division
+    assert names(Tensor(r(4, 8)).softmax(-1)) == ["r_4", "r_4n1", "e_4_8"]
+
+
 def test_softmax_plan_refs_and_temps(opt0):
     x = Tensor(r(4, 8))
     plan, inputs = make_plan([x.softmax(-1).uop])

@@ -79,12 +79,33 @@ class KChunk(NamedTuple):
 
 def ranges_in(*xs: UOp) -> list[UOp]:
     """The RANGE loops an expression mentions, outermost (lowest number) first."""
-    seen: dict[UOp, None] = {}
-    for x in xs:
-        for u in x.toposort():
-            if u.op is Ops.RANGE:
-                seen[u] = None
-    return sorted(seen, key=lambda r: r.arg.idx)
+    loops = _NO_LOOPS.union(*(_loops_of(x) for x in xs))
+    return sorted(loops, key=lambda r: r.arg.idx)
+
+
+class _LoopsKnown:
+    """toposort's stop set for _loops_of: the nodes whose loops are already recorded."""
+
+    def __contains__(self, u: UOp) -> bool:
+        return "loops" in u.__dict__
+
+
+_KNOWN, _NO_LOOPS = _LoopsKnown(), frozenset()
+
+
+def _loops_of(u: UOp) -> frozenset[UOp]:
+    """The RANGEs under `u`, recorded on each node it reaches (a node never changes, so neither does its answer):
+    a GEMM tile asks this for each of its hundreds of outputs over shared index expressions, which walked the same
+    subgraphs again (76,000 toposorts in the char-GPT step's first call)."""
+    if (hit := u.__dict__.get("loops")) is not None:
+        return hit
+    for n in u.toposort(_KNOWN):
+        d = n.__dict__
+        if "loops" in d:
+            continue
+        loops = _NO_LOOPS.union(*(s.__dict__["loops"] for s in n.src)) if n.src else _NO_LOOPS
+        d["loops"] = loops | {n} if n.op is Ops.RANGE else loops
+    return u.__dict__["loops"]
 
 
 def rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = None) -> UOp:

@@ -29,9 +29,9 @@ from uopc.engine.lower import make_plan
 from uopc.engine.tune import KernelTimer
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
-from uopc.renderer.c import render_plan
+from uopc.renderer.c import kernel_unit, render_plan
 from uopc.runtime.buffer import buffer_ptr, output_buffer, pool
-from uopc.runtime.compiler import Program, compiler_identity, machine
+from uopc.runtime.compiler import Program, cancel_prefetches, compiler_identity, machine, prefetch
 from uopc.runtime.threads import ensure_threads
 from uopc.schedule import Copy, Kernel, Plan, Ref, RefKind
 from uopc.uop import Ops, UOp, structure_key, track
@@ -217,6 +217,36 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: M
 ONE_UNIT_CHARS = 100_000
 
 
+class _EarlyCompile:
+    """make_plan's `on_kernel` while a plan is built: once the distinct kernels lowered so far come to ONE_UNIT_CHARS
+    of C (so the plan will compile a unit per kernel), every one of them is handed to gcc in the background
+    (uopc.runtime.compiler.prefetch), and each later one as soon as it is lowered. gcc then runs on the other cores
+    while Python lowers the rest of the plan; compile_plan's link finds the objects made or waits for them. The units
+    are the ones render_plan makes (uopc.renderer.c.kernel_unit, memoized: rendered once)."""
+
+    def __init__(self) -> None:
+        self.units: dict[str, str] = {}  # function name -> unit source
+        self.chars = 0
+        self.prefetched: list[str] = []  # the units handed to gcc early
+
+    def _start(self, src: str) -> None:
+        self.prefetched.append(src)
+        prefetch(src)
+
+    def __call__(self, k: Kernel) -> None:
+        with helpers.phase("render early"):
+            u = kernel_unit(k.ast, k.name)
+        if u.sym in self.units:
+            return
+        self.units[u.sym] = u.src
+        self.chars += len(u.fn.definition(u.sym))
+        if self.prefetched:
+            self._start(u.src)
+        elif self.chars >= ONE_UNIT_CHARS:
+            for src in self.units.values():
+                self._start(src)
+
+
 def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> CompiledPlan:
     """Render the plan's kernels and a `plan` entry point that calls them in order and compile them into one shared
     object: one translation unit under ONE_UNIT_CHARS of kernel C, else a unit per distinct kernel (each object
@@ -282,9 +312,13 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any, s: help
                     ms = phase_split(before, helpers.phase_totals()).get("stored", 0.0) * 1e3
                     print(f"realize: plan of {len(cp.kernels)} kernels read from the plan store in {ms:.1f} ms")
             else:
-                with helpers.phase("schedule"):
-                    plan, inputs = make_plan(roots, fuse_reduce, opt)
-                cp = compile_plan(plan, len(inputs), s)
+                early = _EarlyCompile()
+                try:
+                    with helpers.phase("schedule"):
+                        plan, inputs = make_plan(roots, fuse_reduce, opt, on_kernel=early)
+                    cp = compile_plan(plan, len(inputs), s)
+                finally:  # the plan's object was in the cache, or the build failed: no link claimed them
+                    cancel_prefetches(early.prefetched)
                 plan_store.save(name, plan, cp.srcs, cp.names, cp.n_in, cp.check_oob)
                 if s.DEBUG >= 1:
                     print(built_line(plan, before, helpers.phase_totals()))
@@ -299,7 +333,9 @@ def _get_plan(key: tuple, roots: list[UOp], fuse_reduce: bool, opt: Any, s: help
 def phase_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Seconds per phase between two `helpers.phase_totals()`; schedule without the layout and lower inside it."""
     d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-    d["schedule"] = d.get("schedule", 0.0) - d.get("layout", 0.0) - d.get("lower", 0.0)
+    early = d.pop("render early", 0.0)  # kernels rendered while the plan was lowered (_EarlyCompile)
+    d["schedule"] = d.get("schedule", 0.0) - d.get("layout", 0.0) - d.get("lower", 0.0) - early
+    d["render"] = d.get("render", 0.0) + early
     return {k: v for k, v in d.items() if v > 0}
 
 

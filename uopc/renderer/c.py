@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from enum import IntEnum
 from typing import NamedTuple
@@ -483,6 +485,45 @@ def render_c(ast: UOp, name: str) -> str:
     return PRELUDE + _helper_text(fn.helpers) + "\n" + fn.definition(name)
 
 
+class KernelUnit(NamedTuple):
+    """One kernel of a plan as its own translation unit: the same kernel in any plan is the same unit, so its object
+    compiles once into the object cache (uopc.runtime.compiler)."""
+
+    sym: str  # its function's name: the kernel's shape name and a digest of its C
+    fn: CFunction
+    src: str  # the whole unit: the prelude, the helpers it uses and the (hidden) definition
+
+
+# hidden: a plan's entry point calls each kernel directly, not through the PLT, and no other object can interpose it
+_HIDDEN = '__attribute__((visibility("hidden"))) '
+# (ast, shape name, index checks) -> KernelUnit: the engine renders a big plan's kernels as it lowers them (to start
+# gcc early) and render_plan renders them again. Bounded: the entries keep their ASTs alive.
+_UNITS_MAX = 1024
+_units: OrderedDict[tuple, KernelUnit] = OrderedDict()
+_units_lock = threading.Lock()
+
+
+def kernel_unit(ast: UOp, name: str) -> KernelUnit:
+    """The translation unit of one lowered kernel named `name` in a plan (its k0_ prefix and n1 suffix are not part
+    of the unit), memoized."""
+    base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
+    key = (ast, base, bool(helpers.settings().CHECK_OOB))
+    with _units_lock:
+        if (hit := _units.get(key)) is not None:
+            _units.move_to_end(key)
+            return hit
+    fn = _render_function(ast, oob_param=True)
+    helper_text = _helper_text(fn.helpers)
+    digest = hashlib.sha256((PRELUDE + helper_text + fn.definition("uopc_kernel")).encode()).hexdigest()
+    sym = f"{base}_{digest[:16]}"
+    unit = KernelUnit(sym, fn, PRELUDE + helper_text + "\n" + _HIDDEN + fn.definition(sym))
+    with _units_lock:
+        _units[key] = unit
+        while len(_units) > _UNITS_MAX:
+            _units.popitem(last=False)
+    return unit
+
+
 _PLAN_TIMER = """static inline long long uopc_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
@@ -510,19 +551,14 @@ def render_plan(
     first bad index fills it, and the plan records the kernel's number and stops after that kernel.
     """
     check = bool(helpers.settings().CHECK_OOB)
-    funcs: dict[str, CFunction] = {}  # by the name of its function
-    done: dict[UOp, tuple[str, list[UOp]]] = {}
+    units: dict[str, KernelUnit] = {}  # by the name of its function
+    done: dict[UOp, KernelUnit] = {}
     calls = []
     for i, (ast, name, where) in enumerate(kernels):
         if ast not in done:
-            fn = _render_function(ast, oob_param=True)
-            # the kernel's shape name (without the plan's k0_ prefix and n1 suffix) and a digest of its C
-            base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
-            digest = hashlib.sha256((PRELUDE + _helper_text(fn.helpers) + fn.definition("uopc_kernel")).encode())
-            sym = f"{base}_{digest.hexdigest()[:16]}"
-            funcs[sym] = fn
-            done[ast] = (sym, fn.bufs)
-        sym, bufs = done[ast]
+            done[ast] = unit = kernel_unit(ast, name)
+            units[unit.sym] = unit
+        sym, bufs = done[ast].sym, done[ast].fn.bufs
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
         call = f"{sym}({', '.join(args)});"
         if copies and i in copies:  # a copy onto itself (a write in place) does nothing
@@ -533,15 +569,12 @@ def render_plan(
             calls.append(f"  if (err[{ErrorField.FAILED.value}]) {{ err[{ErrorField.KERNEL.value}] = {i}; return; }}")
     body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
     body += "\n".join(calls) + "\n}\n"
-    defs = {sym: fn.definition(sym) for sym, fn in funcs.items()}
+    defs = {sym: u.fn.definition(sym) for sym, u in units.items()}
     if sum(len(d) for d in defs.values()) < one_unit_below:
         hs: dict[str, Helper] = {}
-        for fn in funcs.values():
-            hs.update(fn.helpers)
+        for u in units.values():
+            hs.update(u.fn.helpers)
         fns = "\n".join("static " + d for d in defs.values())
         return [PRELUDE + "#include <time.h>\n" + _helper_text(hs) + _PLAN_TIMER + fns + body]
-    # hidden: the entry point calls each kernel directly, not through the PLT, and no other object can interpose it
-    hidden = '__attribute__((visibility("hidden"))) '
-    units = [PRELUDE + _helper_text(fn.helpers) + "\n" + hidden + defs[sym] for sym, fn in funcs.items()]
-    protos = "".join(hidden + fn.declaration(sym) + ";\n" for sym, fn in funcs.items())
-    return [*units, "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]
+    protos = "".join(_HIDDEN + u.fn.declaration(sym) + ";\n" for sym, u in units.items())
+    return [*(u.src for u in units.values()), "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]

@@ -13,27 +13,34 @@ used entries are deleted (under a lock file, see `evict`). OpenMP threads: `set_
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
-import fcntl
 import hashlib
-import json
 import os
 import shlex
 import shutil
-import stat
 import subprocess
 import tempfile
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField, oob_error
-from uopc.helpers import atomic_write
 from uopc.machine import Machine, available_cpus, cpu_fingerprint, probe
+from uopc.runtime.disk_cache import (  # re-exported: the runtime's names
+    CacheDirError,
+    check_cache_dir,
+    entry_ok,
+    evict,
+    forget_checked_dirs,
+    save_failed_source,
+    unlink_quiet,
+    write_entry,
+)
 from uopc.runtime.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
 
 __all__ = [
@@ -49,6 +56,8 @@ __all__ = [
     "cflags",
     "machine",
     "set_num_threads",
+    "cancel_prefetches",
+    "prefetch",
     "stats",
 ]
 
@@ -90,14 +99,6 @@ class CompileError(RuntimeError):
 
 class CompilerNotFoundError(RuntimeError):
     """The C compiler named by CC is missing or cannot be executed."""
-
-
-class CacheDirError(PermissionError):
-    """The kernel cache directory is unsafe to load code from (symlink, writable by others, or not ours)."""
-
-    def __init__(self, msg: str, path: str):
-        super().__init__(msg)
-        self.path = path
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -167,91 +168,13 @@ def _cache_key(src: str | tuple[str, ...], cc_path: str, flags: list[str]) -> st
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# cache directory
-
-_good_dirs: set[str] = set()
-
-
-def _check_cache_dir(path: str) -> str:
-    """Create `path` (mode 0700) if missing and refuse it if anyone else could plant code in it."""
-    if path in _good_dirs:
-        if os.path.isdir(path):
-            return path
-        _good_dirs.discard(path)  # removed while we ran (rm -rf ~/.cache/uopc): check and create it again
-    if not os.path.islink(path):
-        try:
-            os.makedirs(path, mode=0o700)
-            os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask; make it exact
-        except FileExistsError:
-            pass
-    st = os.lstat(path)
-    fix = "set UOPC_CACHE to a directory you own (e.g. mkdir -m 700 ~/.cache/uopc)"
-    # Only the directory itself is checked, not its parents: /tmp and macOS's /var are symlinks or shared.
-    if stat.S_ISLNK(st.st_mode):
-        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is a symlink; {fix}", path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise CacheDirError(f"uopc: kernel cache path {path} is not a directory; {fix}", path)
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise CacheDirError(
-            f"uopc: refusing kernel cache directory {path}: it is owned by uid {st.st_uid}, "
-            f"not by you (uid {os.getuid()}); {fix}",
-            path,
-        )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CacheDirError(
-            f"uopc: refusing kernel cache directory {path}: it is group- or world-writable "
-            f"(mode {stat.S_IMODE(st.st_mode):o}), so others could plant code in it; "
-            f"fix with: chmod 700 {shlex.quote(path)}, or {fix}",
-            path,
-        )
-    # Only good verdicts are remembered: a refused directory is re-checked, so fixing it needs no restart.
-    _good_dirs.add(path)
-    return path
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # building and loading
-
-
-def entry_ok(so_path: str, json_path: str) -> bool:
-    """Whether a cache entry's file exists and matches the size and sha256 recorded in its json, without loading it."""
-    try:
-        with open(json_path) as f:
-            meta = json.load(f)
-        size, digest = meta["size"], meta["sha256"]
-        if not isinstance(size, int) or not isinstance(digest, str) or size <= 0:
-            return False
-        if os.path.getsize(so_path) != size:  # cheap check before hashing
-            return False
-        with open(so_path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest() == digest
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-
-
-def _save_failed_source(cache: str, key: str, src: str) -> str | None:
-    """Keep the source of a failed compile under <cache>/failed/ so the user can rerun the compiler on it."""
-    try:
-        failed = os.path.join(cache, "failed")
-        os.makedirs(failed, mode=0o700, exist_ok=True)
-        c_path = os.path.join(failed, f"{key}.c")
-        atomic_write(c_path, src.encode())
-        return c_path
-    except OSError:
-        return None  # reporting the compile error matters more than saving the copy
 
 
 def _compile_error(
     rc: int, cmd: list[str], stderr: str, src: str, cc_path: str, flags: list[str], cache: str, key: str
 ):
-    c_path = _save_failed_source(cache, key, src)
+    c_path = save_failed_source(cache, key, src)
     where = (
         f"source saved to {c_path}; reproduce with:\n  "
         + shlex.join(_command(cc_path, flags, "/tmp/uopc-kernel.so", c_path))
@@ -272,22 +195,133 @@ def _object_key(src: str, cc_path: str, flags: list[str]) -> str:
     return _cache_key(("object", src), cc_path, flags)
 
 
-def _write_entry(path: str, data: bytes, mode: int) -> None:
-    """A cache entry: the file, then its json (size and sha256) last, so a crash in between leaves no trusted entry."""
-    atomic_write(path, data, mode=mode)
-    meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    atomic_write(os.path.splitext(path)[0] + ".json", json.dumps(meta).encode())
+class _Prefetch(NamedTuple):
+    """One object compile started ahead of its plan's link (see prefetch)."""
+
+    proc: subprocess.Popen
+    c_file: str
+    tmp_obj: str
+    obj: str
+
+
+# object key -> its compile, running or waiting for a free CPU; guarded by _prefetch_lock
+_prefetch_running: dict[str, _Prefetch] = {}
+_prefetch_queue: dict[str, tuple[str, str, list[str], str]] = {}  # object key -> (source, compiler, flags, object)
+_prefetch_lock = threading.Lock()
+
+
+def prefetch(src: str) -> None:
+    """Start compiling one translation unit of a plan (a kernel's) into the object cache in the background, and
+    return at once: the engine calls this for a big plan's kernels as it lowers them, so gcc runs on the other cores
+    while Python lowers the rest. At most as many compiles run as this process has CPUs; the rest wait their turn.
+    The plan's link (`_build_parts`) waits for a running compile of its unit, or takes a waiting one over. A failed
+    compile leaves nothing: the link compiles that unit again and reports the error."""
+    cc_path, flags = _resolve_compiler(), cflags()
+    okey = _object_key(src, cc_path, flags)
+    cache = check_cache_dir(helpers.cache_dir())
+    obj = os.path.join(cache, "obj", f"{okey}.o")
+    with _prefetch_lock:
+        if okey in _prefetch_running or okey in _prefetch_queue:
+            return
+        if entry_ok(obj, os.path.splitext(obj)[0] + ".json"):
+            return
+        _prefetch_queue[okey] = (src, cc_path, flags, obj)
+        _pump_prefetches()
+
+
+def _pump_prefetches() -> None:
+    """Finish the compiles that exited, start waiting ones while CPUs are free (under _prefetch_lock)."""
+    for okey, job in list(_prefetch_running.items()):
+        if job.proc.poll() is not None:
+            _finish_prefetch(okey)
+    width = max(1, available_cpus())
+    while _prefetch_queue and len(_prefetch_running) < width:
+        okey = next(iter(_prefetch_queue))
+        src, cc_path, flags, obj = _prefetch_queue.pop(okey)
+        os.makedirs(os.path.dirname(obj), mode=0o700, exist_ok=True)
+        stem = os.path.join(os.path.dirname(obj), f".prefetch-{os.getpid()}-{okey}")
+        c_file, tmp_obj = stem + ".c", stem + ".o"
+        with open(c_file, "w") as f:
+            f.write(src)
+        try:
+            proc = subprocess.Popen(
+                [cc_path, *flags, "-fPIC", "-c", "-o", tmp_obj, c_file],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError:  # the link compiles it and reports why
+            unlink_quiet(c_file)
+            continue
+        _prefetch_running[okey] = _Prefetch(proc, c_file, tmp_obj, obj)
+
+
+def _finish_prefetch(okey: str) -> None:
+    """Wait for one running compile and, if it succeeded, put its object in the cache (under _prefetch_lock)."""
+    job = _prefetch_running.pop(okey)
+    try:
+        if job.proc.wait() == 0:
+            stats["compiles"] += 1
+            with open(job.tmp_obj, "rb") as f:
+                write_entry(job.obj, f.read(), 0o600)
+    except OSError:
+        pass  # the link compiles it again
+    finally:
+        unlink_quiet(job.c_file)
+        unlink_quiet(job.tmp_obj)
+
+
+def _claim_prefetch(okey: str) -> None:
+    """Before a link uses unit `okey`: wait for its running compile, or take it off the queue (the link compiles it
+    with the rest)."""
+    with _prefetch_lock:
+        _prefetch_queue.pop(okey, None)
+        if okey in _prefetch_running:
+            _finish_prefetch(okey)
+
+
+def cancel_prefetches(srcs: list[str]) -> None:
+    """Drop the early compiles of these units that no link claimed (the plan's whole object was already in the
+    cache, or its build failed): waiting ones leave the queue, running ones are stopped and their files removed."""
+    cc_path, flags = _resolve_compiler(), cflags()
+    with _prefetch_lock:
+        for src in srcs:
+            okey = _object_key(src, cc_path, flags)
+            _prefetch_queue.pop(okey, None)
+            if (job := _prefetch_running.pop(okey, None)) is not None:
+                _kill(job)
+
+
+def _kill(job: _Prefetch) -> None:
+    with contextlib.suppress(OSError):
+        job.proc.kill()
+        job.proc.wait()
+    unlink_quiet(job.c_file)
+    unlink_quiet(job.tmp_obj)
+
+
+def _stop_prefetches() -> None:
+    """At exit: end the compiles still running (their objects were never needed) and remove their files."""
+    with _prefetch_lock:
+        _prefetch_queue.clear()
+        for job in _prefetch_running.values():
+            _kill(job)
+        _prefetch_running.clear()
+
+
+atexit.register(_stop_prefetches)
 
 
 def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str, tmpdir: str) -> str:
     """Link translation units into one shared object: each unit's object file comes from the object cache
-    (`<cache>/obj/`, keyed by its own source, so a kernel shared by two plans or two models compiles once), or is
-    compiled now, as many compiler processes at a time as this process has CPUs."""
+    (`<cache>/obj/`, keyed by its own source, so a kernel shared by two plans or two models compiles once; a compile
+    `prefetch` started is waited for), or is compiled now, as many compiler processes at a time as this process has
+    CPUs."""
     objdir = os.path.join(cache, "obj")
     os.makedirs(objdir, mode=0o700, exist_ok=True)
     objs, todo = [], []
     for i, src in enumerate(dict.fromkeys(srcs)):  # a unit twice is one object
         okey = _object_key(src, cc_path, flags)
+        _claim_prefetch(okey)
         obj, local = os.path.join(objdir, f"{okey}.o"), os.path.join(tmpdir, f"part{i}.o")
         objs.append(local)
         try:  # a hard link keeps the object for the link step even if another process evicts it meanwhile
@@ -312,7 +346,7 @@ def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: s
                 failed = _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
             return
         with open(tmp_obj, "rb") as f:
-            _write_entry(obj, f.read(), 0o600)
+            write_entry(obj, f.read(), 0o600)
 
     width = max(1, available_cpus())
     for i, src, obj in todo:
@@ -362,13 +396,13 @@ def _compile(src: str | tuple[str, ...], cc_path: str, flags: list[str], cache: 
                 raise _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
         with open(tmp, "rb") as f:
             data = f.read()
-    _write_entry(so_path, data, 0o700)
+    write_entry(so_path, data, 0o700)
     return so_path
 
 
 def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], key: str) -> str:
     """Path of a verified .so for `src` in the cache directory, compiling or rebuilding it if needed."""
-    cache = _check_cache_dir(helpers.cache_dir())
+    cache = check_cache_dir(helpers.cache_dir())
     so_path, json_path = os.path.join(cache, f"{key}.so"), os.path.join(cache, f"{key}.json")
     if entry_ok(so_path, json_path):
         stats["disk_hits"] += 1
@@ -383,45 +417,6 @@ def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], 
         so_path = _compile(src, cc_path, flags, cache, key)
     evict(cache, keep=so_path)
     return so_path
-
-
-def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> int:
-    """Delete least recently used entries until the cache's compiled files (plans' .so and kernels' .o in obj/, each
-    with its .json) fit `max_bytes` (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many were deleted.
-
-    Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
-    load is safe: a loaded .so stays mapped after unlink, a link that finds an object gone fails over to compiling
-    it, and a load that finds its .so gone rebuilds it.
-    """
-    cap = helpers.settings().CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
-    if cap <= 0:
-        return 0
-    with open(os.path.join(cache, ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        entries, total = [], 0
-        for folder, ext in ((cache, ".so"), (os.path.join(cache, "obj"), ".o")):
-            if not os.path.isdir(folder):
-                continue
-            for entry in os.scandir(folder):
-                if not entry.name.endswith(ext) or not entry.is_file(follow_symlinks=False):
-                    continue
-                json_path = entry.path[: -len(ext)] + ".json"
-                try:
-                    size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
-                    entries.append((entry.stat().st_mtime, entry.path, size, json_path))
-                except OSError:
-                    continue  # deleted meanwhile by a process that does not take the lock (clear)
-                total += size
-        n = 0
-        for _, path, size, json_path in sorted(entries):
-            if total <= cap:
-                break
-            if path == keep:
-                continue
-            _unlink_quiet(json_path)  # json first: a file without its json is never trusted
-            _unlink_quiet(path)
-            total, n = total - size, n + 1
-        return n
 
 
 def base_cflags() -> list[str]:
@@ -444,7 +439,7 @@ def machine() -> Machine:
         _last_machine = (s, m)
         return m
     cc_path, flags = _resolve_compiler(), base_cflags()
-    cache = _check_cache_dir(helpers.cache_dir())
+    cache = check_cache_dir(helpers.cache_dir())
     m = probe(cc_path, flags, _compiler_version(cc_path), cache)
     _machines[memo] = m
     _last_machine = (s, m)
@@ -498,7 +493,7 @@ def _clear_memory_cache() -> None:
     with _libs_guard:
         _libs.clear()
         _key_locks.clear()
-    _good_dirs.clear()
+    forget_checked_dirs()
 
 
 def _load(src: str | tuple[str, ...]) -> tuple[ctypes.CDLL, str]:
@@ -519,7 +514,7 @@ def _load(src: str | tuple[str, ...]) -> tuple[ctypes.CDLL, str]:
                 lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
         except OSError:
             # Verified but unloadable (e.g. a consistent-but-bad pair written by something else): rebuild once.
-            _unlink_quiet(path)
+            unlink_quiet(path)
             path = _compile_cached(src, cc_path, flags, key)
             lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
         stats["loads"] += 1
@@ -582,10 +577,14 @@ class Program:
 
 
 def _after_fork_in_child() -> None:
-    global _libs_guard
+    global _libs_guard, _prefetch_lock
     # A lock held by another thread at fork time would stay locked forever in the child.
     _libs_guard = threading.Lock()
     _key_locks.clear()
+    # the parent's background compiles are the parent's to finish
+    _prefetch_lock = threading.Lock()
+    _prefetch_running.clear()
+    _prefetch_queue.clear()
 
 
 if hasattr(os, "register_at_fork"):

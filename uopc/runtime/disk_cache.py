@@ -1,0 +1,165 @@
+"""The on-disk kernel cache's files: the directory (created 0700, refused if anyone else could plant code in it),
+entries (a file plus a json of its size and sha256, written atomically, trusted only when both agree) and eviction
+(least recently used first, past UOPC_CACHE_MAX_MB). uopc.runtime.compiler builds into it.
+
+    path = check_cache_dir(helpers.cache_dir())
+    write_entry(os.path.join(path, "k.so"), data, 0o700)     # k.so, then k.json
+    entry_ok(os.path.join(path, "k.so"), os.path.join(path, "k.json"))
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import stat
+
+from uopc import helpers
+from uopc.helpers import atomic_write
+
+__all__ = [
+    "CacheDirError",
+    "check_cache_dir",
+    "entry_ok",
+    "evict",
+    "forget_checked_dirs",
+    "save_failed_source",
+    "unlink_quiet",
+    "write_entry",
+]
+
+
+class CacheDirError(PermissionError):
+    """The kernel cache directory is unsafe to load code from (symlink, writable by others, or not ours)."""
+
+    def __init__(self, msg: str, path: str):
+        super().__init__(msg)
+        self.path = path
+
+
+_checked_dirs: set[str] = set()
+
+
+def check_cache_dir(path: str) -> str:
+    """Create `path` (mode 0700) if missing and refuse it if anyone else could plant code in it."""
+    if path in _checked_dirs:
+        if os.path.isdir(path):
+            return path
+        _checked_dirs.discard(path)  # removed while we ran (rm -rf ~/.cache/uopc): check and create it again
+    if not os.path.islink(path):
+        try:
+            os.makedirs(path, mode=0o700)
+            os.chmod(path, 0o700)  # makedirs' mode is filtered by the umask; make it exact
+        except FileExistsError:
+            pass
+    st = os.lstat(path)
+    fix = "set UOPC_CACHE to a directory you own (e.g. mkdir -m 700 ~/.cache/uopc)"
+    # Only the directory itself is checked, not its parents: /tmp and macOS's /var are symlinks or shared.
+    if stat.S_ISLNK(st.st_mode):
+        raise CacheDirError(f"uopc: refusing kernel cache directory {path}: it is a symlink; {fix}", path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheDirError(f"uopc: kernel cache path {path} is not a directory; {fix}", path)
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise CacheDirError(
+            f"uopc: refusing kernel cache directory {path}: it is owned by uid {st.st_uid}, "
+            f"not by you (uid {os.getuid()}); {fix}",
+            path,
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheDirError(
+            f"uopc: refusing kernel cache directory {path}: it is group- or world-writable "
+            f"(mode {stat.S_IMODE(st.st_mode):o}), so others could plant code in it; "
+            f"fix with: chmod 700 {shlex.quote(path)}, or {fix}",
+            path,
+        )
+    # Only good verdicts are remembered: a refused directory is re-checked, so fixing it needs no restart.
+    _checked_dirs.add(path)
+    return path
+
+
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def entry_ok(so_path: str, json_path: str) -> bool:
+    """Whether a cache entry's file exists and matches the size and sha256 recorded in its json, without loading it."""
+    try:
+        with open(json_path) as f:
+            meta = json.load(f)
+        size, digest = meta["size"], meta["sha256"]
+        if not isinstance(size, int) or not isinstance(digest, str) or size <= 0:
+            return False
+        if os.path.getsize(so_path) != size:  # cheap check before hashing
+            return False
+        with open(so_path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest() == digest
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def write_entry(path: str, data: bytes, mode: int) -> None:
+    """A cache entry: the file, then its json (size and sha256) last, so a crash in between leaves no trusted entry."""
+    atomic_write(path, data, mode=mode)
+    meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    atomic_write(os.path.splitext(path)[0] + ".json", json.dumps(meta).encode())
+
+
+def evict(cache: str, max_bytes: int | None = None, keep: str | None = None) -> int:
+    """Delete least recently used entries until the cache's compiled files (plans' .so and kernels' .o in obj/, each
+    with its .json) fit `max_bytes` (default UOPC_CACHE_MAX_MB; 0 means no cap). Returns how many were deleted.
+
+    Processes serialize eviction with an flock on `<cache>/.lock`. Deleting an entry another process is about to
+    load is safe: a loaded .so stays mapped after unlink, a link that finds an object gone fails over to compiling
+    it, and a load that finds its .so gone rebuilds it.
+    """
+    cap = helpers.settings().CACHE_MAX_MB * (1 << 20) if max_bytes is None else max_bytes
+    if cap <= 0:
+        return 0
+    with open(os.path.join(cache, ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        entries, total = [], 0
+        for folder, ext in ((cache, ".so"), (os.path.join(cache, "obj"), ".o")):
+            if not os.path.isdir(folder):
+                continue
+            for entry in os.scandir(folder):
+                if not entry.name.endswith(ext) or not entry.is_file(follow_symlinks=False):
+                    continue
+                json_path = entry.path[: -len(ext)] + ".json"
+                try:
+                    size = entry.stat().st_size + (os.path.getsize(json_path) if os.path.exists(json_path) else 0)
+                    entries.append((entry.stat().st_mtime, entry.path, size, json_path))
+                except OSError:
+                    continue  # deleted meanwhile by a process that does not take the lock (clear)
+                total += size
+        n = 0
+        for _, path, size, json_path in sorted(entries):
+            if total <= cap:
+                break
+            if path == keep:
+                continue
+            unlink_quiet(json_path)  # json first: a file without its json is never trusted
+            unlink_quiet(path)
+            total, n = total - size, n + 1
+        return n
+
+
+def save_failed_source(cache: str, key: str, src: str) -> str | None:
+    """Keep the source of a failed compile under <cache>/failed/ so the user can rerun the compiler on it."""
+    try:
+        failed = os.path.join(cache, "failed")
+        os.makedirs(failed, mode=0o700, exist_ok=True)
+        c_path = os.path.join(failed, f"{key}.c")
+        atomic_write(c_path, src.encode())
+        return c_path
+    except OSError:
+        return None  # reporting the compile error matters more than saving the copy
+
+
+def forget_checked_dirs() -> None:
+    """Check every directory again on its next use (tests change modes and owners under a running process)."""
+    _checked_dirs.clear()
