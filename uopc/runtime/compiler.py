@@ -53,11 +53,11 @@ __all__ = [
     "evict",
     "get_num_threads",
     "base_cflags",
+    "cancel_prefetches",
     "cflags",
     "machine",
-    "set_num_threads",
-    "cancel_prefetches",
     "prefetch",
+    "set_num_threads",
     "stats",
 ]
 
