@@ -365,14 +365,17 @@ def realize(
     skey, inputs = structure_key(uniq)
     cp = _get_plan(plan_key(skey, fuse_reduce, opt, s, machine()), uniq, fuse_reduce, opt, s)
     t1 = time.perf_counter()
-    first: dict[UOp, Assign | None] = {}
-    for r, a in zip(roots, assigns or (), strict=False):
-        if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
-            first[r] = a
-    tracked = tuple(i for i, r in enumerate(uniq) if first.get(r) is not None) if _capture.calls is not None else ()
-    outs = run_plan(cp, inputs, debug=s.DEBUG, tracked=tracked)
-    if _capture.calls is not None:
-        _capture.calls.append(Captured(cp, list(inputs), list(outs), [first.get(r) for r in uniq]))
+    calls = _capture.calls
+    if calls is None:  # nothing consults the readers of storage outside a capture: nothing is tracked
+        outs = run_plan(cp, inputs, debug=s.DEBUG)
+    else:
+        first: dict[UOp, Assign | None] = {}
+        for r, a in zip(roots, assigns or (), strict=False):
+            if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
+                first[r] = a
+        tracked = tuple(i for i, r in enumerate(uniq) if first.get(r) is not None)
+        outs = run_plan(cp, inputs, debug=s.DEBUG, tracked=tracked)
+        calls.append(Captured(cp, list(inputs), list(outs), [first.get(r) for r in uniq]))
     if s.DEBUG >= 1:
         t2 = time.perf_counter()
         plan = cp.plan
