@@ -227,11 +227,10 @@ class _EarlyCompile:
     def __init__(self) -> None:
         self.units: dict[str, str] = {}  # function name -> unit source
         self.chars = 0
-        self.prefetched: list[str] = []  # the units handed to gcc early
+        self.prefetched: list[str] = []  # the object keys of the units handed to gcc early
 
     def _start(self, src: str) -> None:
-        self.prefetched.append(src)
-        prefetch(src)
+        self.prefetched.append(prefetch(src))
 
     def __call__(self, k: Kernel) -> None:
         with helpers.phase("render early"):

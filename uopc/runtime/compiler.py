@@ -190,6 +190,11 @@ def _compile_error(
     )
 
 
+def _object_command(cc_path: str, flags: list[str], out: str, c_file: str) -> list[str]:
+    """The command compiling one translation unit to an object file (a plan's kernel, linked later)."""
+    return [cc_path, *flags, "-fPIC", "-c", "-o", out, c_file]
+
+
 def _object_key(src: str, cc_path: str, flags: list[str]) -> str:
     """The cache key of one translation unit compiled to an object file (`-c`): its own source, compiler, flags."""
     return _cache_key(("object", src), cc_path, flags)
@@ -210,23 +215,23 @@ _prefetch_queue: dict[str, tuple[str, str, list[str], str]] = {}  # object key -
 _prefetch_lock = threading.Lock()
 
 
-def prefetch(src: str) -> None:
+def prefetch(src: str) -> str:
     """Start compiling one translation unit of a plan (a kernel's) into the object cache in the background, and
     return at once: the engine calls this for a big plan's kernels as it lowers them, so gcc runs on the other cores
     while Python lowers the rest. At most as many compiles run as this process has CPUs; the rest wait their turn.
     The plan's link (`_build_parts`) waits for a running compile of its unit, or takes a waiting one over. A failed
-    compile leaves nothing: the link compiles that unit again and reports the error."""
+    compile leaves nothing: the link compiles that unit again and reports the error. Returns the unit's object key
+    (for cancel_prefetches)."""
     cc_path, flags = _resolve_compiler(), cflags()
     okey = _object_key(src, cc_path, flags)
     cache = check_cache_dir(helpers.cache_dir())
     obj = os.path.join(cache, "obj", f"{okey}.o")
     with _prefetch_lock:
-        if okey in _prefetch_running or okey in _prefetch_queue:
-            return
-        if entry_ok(obj, os.path.splitext(obj)[0] + ".json"):
-            return
-        _prefetch_queue[okey] = (src, cc_path, flags, obj)
-        _pump_prefetches()
+        if okey not in _prefetch_running and okey not in _prefetch_queue:
+            if not entry_ok(obj, os.path.splitext(obj)[0] + ".json"):
+                _prefetch_queue[okey] = (src, cc_path, flags, obj)
+                _pump_prefetches()
+    return okey
 
 
 def _pump_prefetches() -> None:
@@ -245,9 +250,7 @@ def _pump_prefetches() -> None:
             f.write(src)
         try:
             proc = subprocess.Popen(
-                [cc_path, *flags, "-fPIC", "-c", "-o", tmp_obj, c_file],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                _object_command(cc_path, flags, tmp_obj, c_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
         except OSError:  # the link compiles it and reports why
             unlink_quiet(c_file)
@@ -266,8 +269,7 @@ def _finish_prefetch(okey: str) -> None:
     except OSError:
         pass  # the link compiles it again
     finally:
-        unlink_quiet(job.c_file)
-        unlink_quiet(job.tmp_obj)
+        _remove_files(job)
 
 
 def _claim_prefetch(okey: str) -> None:
@@ -279,13 +281,12 @@ def _claim_prefetch(okey: str) -> None:
             _finish_prefetch(okey)
 
 
-def cancel_prefetches(srcs: list[str]) -> None:
-    """Drop the early compiles of these units that no link claimed (the plan's whole object was already in the
-    cache, or its build failed): waiting ones leave the queue, running ones are stopped and their files removed."""
-    cc_path, flags = _resolve_compiler(), cflags()
+def cancel_prefetches(okeys: list[str]) -> None:
+    """Drop the early compiles (by the object keys prefetch returned) that no link claimed (the plan's whole object
+    was already in the cache, or its build failed): waiting ones leave the queue, running ones are stopped and their
+    files removed."""
     with _prefetch_lock:
-        for src in srcs:
-            okey = _object_key(src, cc_path, flags)
+        for okey in okeys:
             _prefetch_queue.pop(okey, None)
             if (job := _prefetch_running.pop(okey, None)) is not None:
                 _kill(job)
@@ -295,6 +296,10 @@ def _kill(job: _Prefetch) -> None:
     with contextlib.suppress(OSError):
         job.proc.kill()
         job.proc.wait()
+    _remove_files(job)
+
+
+def _remove_files(job: _Prefetch) -> None:
     unlink_quiet(job.c_file)
     unlink_quiet(job.tmp_obj)
 
@@ -355,7 +360,7 @@ def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: s
         c_file, tmp_obj = os.path.join(tmpdir, f"part{i}.c"), os.path.join(tmpdir, f"part{i}.o")
         with open(c_file, "w") as f:
             f.write(src)
-        cmd = [cc_path, *flags, "-fPIC", "-c", "-o", tmp_obj, c_file]
+        cmd = _object_command(cc_path, flags, tmp_obj, c_file)
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except OSError as e:

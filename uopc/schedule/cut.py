@@ -57,12 +57,16 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
 strip_detach = PatternMatcher([(UPat(Ops.STAGE, arg="detach", src=(UPat.var("x"),)), lambda x: x)])
 
 
+# a node's kernel reads what it was computed from: buffers and other kernels' results
+_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM)
+
+
 def _fused_work(u: UOp) -> int:
     """ALU ops times elements that recomputing `u` would cost (stopping at materialized nodes)."""
     n, seen, stack = 0, set(), [u]
     while stack:
         x = stack.pop()
-        if x in seen or x.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM):
+        if x in seen or x.op in _MATERIALIZED:
             continue
         seen.add(x)
         n += x.op in ALU
@@ -86,10 +90,6 @@ def stage_broadcast_compute(roots: list[UOp], factor: int = 4, min_work: int = 4
         if src.op in ALU and src.op is not Ops.CAST and src.shape and _fused_work(src) >= min_work:
             todo.add(src)
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
-
-
-# a node's kernel reads what it was computed from: buffers and other kernels' results
-_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM)
 
 
 def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
