@@ -10,7 +10,8 @@ random.py       in-graph random numbers (Philox), training mode, dropout, initia
 scan.py         cumsum/cumprod/cummax, sort/argsort/topk, exact prod
 math.py         inverse trig, hyperbolic, erf, activations, rounding, NaN/inf tests, shifts
 extras.py       einsum, roll, diag, unfold, meshgrid, linspace, pad modes, item assignment, nll/bce losses
-conv.py         convolutions, pooling, interpolate (window views + one REDUCE)
+conv.py         convolutions (window views + one REDUCE)
+pool.py         max/avg/adaptive pooling, max unpooling, interpolate
 attention.py    tril/triu, masked_fill, scaled_dot_product_attention
 norm.py         batchnorm, layernorm, linear, sequential (tinygrad's functional layers)
 tensor.py       the Tensor class: construction, realize/numpy, assign/detach, casts, gradients

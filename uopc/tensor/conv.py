@@ -1,23 +1,17 @@
-"""Convolution, pooling and resizing for Tensor, built from movement ops and one REDUCE each.
+"""Convolutions for Tensor, built from movement ops and one REDUCE each (pooling and resizing: pool.py).
 
 Every sliding-window op first makes a window view of the (padded) input with movement ops only, then reduces it:
 
     x (N, C, H, W)  --pad, reshape/expand/shrink/permute-->  (N, C, oh, ow, kh, kw)   # a view: no copy
     conv2d:   windows (N, 1, C, oh, ow, kh, kw) * w (1, Cout, C, 1, 1, kh, kw)  -> REDUCE over (C, kh, kw)
-    max_pool: windows -> REDUCE(MAX) over (kh, kw)
 
 so the kernelizer fuses the window reads into the reduction and the optimizer sees a matmul-like loop nest.
-Resizing (`interpolate`, `adaptive_avg_pool2d` with uneven windows) is a matmul with a small weight matrix per
-spatial dim, built on the host from the sizes alone.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any, Self
-
-import numpy as np
 
 from uopc.helpers import prod
 from uopc.tensor.elementwise import opmath
@@ -49,51 +43,6 @@ def _conv_padding(padding: Any, n: int, ks: tuple[int, ...], dil: tuple[int, ...
     if isinstance(padding, str):
         raise ValueError(f"padding must be an int, a tuple of ints, 'valid' or 'same', got {padding!r}")
     return [(p, p) for p in _tuple(padding, n, "padding")]
-
-
-def _resize_matrix(i: int, o: int, mode: str, align_corners: bool | None, scale: float | None) -> np.ndarray:
-    """The (o, i) matrix that maps one dim of size i to size o by `mode` interpolation, with PyTorch's coordinates."""
-    m = np.zeros((o, i), np.float64)
-    j = np.arange(o)
-    if mode in ("nearest", "nearest-exact"):
-        r = (i / o) if scale is None else 1 / scale
-        src = np.floor((j + 0.5) * r) if mode == "nearest-exact" else np.floor(j * r)
-        m[j, np.minimum(src.astype(np.int64), i - 1)] = 1
-        return m
-    if align_corners:
-        src = j * ((i - 1) / (o - 1)) if o > 1 else np.zeros(o)
-    else:
-        r = (i / o) if scale is None else 1 / scale
-        src = np.maximum((j + 0.5) * r - 0.5, 0)
-    lo = np.minimum(np.floor(src).astype(np.int64), i - 1)
-    hi = np.minimum(lo + 1, i - 1)
-    frac = src - lo
-    np.add.at(m, (j, lo), 1 - frac)
-    np.add.at(m, (j, hi), frac)
-    return m
-
-
-def _window_counts(i: int, k: int, s: int, pads: tuple[int, int], o: int, include_pad: bool) -> np.ndarray:
-    """Per window of one dim (o windows of k taps, stride s, over i elements padded by pads): how many taps fall on
-    the input, or on the input and its padding if include_pad; a ceil_mode window's part past the padding never
-    counts. avg_pool's divisors are the outer product of these, computed from the sizes alone on the host."""
-    lo, hi = pads
-    counted = np.zeros(i + lo + hi, np.int64)
-    if include_pad:
-        counted[: i + 2 * lo] = 1  # the extra ceil_mode pad (hi - lo) is not padding PyTorch counts
-    else:
-        counted[lo : lo + i] = 1
-    taps = np.arange(o)[:, None] * s + np.arange(k)[None, :]
-    return counted[taps].sum(1)
-
-
-def _adaptive_matrix(i: int, o: int) -> np.ndarray:
-    """The (o, i) averaging matrix of adaptive pooling: window j covers [floor(j*i/o), ceil((j+1)*i/o))."""
-    m = np.zeros((o, i), np.float64)
-    for j in range(o):
-        lo, hi = (j * i) // o, -(-((j + 1) * i) // o)
-        m[j, lo:hi] = 1 / (hi - lo)
-    return m
 
 
 class ConvMixin:
@@ -267,161 +216,3 @@ class ConvMixin:
                          groups: int = 1, dilation: Any = 1) -> Self:  # fmt: skip
         """PyTorch's conv_transpose1d: weight (Cin, Cout/groups, k)."""
         return self.conv_transpose2d(weight, bias, stride, padding, output_padding, groups, dilation)
-
-    # ---------------------------------------------------------------- pooling
-
-    def _pool_args(self, name: str, kernel_size: Any, stride: Any, padding: Any, dilation: Any, n: int):
-        self._check_spatial(name, n)
-        ks = _tuple(kernel_size, n, "kernel_size")
-        st = ks if stride is None or (isinstance(stride, (tuple, list)) and not stride) else _tuple(stride, n, "stride")
-        pd, dl = _tuple(padding, n, "padding"), _tuple(dilation, n, "dilation")
-        if any(v < 1 for v in ks + st + dl):
-            raise ValueError(f"{name}: kernel_size {ks}, stride {st} and dilation {dl} must be positive")
-        if any(p < 0 or p > k // 2 for p, k in zip(pd, ks, strict=True)):
-            raise ValueError(f"{name}: padding {pd} must be at most half the kernel size {ks}")
-        return ks, st, pd, dl
-
-    def _pool_pads(self, ks, st, pd, dl, ceil_mode: bool) -> tuple[list[tuple[int, int]], list[int]]:
-        """(before, after) pads of each spatial dim and the output sizes, PyTorch's rule for ceil_mode: a window may
-        run past the end, but the last one must start inside the input or its left padding."""
-        n = len(ks)
-        sp = self.shape[self.ndim - n :]
-        pads, outs = [], []
-        for i, k, s, p, d in zip(sp, ks, st, pd, dl, strict=True):
-            span = i + 2 * p - d * (k - 1) - 1
-            o = (-(-span // s) if ceil_mode else span // s) + 1
-            if ceil_mode and (o - 1) * s >= i + p:
-                o -= 1
-            if o < 1:
-                raise ValueError(f"pooling: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
-            pads.append((p, (o - 1) * s + d * (k - 1) + 1 - i - p))
-            outs.append(o)
-        return pads, outs
-
-    def _pool(self, ks, st, pads, dl, value: float = 0.0) -> Self:
-        n = len(ks)
-        return self.pad([None] * (self.ndim - n) + pads, value=value)._windows(ks, st, dl)
-
-    def max_pool2d(
-        self,
-        kernel_size: Any = 2,
-        stride: Any = None,
-        padding: Any = 0,
-        dilation: Any = 1,
-        ceil_mode: bool = False,
-        return_indices: bool = False,
-    ) -> Self:
-        """PyTorch's max_pool2d (stride defaults to kernel_size); padded positions count as -inf."""
-        if return_indices:
-            raise NotImplementedError("max_pool2d(return_indices=True) is not supported")
-        ks, st, pd, dl = self._pool_args("max_pool2d", kernel_size, stride, padding, dilation, 2)
-        pads, _ = self._pool_pads(ks, st, pd, dl, ceil_mode)
-        fill = -math.inf if self.dtype.is_float else self.dtype.min
-        w = self._pool(ks, st, pads, dl, value=fill)
-        return w.max(tuple(range(w.ndim - 2, w.ndim)))
-
-    def max_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1,
-                   ceil_mode: bool = False) -> Self:  # fmt: skip
-        """PyTorch's max_pool1d on (N, C, L)."""
-        ks, st, pd, dl = self._pool_args("max_pool1d", kernel_size, stride, padding, dilation, 1)
-        pads, _ = self._pool_pads(ks, st, pd, dl, ceil_mode)
-        w = self._pool(ks, st, pads, dl, value=-math.inf if self.dtype.is_float else self.dtype.min)
-        return w.max(-1)
-
-    @opmath
-    def avg_pool2d(
-        self,
-        kernel_size: Any = 2,
-        stride: Any = None,
-        padding: Any = 0,
-        ceil_mode: bool = False,
-        count_include_pad: bool = True,
-        divisor_override: int | None = None,
-    ) -> Self:
-        """PyTorch's avg_pool2d: the mean of each window; the divisor counts padded positions if count_include_pad
-        (but never the part of a ceil_mode window past the padding), or is `divisor_override`."""
-        ks, st, pd, dl = self._pool_args("avg_pool2d", kernel_size, stride, padding, 1, 2)
-        pads, outs = self._pool_pads(ks, st, pd, dl, ceil_mode)
-        x = self._to_float()
-        sums = x._pool(ks, st, pads, dl).sum((-2, -1))
-        if divisor_override is not None:
-            return sums / divisor_override
-        # NOTE: the divisors come from NumPy, not from a uopc graph: realizing one here would compile and run a plan
-        # while the caller builds its graph (and a TinyJit capture would record it)
-        dims = zip(self.shape[-2:], ks, st, pads, outs, strict=True)
-        rows, cols = [_window_counts(i, k, s, pad, o, count_include_pad) for i, k, s, pad, o in dims]
-        return sums * type(self)(1 / np.outer(rows, cols), dtype=x.dtype)
-
-    @opmath
-    def avg_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, ceil_mode: bool = False,
-                   count_include_pad: bool = True) -> Self:  # fmt: skip
-        """PyTorch's avg_pool1d on (N, C, L)."""
-        x = self.unsqueeze(-2)
-        k, s = _tuple(kernel_size, 1, "kernel_size"), None if stride is None else _tuple(stride, 1, "stride")
-        out = x.avg_pool2d((1, k[0]), (1, (s or k)[0]), (0, _tuple(padding, 1, "padding")[0]), ceil_mode,
-                           count_include_pad)  # fmt: skip
-        return out.squeeze(-2)
-
-    @opmath
-    def adaptive_avg_pool2d(self, output_size: Any) -> Self:
-        """PyTorch's adaptive_avg_pool2d: window j of a dim covers [floor(j*i/o), ceil((j+1)*i/o)).
-
-        Sizes that divide evenly are a plain average pool; others a matmul with an averaging matrix per dim."""
-        self._check_spatial("adaptive_avg_pool2d", 2)
-        sp = self.shape[-2:]
-        if is_int(output_size) or output_size is None:
-            output_size = (output_size, output_size)
-        outs = tuple(i if o is None else int(o) for i, o in zip(sp, output_size, strict=True))
-        if any(o < 1 for o in outs):
-            raise ValueError(f"adaptive_avg_pool2d: output_size must be positive, got {output_size!r}")
-        if all(i % o == 0 for i, o in zip(sp, outs, strict=True)):
-            ks = tuple(i // o for i, o in zip(sp, outs, strict=True))
-            return self._to_float()._pool(ks, ks, [(0, 0), (0, 0)], (1, 1)).mean((-2, -1))
-        return self._to_float()._resize_dims([_adaptive_matrix(i, o) for i, o in zip(sp, outs, strict=True)])
-
-    def _resize_dims(self, mats: list[np.ndarray]) -> Self:
-        """Apply an (o, i) matrix to each of the last len(mats) dims: x.transpose(d, -1) @ M.T, dim by dim."""
-        x, n = self, len(mats)
-        for j, m in enumerate(mats):
-            d = x.ndim - n + j
-            mt = type(self)(m.T.astype(x.dtype.np))
-            x = (x.transpose(d, -1) @ mt).transpose(d, -1)
-        return x
-
-    @opmath
-    def interpolate(
-        self,
-        size: Any = None,
-        scale_factor: Any = None,
-        mode: str = "nearest",
-        align_corners: bool | None = None,
-    ) -> Self:
-        """PyTorch's interpolate on (N, C, *spatial): modes nearest, nearest-exact, linear, bilinear, trilinear."""
-        n = self.ndim - 2
-        if n < 1:
-            raise ValueError(f"interpolate expects (N, C, *spatial), got shape {self.shape}")
-        modes = {"nearest", "nearest-exact", "linear", "bilinear", "trilinear"}
-        if mode not in modes:
-            raise ValueError(f"interpolate: mode {mode!r} is not supported (use one of {sorted(modes)})")
-        if mode in ("linear", "bilinear", "trilinear") and mode != ("linear", "bilinear", "trilinear")[n - 1]:
-            raise ValueError(f"interpolate: mode {mode!r} does not fit a {n}-D spatial input (shape {self.shape})")
-        if align_corners is not None and mode.startswith("nearest"):
-            raise ValueError("interpolate: align_corners only applies to the linear modes")
-        if (size is None) == (scale_factor is None):
-            raise ValueError("interpolate: give exactly one of size and scale_factor")
-        sp = self.shape[2:]
-        scales: list[float | None]
-        if size is not None:
-            outs = list(_tuple(size, n, "size"))
-            scales = [None] * n
-        else:
-            sf = (scale_factor,) * n if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
-            if len(sf) != n:
-                raise ValueError(f"interpolate: scale_factor {scale_factor!r} needs {n} values")
-            outs = [int(math.floor(i * f)) for i, f in zip(sp, sf, strict=True)]
-            scales = [float(f) for f in sf]
-        if any(o < 1 for o in outs):
-            raise ValueError(f"interpolate: output size {outs} must be positive")
-        x = self._to_float()
-        mats = [_resize_matrix(i, o, mode, align_corners, s) for i, o, s in zip(sp, outs, scales, strict=True)]
-        return x._resize_dims(mats)

@@ -141,9 +141,21 @@ class ElementwiseMixin:
         return x._alu(Ops.RECIP)
 
     @opmath
-    def div(self, other: Any, reverse: bool = False) -> Self:
-        """True division: ints give float32, as Python's `/`."""
+    def div(self, other: Any, reverse: bool = False, rounding_mode: str | None = None) -> Self:
+        """Division as PyTorch's: true division (ints give float32) when rounding_mode is None, else the quotient
+        rounded toward zero ("trunc") or down ("floor") in the operands' dtype."""
+        if rounding_mode not in (None, "trunc", "floor"):
+            raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        if rounding_mode == "floor":
+            return self.floordiv(other, reverse)
         a, b = self._operands(other, reverse)
+        if rounding_mode == "trunc":
+            if a.dtype.is_bool:
+                raise TypeError("div(rounding_mode='trunc') of bool tensors is not supported")
+            if a.dtype.is_float:
+                return (a / b).trunc()
+            r = a._alu(Ops.MOD, b)  # the floor quotient is one too low where the remainder is nonzero across signs
+            return a._alu(Ops.IDIV, b) + ((r != 0) & ((a < 0) != (b < 0))).cast(a.dtype)
         dt = least_upper_float(a.dtype)
         return a.cast(dt) * b.cast(dt).reciprocal()
 
@@ -154,6 +166,10 @@ class ElementwiseMixin:
         if a.dtype.is_bool:
             raise TypeError("floor division (//) of bool tensors is not supported")
         return a._alu(Ops.IDIV, b) if a.dtype.is_int else (a / b).floor()
+
+    def floor_divide(self, other: Any) -> Self:
+        """PyTorch's name for `//` (floor division)."""
+        return self.floordiv(other)
 
     @opmath
     def mod(self, other: Any, reverse: bool = False) -> Self:
@@ -415,7 +431,7 @@ class ElementwiseMixin:
     @opmath
     def logsigmoid(self) -> Self:
         """log(sigmoid(x)) = -softplus(-x): finite for every x (log of a sigmoid that underflowed would be -inf)."""
-        return -(-self._to_float()).softplus()
+        return -(-self._to_float())._softplus1()
 
     def relu(self) -> Self:
         # NOTE: not maximum(x, 0): its gradient at 0 would be split between the operands
@@ -431,10 +447,17 @@ class ElementwiseMixin:
         return self * self.sigmoid()
 
     @opmath
-    def softplus(self) -> Self:
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> Self:
+        """log(1 + e^(beta x)) / beta, and x itself where beta x > threshold (PyTorch's softplus)."""
+        x = self._to_float()
+        y = x if beta == 1 else x * beta
+        sp = y._softplus1() if beta == 1 else y._softplus1() * (1 / beta)
+        return (y > threshold).where(x, sp)
+
+    def _softplus1(self) -> Self:
         """log(1 + e^x) = max(x, 0) + log1p(e^-|x|): e^-|x| never overflows; the tie at 0 goes to the x side so the
         gradient there is 1 - 1/2, as PyTorch's sigmoid(0)."""
-        x = self._to_float()
+        x = self
         neg = x < 0
         e = neg.where(x, -x).exp()  # e^-|x| in (0, 1]
         # log(1 + e) loses e below float precision: a cubic is exact to 2.5e-10 relative for e < 1e-3

@@ -31,6 +31,38 @@ def _log_clamped(p: Any) -> Any:
     return pos.where(pos.where(p, 1.0).log().maximum(-100.0), -100.0)
 
 
+def _einsum_letters(term: str) -> bool:
+    return all(c.isascii() and c.isalpha() for c in term)
+
+
+def _einsum_term(term: str, t: Any, ell: str, formula: str) -> str:
+    """One operand's letters with its "..." spelled out as the last dims of `ell` (checked against its rank)."""
+    if term.count("...") > 1 or not _einsum_letters(term.replace("...", "")):
+        raise ValueError(f"einsum: term {term!r} of {formula!r} must be letters with at most one '...'")
+    if "..." in term:
+        n = t.ndim - (len(term) - 3)
+        if n < 0:
+            raise ValueError(f"einsum: term {term!r} has more letters than its operand has dims (shape {t.shape})")
+        term = term.replace("...", ell[len(ell) - n :] if n else "")
+    if len(term) != t.ndim:
+        raise ValueError(f"einsum: term {term!r} has {len(term)} letters but its operand has shape {t.shape}")
+    return term
+
+
+def _einsum_diagonals(t: Any, term: str, formula: str) -> tuple[Any, str]:
+    """A letter repeated in one operand ("ii") takes the diagonal of those dims, which moves last."""
+    while len(set(term)) != len(term):
+        c = next(c for c in term if term.count(c) > 1)
+        i, j = term.index(c), term.index(c, term.index(c) + 1)
+        if t.shape[i] != t.shape[j]:
+            raise ValueError(
+                f"einsum {formula!r}: letter {c!r} repeats in {term!r} over dims of sizes {t.shape[i]} and {t.shape[j]}"
+            )
+        t = t.diagonal(0, i, j)
+        term = "".join(x for k, x in enumerate(term) if k not in (i, j)) + c
+    return t, term
+
+
 class ExtrasMixin:
     """Composite ops of Tensor that are neither pure movement nor elementwise math."""
 
@@ -69,20 +101,38 @@ class ExtrasMixin:
                 x = head.cat(tail, dim=d)
         return x
 
-    def diagonal(self) -> Self:
-        """The main diagonal of a square matrix: flatten, pad by one per row, keep column 0."""
-        if self.ndim != 2 or self.shape[0] != self.shape[1]:
-            raise ValueError(f"diagonal needs a square matrix, got shape {self.shape}")
-        n = self.shape[0]
-        return self.flatten().pad(((0, n),)).reshape(n, n + 1)[:, 0]
+    def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Self:
+        """The diagonal of dims dim1 and dim2 (above it for offset > 0, below for < 0) as a new last dim, as PyTorch:
+        both dims move last, are cut to the m x m block the diagonal crosses, and (m, m) is flattened, padded by m
+        and viewed (m, m + 1), whose column 0 is the diagonal."""
+        if self.ndim < 2:
+            raise ValueError(f"diagonal needs at least 2 dims, got shape {self.shape}")
+        if not is_int(offset):
+            raise TypeError(f"diagonal: offset must be an int, got {offset!r}")
+        d1, d2 = norm_dim(dim1, self.ndim), norm_dim(dim2, self.ndim)
+        if d1 == d2:
+            raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {d1}")
+        rest = [i for i in range(self.ndim) if i not in (d1, d2)]
+        x = self.permute(*rest, d1, d2)
+        lead = x.shape[:-2]
+        n1, n2 = x.shape[-2:]
+        r0, c0 = max(0, -offset), max(0, offset)
+        m = max(0, min(n1 - r0, n2 - c0))
+        keep = tuple((0, s) for s in lead)
+        x = x.shrink(keep + ((min(r0, n1), min(r0, n1) + m), (min(c0, n2), min(c0, n2) + m)))
+        if m == 0:
+            return x.reshape(*lead, 0)
+        x = x.reshape(*lead, m * m).pad(((0, 0),) * len(lead) + ((0, m),)).reshape(*lead, m, m + 1)
+        return x.shrink(keep + ((0, m), (0, 1))).reshape(*lead, m)
 
-    def diag(self) -> Self:
-        """A 1-D tensor becomes a diagonal matrix; a square matrix gives its diagonal."""
+    def diag(self, diagonal: int = 0) -> Self:
+        """A 1-D tensor becomes a matrix with it on the `diagonal`-th diagonal; a matrix gives that diagonal."""
         if self.ndim == 1:
-            n = self.shape[0]
-            return self.eye(n, dtype=dtypes.bool).where(self.reshape(1, n), 0).cast(self.dtype)
+            n, k = self.shape[0], int(diagonal)
+            out = self.eye(n, dtype=dtypes.bool).where(self.reshape(1, n), 0).cast(self.dtype)
+            return out.pad(((0, k), (k, 0)) if k >= 0 else ((-k, 0), (0, -k)))
         if self.ndim == 2:
-            return self.diagonal()
+            return self.diagonal(diagonal)
         raise ValueError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
 
     def unfold(self, dim: int, size: int, step: int) -> Self:
@@ -169,8 +219,16 @@ class ExtrasMixin:
         mask = mask._broadcast_to(self.shape, keep_const=False)
         return self._compact(mask, self)
 
-    def nonzero(self) -> Self:
-        """The indices (n, ndim) of the nonzero elements in row-major order (int32); realizes the count first."""
+    def nonzero(self, as_tuple: bool = False) -> Self | tuple[Self, ...]:
+        """The indices (n, ndim) of the nonzero elements in row-major order (int32), or with as_tuple one 1-D index
+        tensor per dim; realizes the count first."""
+        if as_tuple:
+            if self.ndim == 0:
+                return (self.reshape(1).nonzero()[:, 0],)
+            idx = self.nonzero()
+            return tuple(idx[:, d] for d in range(self.ndim))
+        if self.ndim == 0:
+            return self.reshape(1).nonzero()[:, :0]
         mask = self != 0 if not self.dtype.is_bool else self
         grids = [self.arange(s).reshape((1,) * i + (s,) + (1,) * (self.ndim - i - 1)) for i, s in enumerate(self.shape)]
         coords = type(self).stack([g._broadcast_to(self.shape, keep_const=False) for g in grids], dim=-1)
@@ -181,40 +239,47 @@ class ExtrasMixin:
     @staticmethod
     @opmath
     def einsum(formula: str, *operands: Any) -> Any:
-        """Einstein summation ("ij,jk->ik"): every operand is permuted and broadcast to all the letters, the
-        product is summed over the letters missing from the output. No "..." and no repeated letter in one operand."""
+        """Einstein summation as PyTorch's ("ij,jk->ik", "ii->i", "...ij->...ji"): a letter repeated in one operand
+        takes that diagonal; every operand is then permuted and broadcast to all the letters, and the product is
+        summed over the letters missing from the output (without "->": the letters used once, sorted)."""
         ops = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
-        formula = formula.replace(" ", "")
-        lhs, arrow, rhs = formula.partition("->")
+        lhs, arrow, rhs = formula.replace(" ", "").partition("->")
         ins = lhs.split(",")
-        if "." in formula:
-            raise ValueError(f"einsum: '...' is not supported ({formula!r})")
         if len(ins) != len(ops):
             raise ValueError(f"einsum: {formula!r} names {len(ins)} operands but {len(ops)} were given")
-        for term, t in zip(ins, ops, strict=True):
-            if len(term) != t.ndim:
-                raise ValueError(f"einsum: term {term!r} has {len(term)} letters but its operand has shape {t.shape}")
-            if len(set(term)) != len(term):
-                raise ValueError(f"einsum: repeated letter in {term!r} (diagonals) is not supported")
-        letters = sorted(set(lhs) - {","})
+        n_ell = max((t.ndim - len(term.replace("...", "")) for term, t in zip(ins, ops) if "..." in term), default=0)
+        ell = "".join(chr(0x3B1 + i) for i in range(n_ell))  # the ellipsis dims as letters no formula uses
+        terms = [_einsum_term(term, t, ell, formula) for term, t in zip(ins, ops, strict=True)]
         if not arrow:
-            rhs = "".join(c for c in letters if lhs.count(c) == 1)
-        if not set(rhs) <= set(letters) or len(set(rhs)) != len(rhs):
-            raise ValueError(f"einsum: output {rhs!r} must use distinct letters from the inputs")
+            used = "".join(terms)
+            rhs = ell + "".join(sorted(c for c in set(used) if used.count(c) == 1 and c not in ell))
+        elif "..." in rhs:
+            rhs = rhs.replace("...", ell, 1)
+        letters = sorted(set("".join(terms)))
+        if not set(rhs) <= set(letters) or len(set(rhs)) != len(rhs) or not _einsum_letters(rhs.strip(ell)):
+            raise ValueError(f"einsum: output {rhs!r} must use distinct letters from the inputs ({formula!r})")
         sizes: dict[str, int] = {}
-        for term, t in zip(ins, ops, strict=True):
+        where: dict[str, str] = {}
+        tensors = []
+        for k, (term, t) in enumerate(zip(terms, ops, strict=True)):
+            t, term = _einsum_diagonals(t, term, formula)
+            tensors.append((term, t))
             for c, s in zip(term, t.shape, strict=True):
-                if sizes.setdefault(c, s) != s and s != 1 and sizes[c] != 1:
-                    raise ValueError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
-                sizes[c] = max(sizes[c], s)
+                if c in sizes and s != sizes[c] and 1 not in (s, sizes[c]):
+                    name = "an ellipsis dim" if c in ell else f"letter {c!r}"
+                    raise ValueError(
+                        f"einsum {formula!r}: {name} has size {sizes[c]} in {where[c]} but {s} in operand {k} "
+                        f"(shape {t.shape})"
+                    )
+                if s != 1 or c not in sizes:
+                    sizes[c], where[c] = s, f"operand {k} (shape {ops[k].shape})"
         order = list(rhs) + [c for c in letters if c not in rhs]
         full = tuple(sizes[c] for c in order)
         prod_t = None
-        for term, t in zip(ins, ops, strict=True):
+        for term, t in tensors:
             perm = sorted(range(len(term)), key=lambda i: order.index(term[i]))
             tp = t.permute(*perm) if t.ndim else t
-            shape = tuple(sizes[c] if c in term and t.shape[term.index(c)] != 1 else 1 for c in order)
-            tp = tp.reshape(shape).expand(full)
+            tp = tp.reshape(tuple(t.shape[term.index(c)] if c in term else 1 for c in order)).expand(full)
             prod_t = tp if prod_t is None else prod_t * tp
         n_sum = len(order) - len(rhs)
         return prod_t.sum(tuple(range(len(rhs), len(order)))) if n_sum else prod_t
@@ -265,8 +330,6 @@ class ExtrasMixin:
         x = self
         for d, (lo, hi) in enumerate(pairs):
             n = x.shape[d]
-            if lo < 0 or hi < 0:
-                raise ValueError(f"pad mode {mode!r} does not take negative padding, got {pairs}")
             if (lo or hi) and mode == "reflect" and max(lo, hi) >= n:
                 raise ValueError(f"reflect padding {max(lo, hi)} must be smaller than dim {d} of size {n}")
             if (lo or hi) and mode == "circular" and max(lo, hi) > n:

@@ -17,9 +17,26 @@ class LossMixin:
 
     # ---------------------------------------------------------------- losses
 
-    def one_hot(self, num_classes: int) -> Self:
-        """int32 one-hot vectors (a new last dim of num_classes), via arange(C) == self."""
-        return (self.arange(num_classes) == self.unsqueeze(-1)).cast(dtypes.int32)
+    def one_hot(self, num_classes: int = -1) -> Self:
+        """int32 one-hot vectors in a new last dim of num_classes, as F.one_hot: rows of eye(C) picked by a checked
+        gather, so a class outside 0..C-1 raises IndexError when the result is computed. num_classes=-1 takes
+        max + 1, which realizes self to read it."""
+        if not self.dtype.is_int:
+            raise TypeError(f"one_hot needs an int tensor of class indices, got {self.dtype!r}")
+        if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < -1:
+            raise ValueError(f"one_hot: num_classes must be a non-negative int or -1, got {num_classes!r}")
+        if num_classes == -1:
+            if self.numel() == 0:
+                raise ValueError("one_hot: cannot infer num_classes (-1) from an empty tensor")
+            num_classes = int(self.max().item()) + 1
+        n = self.numel()
+        if n == 0 or num_classes == 0:
+            if n:
+                raise ValueError(f"one_hot: num_classes=0 cannot hold the classes of a tensor of shape {self.shape}")
+            return self.full((*self.shape, num_classes), 0, dtype=dtypes.int32)
+        idx = self.reshape(n, 1).expand(n, num_classes)
+        rows = self.eye(num_classes, dtype=dtypes.int32)._gather(0, idx, "one_hot class")
+        return rows.reshape(*self.shape, num_classes)
 
     @opmath
     def cross_entropy(

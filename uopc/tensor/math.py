@@ -18,6 +18,7 @@ from uopc.uop.dtype import dtypes
 _ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _SELU_ALPHA = 1.6732632423543772
 _SELU_SCALE = 1.0507009873554805
+_UNSIGNED = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
 _HUGE = 1e9  # above this, sqrt(x^2 ± 1) is |x| to float64's precision (and x^2 may overflow float32)
 
 
@@ -151,26 +152,60 @@ class MathMixin:
         """Elementwise ~ of ints or bools."""
         return ~self
 
-    def lshift(self, n: int) -> Self:
-        """x << n for an int tensor and a non-negative Python int: a multiply by 2^n (wraps as C)."""
-        if not self.dtype.is_int or not is_int(n) or n < 0:
-            raise TypeError(f"<< needs an int tensor and a non-negative int shift, got {self.dtype!r} << {n!r}")
-        return self * (1 << int(n)) if n < self.dtype.itemsize * 8 else self * 0
+    def _shift(self, other: Any, left: bool, reverse: bool = False) -> Self:
+        """a << b or a >> b with PyTorch's rules: b may be a tensor; a shift outside [0, bits) gives 0, or the sign
+        (-1 or 0) for >> of a signed int. Multiplies and divides by 2^b in the unsigned type of the same width, so
+        nothing relies on C's signed overflow; >> of a negative a is ~(~a >> b), the arithmetic shift."""
+        sym = "<<" if left else ">>"
+        if not isinstance(other, MathMixin) and not is_int(other) and not reverse:
+            raise TypeError(f"{sym} needs an int shift (an int or an int tensor), got {type(other).__name__}")
+        a, b = self._operands(other, reverse)
+        if not a.dtype.is_int:
+            raise TypeError(f"{sym} needs int tensors, got {self.dtype!r} {sym} {getattr(other, 'dtype', other)!r}")
+        dt, bits = a.dtype, a.dtype.itemsize * 8
+        u = _UNSIGNED[a.dtype.itemsize]
+        inside = (b >= 0) & (b < bits)
+        bc = inside.where(b, 0)
+        pow2 = None  # 2^bc in the unsigned type: the product of 2^(2^k) over the set bits k of bc
+        for k in range((bits - 1).bit_length()):
+            f = ((bc & (1 << k)) != 0).where(a._const(1 << (1 << k), u), a._const(1, u))
+            pow2 = f if pow2 is None else pow2 * f
+        if left:
+            return inside.where((a.cast(u) * pow2).cast(dt), 0)
+        if dt.is_unsigned:
+            return inside.where(a // pow2, 0)
+        neg = a < 0
+        mag = neg.where(~a, a).cast(u)  # ~a >= 0 where a < 0: a logical shift of it is the arithmetic one
+        r = (mag // pow2).cast(dt)
+        return inside.where(neg.where(~r, r), neg.where(-1, 0).cast(dt))
 
-    def rshift(self, n: int) -> Self:
-        """x >> n for an int tensor and a non-negative Python int: floor division by 2^n (arithmetic shift)."""
-        if not self.dtype.is_int or not is_int(n) or n < 0:
-            raise TypeError(f">> needs an int tensor and a non-negative int shift, got {self.dtype!r} >> {n!r}")
-        bits = self.dtype.itemsize * 8
-        if n >= bits - (0 if self.dtype.is_unsigned else 1):  # every bit shifted out: the sign remains
-            return self * 0 if self.dtype.is_unsigned else (self < 0).where(-1, 0).cast(self.dtype)
-        return self // (1 << int(n))
+    def bitwise_left_shift(self, other: Any) -> Self:
+        """a << b elementwise (b an int or an int tensor; wraps as C's unsigned shift, 0 for b outside [0, bits))."""
+        return self._shift(other, True)
 
-    def __lshift__(self, n: int) -> Self:
-        return self.lshift(n)
+    def bitwise_right_shift(self, other: Any) -> Self:
+        """a >> b elementwise: arithmetic for signed ints (the sign fills in), logical for unsigned, as PyTorch."""
+        return self._shift(other, False)
 
-    def __rshift__(self, n: int) -> Self:
-        return self.rshift(n)
+    def lshift(self, n: Any) -> Self:
+        """x << n (tinygrad's name for bitwise_left_shift)."""
+        return self._shift(n, True)
+
+    def rshift(self, n: Any) -> Self:
+        """x >> n (tinygrad's name for bitwise_right_shift)."""
+        return self._shift(n, False)
+
+    def __lshift__(self, n: Any) -> Self:
+        return self._shift(n, True)
+
+    def __rshift__(self, n: Any) -> Self:
+        return self._shift(n, False)
+
+    def __rlshift__(self, n: Any) -> Self:
+        return self._shift(n, True, reverse=True)
+
+    def __rrshift__(self, n: Any) -> Self:
+        return self._shift(n, False, reverse=True)
 
     # ---------------------------------------------------------------- logs and exponentials
 
@@ -314,7 +349,7 @@ class MathMixin:
     @opmath
     def mish(self) -> Self:
         """x * tanh(softplus(x))."""
-        return self * self.softplus().tanh()
+        return self * self._to_float()._softplus1().tanh()
 
     def swish(self) -> Self:
         """x * sigmoid(x) (silu)."""

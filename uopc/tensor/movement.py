@@ -84,7 +84,16 @@ class MovementMixin:
         if mode != "constant":
             if mode not in ("reflect", "replicate", "circular"):
                 raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
-            return self._pad_mode(pairs, mode)
+            # reflect/replicate fill from the whole tensor, then cut the negative amounts; circular cuts first and
+            # wraps what is left (PyTorch's rules)
+            x = self.shrink(pad_cuts(self.shape, pairs, padding)) if mode == "circular" else self
+            grown = x._pad_mode([(max(0, lo), max(0, hi)) for lo, hi in pairs], mode)
+            if mode == "circular":
+                return grown
+            cut = [(max(0, -lo), max(0, -hi)) for lo, hi in pairs]
+            if any(lo + hi > s for (lo, hi), s in zip(cut, grown.shape, strict=True)):
+                raise ValueError(f"padding {tuple(padding)} cuts more than the dims of shape {self.shape}")
+            return grown.shrink(tuple((lo, s - hi) for (lo, hi), s in zip(cut, grown.shape, strict=True)))
         x = self.shrink(pad_cuts(self.shape, pairs, padding))  # negative amounts cut first
         grow = tuple((max(0, lo), max(0, hi)) for lo, hi in pairs)
         if all(g == (0, 0) for g in grow):
@@ -301,11 +310,11 @@ class MovementMixin:
         src = src if isinstance(src, MovementMixin) else type(self)(src, dtype=self.dtype)
         return self._new(self.uop.scatter_reduce(index.uop, src.uop, norm_dim(dim, self.ndim), rop, label), src)
 
-    def _written(self, dim: int, index: Any) -> Self:
+    def _written(self, dim: int, index: Any, label: str = "scatter") -> Self:
         """Which elements of self some index entry targets (bool, self's shape)."""
         index = index if isinstance(index, MovementMixin) else type(self)(index)
         ones = index.full_like(1, dtype=dtypes.int32)
-        return self.full_like(0, dtype=dtypes.int32)._scatter(dim, index, ones, Ops.ADD, "scatter") > 0
+        return self.full_like(0, dtype=dtypes.int32)._scatter(dim, index, ones, Ops.ADD, label) > 0
 
     def scatter(self, dim: int, index: Any, src: Any, reduce: str | None = None) -> Self:
         """PyTorch's scatter: self with src[i][j] written at [index[i][j]][j] for dim=0 (src may be a number).
@@ -336,8 +345,8 @@ class MovementMixin:
             raise ValueError(f"scatter_reduce: reduce must be sum, prod, mean, amax or amin, got {reduce!r}")
         index = index if isinstance(index, MovementMixin) else type(self)(index)
         src = src if isinstance(src, MovementMixin) else type(self)(src, dtype=self.dtype)
-        written = self._written(dim, index)
         label = f"scatter_reduce {reduce}"
+        written = self._written(dim, index, label)
         if reduce in ("sum", "mean"):
             base = self if include_self else written.where(0, self)
             total = base._scatter(dim, index, src, Ops.ADD, label)

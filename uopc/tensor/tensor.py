@@ -12,7 +12,7 @@ into kernels, compiles them and returns a buffer:
 This file holds what makes a Tensor a Tensor: construction, realize/numpy, assign/detach, casts and the gradient
 bookkeeping (which tensors want gradients, accumulating .grad). The operations come from one mixin per concern
 (`uopc/tensor/__init__.py` says what each holds): creation.py, elementwise.py, math.py, reduce.py, scan.py,
-movement.py, extras.py, loss.py, conv.py, attention.py, norm.py and random.py.
+movement.py, extras.py, loss.py, conv.py, pool.py, attention.py, norm.py and random.py.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from uopc.tensor.loss import LossMixin
 from uopc.tensor.math import MathMixin
 from uopc.tensor.movement import MovementMixin, View
 from uopc.tensor.norm import NormMixin
+from uopc.tensor.pool import PoolMixin
 from uopc.tensor.random import RandomMixin
 from uopc.tensor.reduce import ReduceMixin
 from uopc.tensor.scan import ScanMixin
@@ -66,6 +67,7 @@ class Tensor(
     MovementMixin,
     LossMixin,
     ConvMixin,
+    PoolMixin,
     AttentionMixin,
     NormMixin,
 ):
@@ -346,6 +348,26 @@ class Tensor(
         """Convert elements to `dtype` (float -> int truncates, as C)."""
         dt = to_dtype(dtype)
         return self if dt is self.dtype else self._new(self.uop.cast(dt))
+
+    def bitcast(self, dtype: Any) -> Tensor:
+        """The same bytes read as `dtype` (PyTorch's view(dtype)); a dtype of another size rescales the last dim.
+        The IR has no bitcast op, so this realizes self and reinterprets its storage on the host (no gradient)."""
+        dt = to_dtype(dtype)
+        a, b = self.dtype.itemsize, dt.itemsize
+        if dt.is_bool and not self.dtype.is_bool:
+            raise TypeError(f"bitcast to bool is not supported (from {self.dtype!r}): a byte other than 0/1 is no bool")
+        if a != b and (self.ndim == 0 or (self.shape[-1] * a) % b):
+            raise ValueError(
+                f"bitcast from {self.dtype!r} ({a} bytes) to {dt!r} ({b} bytes) needs a last dim whose bytes divide "
+                f"into {b}-byte elements, got shape {self.shape}"
+            )
+        shape = self.shape if a == b else self.shape[:-1] + (self.shape[-1] * a // b,)
+        if dt is self.dtype:
+            return self.detach()
+        if self.numel() == 0:
+            return Tensor(full_uop(0, dt, shape))
+        bits = np.ascontiguousarray(self._bits()).view(dt.np)
+        return Tensor(new_buffer(dt, bits.size, bits).reshape(shape))
 
     def float(self) -> Tensor:
         """Cast to float32."""
