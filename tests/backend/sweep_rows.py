@@ -151,7 +151,11 @@ ROWS: list[Row] = [
     unary("tan", lambda a: a.tan(), torch.tan, dom="tan"),
     unary("sigmoid", lambda a: a.sigmoid(), torch.sigmoid),
     unary("tanh", lambda a: a.tanh(), torch.tanh),
-    unary("softplus", lambda a: a.softplus(), F.softplus),
+    unary(
+        "softplus",
+        lambda a: (a.softplus(), a.softplus(2.0, 3.0), a.softplus(0.5)),
+        lambda a: (F.softplus(a), F.softplus(a, 2.0, 3.0), F.softplus(a, 0.5)),
+    ),
     unary("logsigmoid", lambda a: a.logsigmoid(), F.logsigmoid),
     unary("relu", lambda a: a.relu(), torch.relu, dts=NUM),
     unary("leaky_relu", lambda a: a.leaky_relu(0.1), lambda a: F.leaky_relu(a, 0.1)),
@@ -471,7 +475,13 @@ ROWS: list[Row] = [
         ],
     ),
     # ---------------------------------------------------------------- losses
-    Row("one_hot", lambda y: y.one_hot(5), lambda y: F.one_hot(y.long(), 5), [(Inp(I32, M, "c", "cls"),)], grad=False),
+    Row(
+        "one_hot",
+        lambda y: (y.one_hot(5), y.one_hot(7), y.one_hot()),
+        lambda y: (F.one_hot(y.long(), 5), F.one_hot(y.long(), 7), F.one_hot(y.long())),
+        [(Inp(I32, M, "c", "cls"),), (Inp(I32, (), "c", "cls"),), (Inp(I32, (3,), "nc", "cls"),)],
+        grad=False,
+    ),
     Row(
         "cross_entropy",
         lambda x, y, i: x.cross_entropy(y, *CE[i]),
@@ -835,10 +845,31 @@ ROWS += [
     ),
     Row(
         "diag",
-        lambda x: (x[:, :4].diag(), x[0].diag(), x[:, :4].diagonal()),
-        lambda x: (x[:, :4].diag(), x[0].diag(), x[:, :4].diagonal()),
+        lambda x: (x[:, :4].diag(), x[0].diag(), x[:, :4].diagonal(), x.diag(1), x[0].diag(-2), x[1].diag(3)),
+        lambda x: (x[:, :4].diag(), x[0].diag(), x[:, :4].diagonal(), x.diag(1), x[0].diag(-2), x[1].diag(3)),
         ew1(ALL)[2:],
         covers=("diagonal",),
+    ),
+    Row(
+        "diagonal_dims",
+        lambda x: (
+            x.diagonal(1),
+            x.diagonal(-2),
+            x.diagonal(7),
+            x.reshape(2, 2, 5).diagonal(0, 0, 2),
+            x.reshape(2, 2, 5).diagonal(1, -1, 1),
+            x.reshape(2, 5, 2).diagonal(-1, 2, 0),
+        ),  # fmt: skip
+        lambda x: (
+            x.diagonal(1),
+            x.diagonal(-2),
+            x.diagonal(7),
+            x.reshape(2, 2, 5).diagonal(0, 0, 2),
+            x.reshape(2, 2, 5).diagonal(1, -1, 1),
+            x.reshape(2, 5, 2).diagonal(-1, 2, 0),
+        ),  # fmt: skip
+        ew1(ALL)[2:],
+        cover_name=False,
     ),
     Row(
         "unfold",
@@ -906,7 +937,13 @@ ROWS += [
             (Inp(F16, M), Inp(B, ())),
         ],
     ),
-    Row("nonzero", lambda x: x.nonzero(), lambda x: x.nonzero(), ew1(ALL, "ties")[2:], grad=False),
+    Row(
+        "nonzero",
+        lambda x: (x.nonzero(), *x.nonzero(as_tuple=True)),
+        lambda x: (x.nonzero(), *x.nonzero(as_tuple=True)),
+        ew1(ALL, "ties")[:2] + ew1(ALL, "ties")[2:],
+        grad=False,
+    ),
     Row(
         "einsum",
         lambda a, b: (
@@ -1256,6 +1293,233 @@ ROWS += [
         [()],
         grad=False,
         covers=("multinomial",),
+    ),
+]
+
+
+# ---------------------------------------------------------------- the ops ONNX's importer needs (issue 23, item 7)
+
+PAD_MODES = ("reflect", "replicate", "circular")
+PADS = [(1, 2, 2, 1), (-1, 2, 2, -1), (2, 2), (0, -2, 3, 0)]  # flat, innermost dim first; negative amounts crop
+INTERP2 = [
+    dict(size=(7, 3), mode="bicubic"),
+    dict(scale_factor=(1.5, 0.7), mode="bicubic", align_corners=True),
+    dict(size=(2, 3), mode="area"),
+    dict(size=(7, 8), mode="area"),
+    dict(scale_factor=2, mode="nearest"),
+    dict(size=(3, 8), mode="nearest-exact"),
+]
+INTERP3 = [
+    dict(size=(2, 5, 7), mode="trilinear"),
+    dict(scale_factor=(2, 0.5, 1.5), mode="trilinear", align_corners=True),
+    dict(size=(5, 3, 2), mode="nearest"),
+    dict(size=(2, 2, 3), mode="area"),
+]
+POOL3 = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1),
+    dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), ceil_mode=True),
+]
+AVG3 = [
+    dict(kernel_size=2),
+    dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False),
+    dict(kernel_size=(2, 3, 2), stride=(1, 2, 2), padding=(1, 1, 0), divisor_override=5),
+]
+C5 = (1, 2, 4, 5, 6)  # the 3-D pooling and resizing input shape
+
+
+def _unpool(x, n, k, torch_=False):
+    """max_pool{n}d with indices, then max_unpool{n}d back to x's size (non-overlapping windows: no index twice)."""
+    if torch_:
+        v, i = getattr(F, f"max_pool{n}d")(x, k, return_indices=True)
+        return getattr(F, f"max_unpool{n}d")(v, i, k, output_size=x.shape[-n:]), i
+    v, i = getattr(x, f"max_pool{n}d")(k, return_indices=True)
+    return getattr(v, f"max_unpool{n}d")(i, k, output_size=x.shape[-n:]), i
+
+
+ROWS += [
+    binary(
+        "div_rounding",
+        lambda a, b: (a.div(b, rounding_mode="trunc"), a.div(b, rounding_mode="floor"), a.floor_divide(b)),
+        lambda a, b: (torch.div(a, b, rounding_mode="trunc"), torch.div(a, b, rounding_mode="floor"), a // b),
+        dts=NUM,
+        dom="mid",
+        dom_b="nonzero",
+        grad=False,
+        covers=("floor_divide",),
+        cover_name=False,
+    ),
+    # traces, repeated letters and ellipses; float32 only: in float16 the gradient of an input used by many outputs
+    # sums their pieces in half (PyTorch in float), which the one-ulp float16 tolerance does not allow
+    Row(
+        "einsum_diagonals",
+        lambda a, b: (
+            Tensor.einsum("ii->i", a[:, :4]),
+            Tensor.einsum("ii", a[:, :4]),
+            Tensor.einsum("iij->j", a.reshape(2, 2, 5)),
+            Tensor.einsum("...ij->...ji", a.reshape(2, 2, 5)),
+            Tensor.einsum("bij,bjk->bik", a.reshape(2, 2, 5), b.reshape(2, 5, 2)),
+            Tensor.einsum("i...,i...->...", a, a),
+            Tensor.einsum("...j,j", a, b[:, 0]),
+            Tensor.einsum("iji->j", a.reshape(2, 5, 2)),
+        ),
+        lambda a, b: (
+            torch.einsum("ii->i", a[:, :4]),
+            torch.einsum("ii", a[:, :4]),
+            torch.einsum("iij->j", a.reshape(2, 2, 5)),
+            torch.einsum("...ij->...ji", a.reshape(2, 2, 5)),
+            torch.einsum("bij,bjk->bik", a.reshape(2, 2, 5), b.reshape(2, 5, 2)),
+            torch.einsum("i...,i...->...", a, a),
+            torch.einsum("...j,j", a, b[:, 0]),
+            torch.einsum("iji->j", a.reshape(2, 5, 2)),
+        ),
+        [(Inp(F32, M, "nc"), Inp(F32, (5, 4))), (Inp(F32, M), Inp(F32, (5, 4), "nc"))],
+        "mid",
+        cover_name=False,
+    ),
+    Row(
+        "pad_modes",
+        lambda x: tuple(x.pad(p, mode=m) for m in PAD_MODES for p in PADS),
+        lambda x: tuple(F.pad(x, p, mode=m) for m in PAD_MODES for p in PADS),
+        [(Inp(F32, (2, 4, 5), "nc"),), (Inp(F32, (2, 4, 5)),)],
+        cover_name=False,
+    ),
+    # float16 values only (see einsum_diagonals: a gradient summed from many outputs rounds in half)
+    Row(
+        "pad_modes_half",
+        lambda x: tuple(x.pad(p, mode=m) for m in PAD_MODES for p in PADS),
+        lambda x: tuple(F.pad(x, p, mode=m) for m in PAD_MODES for p in PADS),
+        [(Inp(F16, (2, 4, 5), "nc"),)],
+        grad=False,
+        cover_name=False,
+    ),
+    Row(
+        "pad_modes_3d",
+        lambda x: tuple(x.pad((1, 1, 2, 0, 0, -1), mode=m) for m in PAD_MODES),
+        lambda x: tuple(F.pad(x, (1, 1, 2, 0, 0, -1), mode=m) for m in PAD_MODES),
+        [(Inp(F32, (1, 2, 3, 4, 5), "nc"),)],
+        cover_name=False,
+    ),
+    # scans over a zero-size axis: empty results of the scan's dtype (bool and ints sum in int32)
+    Row(
+        "cum_empty",
+        lambda x: (x.cumsum(0), x.cumprod(0), x.cummax(0), x.cummin(0), x.cumsum(-1)),
+        lambda x: (x.cumsum(0), x.cumprod(0), x.cummax(0).values, x.cummin(0).values, x.cumsum(-1)),
+        [(Inp(F32, (0, 5)),), (Inp(F32, (3, 0)),), (Inp(I32, (0, 5)),), (Inp(B, (0, 4)),), (Inp(F32, (0,)),)],
+        grad=False,
+        cover_name=False,
+    ),
+    Row(
+        "interpolate_modes",
+        lambda x, i: x.interpolate(**INTERP2[i]),
+        lambda x, i: F.interpolate(x, **INTERP2[i]),
+        [
+            (Inp(F32, C4, "nc"),),
+            (Inp(F32, C4),),
+            (Inp(F32, C4),),
+            (Inp(F32, C4, "nc"),),
+            (Inp(F32, C4),),
+            (Inp(F32, C4),),
+        ],
+        "mid",
+        variant=True,
+        cover_name=False,
+    ),
+    Row(
+        "interpolate_half",
+        lambda x: tuple(x.interpolate(**kw) for kw in INTERP2),
+        lambda x: tuple(F.interpolate(x, **kw) for kw in INTERP2),
+        [(Inp(F16, C4, "nc"),)],
+        "mid",
+        grad=False,
+        cover_name=False,
+        htol=HALF_MID,  # PyTorch's half bicubic and area round between the two separable passes
+    ),
+    Row(
+        "interpolate_3d",
+        lambda x, i: x.interpolate(**INTERP3[i]),
+        lambda x, i: F.interpolate(x, **INTERP3[i]),
+        [(Inp(F32, C5, "nc"),), (Inp(F32, C5),), (Inp(F32, C5, "nc"),), (Inp(F32, C5),)],
+        "mid",
+        variant=True,
+        cover_name=False,
+    ),
+    Row(
+        "avg_pool3d",
+        lambda x, i: x.avg_pool3d(**AVG3[i]),
+        lambda x, i: F.avg_pool3d(x, **AVG3[i]),
+        [(Inp(F32, C5, "nc"),), (Inp(F32, C5),), (Inp(F32, C5),)],
+        "mid",
+        variant=True,
+    ),
+    Row(
+        "max_pool3d",
+        lambda x, i: x.max_pool3d(**POOL3[i], return_indices=i > 0),
+        lambda x, i: F.max_pool3d(x, **POOL3[i], return_indices=i > 0),
+        [(Inp(F32, C5, "nc"),), (Inp(F32, C5),), (Inp(F16, C5),)],
+        "perm",
+        variant=True,
+    ),
+    # the flat index of each window's maximum in its plane (int32 here, int64 in PyTorch)
+    Row(
+        "max_pool_indices",
+        lambda x, i: (x.max_pool2d(**POOL[i], return_indices=True), x[..., 0, :].max_pool1d(2, return_indices=True)),
+        lambda x, i: (
+            F.max_pool2d(x, **POOL[i], return_indices=True),
+            F.max_pool1d(x[..., 0, :], 2, return_indices=True),
+        ),
+        [(Inp(F32, C4, "nc"),), (Inp(F32, C4),), (Inp(F16, C4),), (Inp(F32, (3, 5, 5)),)],
+        "perm",
+        variant=True,
+        cover_name=False,
+    ),
+    Row(
+        "max_unpool2d",
+        lambda x: (_unpool(x, 2, 2), _unpool(x, 2, (1, 2))),
+        lambda x: (_unpool(x, 2, 2, True), _unpool(x, 2, (1, 2), True)),
+        [(Inp(F32, C4, "nc"),), (Inp(F32, (3, 5, 5)),)],
+        "perm",
+    ),
+    Row(
+        "max_unpool1d",
+        lambda x: _unpool(x, 1, 2),
+        lambda x: _unpool(x, 1, 2, True),
+        [(Inp(F32, (2, 3, 7), "nc"),)],
+        "perm",
+    ),
+    Row("max_unpool3d", lambda x: _unpool(x, 3, 2), lambda x: _unpool(x, 3, 2, True), [(Inp(F32, C5, "nc"),)], "perm"),
+    # shifts by tensors: negative and too-large amounts give 0 (or the sign, for >> of a negative), as PyTorch
+    binary(
+        "bitwise_left_shift",
+        lambda a, b: (a.bitwise_left_shift(b), a << b, 3 << b, a << (b + 28)),
+        lambda a, b: (a.bitwise_left_shift(b), a << b, 3 << b, a << (b + 28)),
+        dts=(I32,),
+        dom="wide",
+        covers=("__rlshift__",),
+    ),
+    binary(
+        "bitwise_right_shift",
+        lambda a, b: (a.bitwise_right_shift(b), a >> b, -77 >> b, a >> (b + 28)),
+        lambda a, b: (a.bitwise_right_shift(b), a >> b, -77 >> b, a >> (b + 28)),
+        dts=(I32,),
+        dom="wide",
+        covers=("__rrshift__",),
+    ),
+    # the same bytes as another dtype; a narrower one multiplies the last dim (PyTorch needs it contiguous)
+    Row(
+        "bitcast",
+        lambda x: (x.bitcast(x.dtype), x.bitcast(dtypes.uint8), x.bitcast(dtypes.int16)),
+        lambda x: (x, x.contiguous().view(torch.uint8), x.contiguous().view(torch.int16)),
+        [(Inp(F32, M, "nc"),), (Inp(F16, M),), (Inp(I32, M, "c", "wide"),), (Inp(B, (4, 6)),)],
+        grad=False,
+    ),
+    Row(
+        "bitcast_same_size",
+        lambda x: x.bitcast(dtypes.int32 if x.dtype.is_float else dtypes.float32),
+        lambda x: x.view(torch.int32 if x.is_floating_point() else torch.float32),
+        [(Inp(F32, M, "c", "nf"),), (Inp(I32, M, "c", "wide"),), (Inp(F32, (0, 5)),)],
+        grad=False,
+        cover_name=False,
     ),
 ]
 
