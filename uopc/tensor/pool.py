@@ -273,10 +273,12 @@ class PoolMixin:
         """Apply an (o, i) matrix to each of the last len(mats) dims: x.transpose(d, -1) @ M.T, dim by dim."""
         x, n = self, len(mats)
         for j, m in enumerate(mats):
-            d = x.ndim - n + j
-            mt = type(self)(m.T.astype(x.dtype.np))
-            x = (x.transpose(d, -1) @ mt).transpose(d, -1)
+            x = x._resize_dim(x.ndim - n + j, m)
         return x
+
+    def _resize_dim(self, d: int, m: np.ndarray) -> Self:
+        """Dim d of size i becomes size o: x.transpose(d, -1) @ M.T for the (o, i) matrix M."""
+        return (self.transpose(d, -1) @ type(self)(m.T.astype(self.dtype.np))).transpose(d, -1)
 
     def interpolate(
         self,
@@ -324,9 +326,12 @@ class PoolMixin:
 
     @opmath
     def _resize_float(self, mats: list[np.ndarray]) -> Self:
-        """The weighted resize in float; an int input is rounded to nearest and clamped back to its dtype."""
-        out = self._to_float()._resize_dims(mats)
+        """The weighted resize in float; an int input is rounded to nearest and clamped back to its dtype after each
+        dim's pass, as PyTorch's separable uint8 kernels do (the last dim first)."""
         if self.dtype.is_float:
-            return out
+            return self._resize_dims(mats)
         lo, hi = (0, 1) if self.dtype.is_bool else (self.dtype.min, self.dtype.max)
-        return out.round().clip(lo, hi).cast(self.dtype)
+        x, n = self, len(mats)
+        for j in reversed(range(n)):
+            x = x._to_float()._resize_dim(x.ndim - n + j, mats[j]).round().clip(lo, hi).cast(self.dtype)
+        return x
