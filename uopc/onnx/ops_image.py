@@ -1,0 +1,241 @@
+"""ONNX image ops: GridSample, Col2Im, MaxUnpool, NonMaxSuppression, TensorScatter, DFT/STFT.
+
+    GridSample(x, grid) -> per tap (2 per dim linear, 4 cubic, 1 nearest): gather x at the tap's flat index,
+                           weight it, sum over taps          (the taps' indices are Tensors: they depend on grid)
+    DFT(x, axis=1)      -> x @ [cos | -sin] matrices built on the host (real/imaginary pairs in the last dim)
+
+NonMaxSuppression's output size depends on the data: it reads boxes and scores on the host and computes there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from uopc import Tensor, dtypes
+from uopc.onnx.graph import Node, op
+
+
+def _reflect(x: Tensor, lo: float, hi: float) -> Tensor:
+    """Reflect coordinates into [lo, hi] by the nearer border, as often as needed."""
+    rng = hi - lo
+    if rng == 0:
+        return x * 0 + lo
+    below = lo - x
+    above = x - hi
+    dx = (x < lo).where(below, above)
+    k = (dx / rng).floor()
+    r = dx - k * rng
+    even = (k - (k / 2).floor() * 2) == 0
+    low_side = even.where(lo + r, hi - r)
+    high_side = even.where(hi - r, lo + r)
+    return (x < lo).where(low_side, (x > hi).where(high_side, x))
+
+
+def _cubic_w(t: Tensor, A: float = -0.75) -> list[Tensor]:
+    def c(v: Tensor, near: bool) -> Tensor:
+        if near:
+            return ((A + 2) * v - (A + 3)) * v * v + 1
+        return ((A * v - 5 * A) * v + 8 * A) * v - 4 * A
+
+    return [c(t + 1, False), c(t, True), c(1 - t, True), c(2 - t, False)]
+
+
+@op("GridSample")
+def _grid_sample(n: Node, x, grid):
+    x, g = n.t(x), n.t(grid)
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(n.attr("mode", "linear"), n.attr("mode", "linear"))
+    pad, align = n.attr("padding_mode", "zeros"), n.attr("align_corners", 0)
+    N, C, dims = x.shape[0], x.shape[1], x.shape[2:]
+    r = len(dims)
+    out_sp = g.shape[1:-1]
+    ft = x.dtype if x.dtype.is_float else dtypes.float32
+    g = g.cast(ft)
+    taps_per_dim = []
+    for j, size in enumerate(dims):
+        c = g[..., r - 1 - j]
+        c = (c + 1) / 2 * (size - 1) if align else ((c + 1) * size - 1) / 2
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        if mode == "nearest":
+            c = c.round()
+        if pad == "border":
+            c = c.clip(0, size - 1)
+        elif pad == "reflection":
+            c = _reflect(c, lo, hi)
+        if mode == "nearest":
+            taps_per_dim.append([(c, None)])
+            continue
+        base = c.floor()
+        t = c - base
+        offs, ws = ([0, 1], [1 - t, t]) if mode == "linear" else ([-1, 0, 1, 2], _cubic_w(t))
+        taps_per_dim.append([(base + o, w) for o, w in zip(offs, ws)])
+    flat = x.reshape(N, C, -1)
+    m = int(np.prod(out_sp))
+    total = None
+    for combo in itertools.product(*taps_per_dim):
+        lin, weight, valid = None, None, None
+        for (idx, w), size in zip(combo, dims):
+            if pad == "border":
+                idx = idx.clip(0, size - 1)
+            elif pad == "reflection":
+                idx = _reflect(idx, *((0.0, size - 1.0) if align else (-0.5, size - 0.5))).floor()
+            ok = (idx >= 0) & (idx <= size - 1)
+            valid = ok if valid is None else valid & ok
+            ii = idx.clip(0, size - 1).cast(dtypes.int64)
+            lin = ii if lin is None else lin * size + ii
+            if w is not None:
+                weight = w if weight is None else weight * w
+        vals = flat.gather(2, lin.reshape(N, 1, m).expand(N, C, m)).reshape(N, C, *out_sp).cast(ft)
+        if weight is not None:
+            vals = vals * weight.unsqueeze(1)
+        if pad == "zeros":
+            vals = valid.unsqueeze(1).where(vals, 0.0)
+        total = vals if total is None else total + vals
+    return total.cast(x.dtype)
+
+
+@op("Col2Im")
+def _col2im(n: Node, x, image_shape, block_shape):
+    x = n.t(x)
+    img, blk = n.ints(image_shape), n.ints(block_shape)
+    k = len(img)
+    st = n.attr("strides", [1] * k)
+    dl = n.attr("dilations", [1] * k)
+    pads = n.attr("pads", [0] * (2 * k))
+    N, CK, L = x.shape
+    kk = int(np.prod(blk))
+    C = CK // kk
+    padded = [i + pads[j] + pads[j + k] for j, i in enumerate(img)]
+    outs = [(p - (b - 1) * d - 1) // s + 1 for p, b, d, s in zip(padded, blk, dl, st)]
+    # the flat padded-image position of every (kernel tap, block) column: a scatter-add
+    pos = np.zeros((kk, L), np.int64)
+    strides = [int(np.prod(padded[j + 1 :])) for j in range(k)]
+    for t, tap in enumerate(itertools.product(*[range(b) for b in blk])):
+        for q, blk_pos in enumerate(itertools.product(*[range(o) for o in outs])):
+            pos[t, q] = sum((bp * s + tp * d) * sd for bp, s, tp, d, sd in zip(blk_pos, st, tap, dl, strides))
+    idx = Tensor(np.broadcast_to(pos.reshape(1, 1, kk * L), (N, C, kk * L)).copy())
+    src = x.reshape(N, C, kk * L)
+    out = Tensor.zeros(N, C, int(np.prod(padded)), dtype=x.dtype).scatter_add(2, idx, src)
+    out = out.reshape(N, C, *padded)
+    return out.shrink([None, None] + [(pads[j], pads[j] + img[j]) for j in range(k)])
+
+
+@op("MaxUnpool")
+def _max_unpool(n: Node, x, idx, output_shape=None):
+    x, i = n.t(x), n.t(idx).cast(dtypes.int64)
+    ks = n["kernel_shape"]
+    k = len(ks)
+    st = n.attr("strides", [1] * k)
+    pads = n.attr("pads", [0] * (2 * k))
+    if output_shape is not None:
+        shape = n.ints(output_shape)
+    else:
+        sp = [(d - 1) * s - pads[j] - pads[j + k] + kk for j, (d, s, kk) in enumerate(zip(x.shape[2:], st, ks))]
+        shape = [*x.shape[:2], *sp]
+    total = int(np.prod(shape))
+    out = Tensor.zeros(total, dtype=x.dtype).scatter(0, i.reshape(-1), x.reshape(-1))
+    return out.reshape(*shape)
+
+
+def _iou(a: np.ndarray, b: np.ndarray) -> float:
+    inter = np.prod(np.clip(np.minimum(a[2:], b[2:]) - np.maximum(a[:2], b[:2]), 0, None))
+    union = np.prod(a[2:] - a[:2]) + np.prod(b[2:] - b[:2]) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
+@op("NonMaxSuppression")
+def _nms(n: Node, boxes, scores, max_out=None, iou_th=None, score_th=None):
+    """Greedy NMS per (batch, class), on the host (the number of selected boxes depends on the data)."""
+    bx, sc = n.host(boxes).astype(np.float64), n.host(scores).astype(np.float64)
+    mo = 0 if max_out is None else int(n.host(max_out).reshape(-1)[0])
+    it = 0.0 if iou_th is None else float(n.host(iou_th).reshape(-1)[0])
+    stv = None if score_th is None else float(n.host(score_th).reshape(-1)[0])
+    if n.attr("center_point_box", 0):  # (cx, cy, w, h) -> corners
+        cx, cy, w, h = (bx[..., i] for i in range(4))
+        bx = np.stack([cy - h / 2, cx - w / 2, cy + h / 2, cx + w / 2], -1)
+    else:  # corners in either order: (y1, x1, y2, x2) normalized to min/max
+        bx = np.concatenate([np.minimum(bx[..., :2], bx[..., 2:]), np.maximum(bx[..., :2], bx[..., 2:])], -1)
+    out = []
+    for b in range(sc.shape[0]):
+        for c in range(sc.shape[1]):
+            order = np.argsort(-sc[b, c], kind="stable")
+            keep: list[int] = []
+            for j in order:
+                if len(keep) >= mo:
+                    break
+                if stv is not None and sc[b, c, j] <= stv:
+                    continue
+                if all(_iou(bx[b, j], bx[b, q]) <= it for q in keep):
+                    keep.append(int(j))
+            out += [[b, c, j] for j in keep]
+    return np.array(out, np.int64).reshape(-1, 3)
+
+
+@op("TensorScatter")
+def _tensor_scatter(n: Node, cache, update, write_idx=None):
+    """Write `update` into the cache along `axis` at each batch entry's write index (linear or circular)."""
+    c, u = n.t(cache), n.t(update)
+    axis = n.attr("axis", -2) % c.ndim
+    size, length = c.shape[axis], u.shape[axis]
+    starts = np.zeros(c.shape[0], np.int64) if write_idx is None else n.host(write_idx).astype(np.int64)
+    pos = starts.reshape(-1, 1) + np.arange(length)
+    pos = pos % size if n.attr("mode", "linear") == "circular" else pos
+    shape = [1] * c.ndim
+    shape[0], shape[axis] = c.shape[0], length
+    idx = np.broadcast_to(pos.reshape(shape), u.shape).copy()
+    return c.scatter(axis, Tensor(idx), u)
+
+
+def _dft_matrices(length: int, out_len: int, inverse: bool) -> tuple[np.ndarray, np.ndarray]:
+    k = np.arange(out_len).reshape(-1, 1)
+    t = np.arange(length).reshape(1, -1)
+    ang = 2 * math.pi * k * t / length * (1 if inverse else -1)
+    scale = 1 / length if inverse else 1.0
+    return np.cos(ang) * scale, np.sin(ang) * scale
+
+
+def _dft(x: Tensor, axis: int, length: int | None, inverse: bool, onesided: bool) -> Tensor:
+    """x (..., 1 or 2) real or complex pairs -> (..., 2): the DFT along `axis` as two matrix products."""
+    re, im = x[..., 0], (x[..., 1] if x.shape[-1] == 2 else None)
+    n = re.shape[axis] if length is None else length
+    if re.shape[axis] != n:  # zero-pad or cut to the DFT length
+        cut = [(0, min(n, re.shape[axis])) if i == axis else None for i in range(re.ndim)]
+        padw = [(0, max(0, n - re.shape[axis])) if i == axis else (0, 0) for i in range(re.ndim)]
+        re = re.shrink(cut).pad(padw)
+        im = None if im is None else im.shrink(cut).pad(padw)
+    out_len = n // 2 + 1 if onesided else n
+    cm, sm = _dft_matrices(n, out_len, inverse)
+    ft = x.dtype
+    cos_t, sin_t = Tensor(cm.T.astype(ft.np)), Tensor(sm.T.astype(ft.np))
+    r = re.transpose(axis, -1)
+    yr, yi = r @ cos_t, r @ sin_t
+    if im is not None:
+        i_ = im.transpose(axis, -1)
+        yr, yi = yr - i_ @ sin_t, yi + i_ @ cos_t
+    return Tensor.stack(yr.transpose(axis, -1), yi.transpose(axis, -1), dim=-1)
+
+
+@op("DFT")
+def _dft_op(n: Node, x, dft_length=None, axis=None):
+    x = n.t(x)
+    length = None if dft_length is None or n.host(dft_length).size == 0 else int(n.host(dft_length).reshape(-1)[0])
+    ax = n.attr("axis", 1) if n.opset < 20 else (-2 if axis is None else int(n.host(axis).reshape(-1)[0]))
+    ax = ax % x.ndim
+    if ax == x.ndim - 1:
+        raise n.fail("the DFT axis cannot be the last (real/imaginary) dim")
+    return _dft(x, ax, length, bool(n.attr("inverse", 0)), bool(n.attr("onesided", 0)))
+
+
+@op("STFT")
+def _stft(n: Node, signal, step, window=None, frame_length=None):
+    x = n.t(signal)
+    hop = int(n.host(step).reshape(-1)[0])
+    win = None if window is None else n.t(window)
+    fl = int(n.host(frame_length).reshape(-1)[0]) if frame_length is not None else win.shape[0]
+    frames = x.unfold(1, fl, hop)  # (batch, frames, 1 or 2, fl)
+    frames = frames.permute(0, 1, 3, 2)  # (batch, frames, fl, 1 or 2)
+    if win is not None:
+        frames = frames * win.reshape(1, 1, fl, 1)
+    return _dft(frames, 2, None, False, bool(n.attr("onesided", 1)))
