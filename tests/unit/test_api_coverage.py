@@ -12,7 +12,7 @@ from uopc import Tensor
 LIST = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "tinygrad_api.txt"
 )
-FLOOR = 197  # names uopc has today; raise it when the API grows
+FLOOR = 211  # names uopc has today; raise it when the API grows
 
 
 def tinygrad_names() -> list[str]:
