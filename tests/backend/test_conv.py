@@ -206,7 +206,7 @@ def test_interpolate_errors():
     with pytest.raises(ValueError, match="exactly one"):
         x.interpolate()
     with pytest.raises(ValueError, match="not supported"):
-        x.interpolate(size=3, mode="bicubic")
+        x.interpolate(size=3, mode="cubic")
     with pytest.raises(ValueError, match="does not fit"):
         x.interpolate(size=3, mode="linear")
 
