@@ -1308,6 +1308,7 @@ INTERP2 = [
     dict(size=(7, 8), mode="area"),
     dict(scale_factor=2, mode="nearest"),
     dict(size=(3, 8), mode="nearest-exact"),
+    dict(scale_factor=1.7, mode="bilinear", recompute_scale_factor=True),
 ]
 INTERP3 = [
     dict(size=(2, 5, 7), mode="trilinear"),
@@ -1420,6 +1421,7 @@ ROWS += [
             (Inp(F32, C4, "nc"),),
             (Inp(F32, C4),),
             (Inp(F32, C4),),
+            (Inp(F32, C4, "nc"),),
         ],
         "mid",
         variant=True,

@@ -286,9 +286,11 @@ class PoolMixin:
         scale_factor: Any = None,
         mode: str = "nearest",
         align_corners: bool | None = None,
+        recompute_scale_factor: bool | None = None,
     ) -> Self:
         """PyTorch's interpolate on (N, C, *spatial): modes nearest, nearest-exact (any dtype, kept), linear,
-        bilinear, bicubic, trilinear (int inputs are rounded back to their dtype, as PyTorch's uint8) and area."""
+        bilinear, bicubic, trilinear (int inputs are rounded back to their dtype, as PyTorch's uint8) and area.
+        recompute_scale_factor=True places the samples by the output size alone, as if `size` had been given."""
         n = self.ndim - 2
         if n < 1:
             raise ValueError(f"interpolate expects (N, C, *spatial), got shape {self.shape}")
@@ -311,7 +313,7 @@ class PoolMixin:
             if len(sf) != n or not all(isinstance(f, (int, float)) and f > 0 for f in sf):
                 raise ValueError(f"interpolate: scale_factor {scale_factor!r} needs {n} positive numbers")
             outs = [int(math.floor(i * f)) for i, f in zip(sp, sf, strict=True)]
-            scales = [float(f) for f in sf]
+            scales = [None if recompute_scale_factor else float(f) for f in sf]
         if any(o < 1 for o in outs):
             raise ValueError(f"interpolate: output size {outs} must be positive")
         if mode.startswith("nearest"):  # a gather of source rows per dim: exact in every dtype
