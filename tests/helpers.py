@@ -21,6 +21,7 @@ from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.helpers import prod
 from uopc.renderer.c import render_c
 from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import aligned_empty
 from uopc.runtime.compiler import Program
 from uopc.uop import Ops, ParamArg, UOp
 from uopc.uop.dtype import DType, dtypes
@@ -95,11 +96,14 @@ def run(graph: UOp, inputs: list[np.ndarray], opts: Opts | None = None) -> np.nd
     for i, x in enumerate(inputs):
         b = bufs.get(i)
         dt = b.dtype.np if b is not None else np.asarray(x).dtype
-        a = np.ascontiguousarray(np.asarray(x).reshape(-1), dtype=dt)
-        if b is not None and a.size != prod(b.arg.shape):
-            raise ValueError(f"input {i} has {a.size} elements, BUFFER slot {i} has {prod(b.arg.shape)}")
+        x = np.asarray(x).reshape(-1)
+        if b is not None and x.size != prod(b.arg.shape):
+            raise ValueError(f"input {i} has {x.size} elements, BUFFER slot {i} has {prod(b.arg.shape)}")
+        # kernels assume uopc's 64-byte aligned storage (an aligned vector load of NumPy's 16-byte aligned array faults)
+        a = aligned_empty(x.size, b.dtype) if b is not None else np.empty(x.size, dt)
+        a[:] = x
         args.append(a)
-    out = np.empty(max(graph.size, 1), graph.dtype.np)
+    out = aligned_empty(max(graph.size, 1), graph.dtype)
     out.view(np.uint8)[:] = 0xA5
     args.append(out)
     prg(*(args[s] for s in slots))

@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD
+from uopc.codegen.lanes import NoLanes, copies, lane_of, lane_stats, widen
 from uopc.codegen.vectorize import vectorize
 from uopc.helpers import deep_recursion, prod
 from uopc.opt.opts import Opts
@@ -369,17 +370,23 @@ def _one_acc(
 
 
 def merge_ends(root: UOp) -> UOp:
-    """Unrolled copies each END the same shared loop: merge them into one END over a SINK."""
+    """Unrolled copies each END the same shared loop: merge them into one END over a SINK.
+
+    Every group of copies merges in one pass; a group nested in another (an inner loop's copies inside the outer
+    loop's) merges in the next pass, inside the merged outer one."""
     while True:
         groups: dict[tuple, list[UOp]] = {}
         for u in root.toposort():
             if u.op is Ops.END:
                 groups.setdefault(u.src[1:], []).append(u)
-        dup = next((g for g in groups.values() if len(g) > 1), None)
-        if dup is None:
+        mapping = {}
+        for dup in groups.values():
+            if len(dup) > 1:
+                merged = UOp(Ops.END, (UOp(Ops.SINK, tuple(e.src[0] for e in dup)), *dup[0].src[1:]))
+                mapping.update((e, merged) for e in dup)
+        if not mapping:
             return root
-        merged = UOp(Ops.END, (UOp(Ops.SINK, tuple(e.src[0] for e in dup)), *dup[0].src[1:]))
-        root = root.substitute({e: merged for e in dup})
+        root = root.substitute(mapping)
 
 
 def _axis_order(o: Opts, n: int) -> list[tuple[int, AxisType]]:
@@ -446,6 +453,19 @@ def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
 
 
 def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
+    if ctx.opts.vec > 1:  # SIMD: one expression per vector of the tile's last axis, widened (codegen.lanes)
+        try:
+            ast = _lower_nests(root, out, ctx, lanes=True)
+            lane_stats["lanes"] += 1
+            return ast
+        except NoLanes:  # some value has no vector form: lower element by element, regroup what vectorizes
+            lane_stats["elements"] += 1
+            ctx = Ctx(ctx.opts)
+    return _lower_nests(root, out, ctx, lanes=False)
+
+
+def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
+    """The kernel as one loop nest per output region; with `lanes`, the vectorized copies as LANE expressions."""
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     _setup_checks(ctx, root, out)
     ktile = _ktile(root, ctx.opts)
@@ -456,17 +476,24 @@ def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
         chunk = KChunk(ctx.rng(root.src[0].shape[-1] // ktile), ktile, out) if ktile else None
         plist = _output_parts(ctx, sizes, ups, blocks)
+        lane = lane_of(ctx.opts.vec, ups.get(len(sizes) - 1, 1), ctx.idx) if lanes and sizes else None
+        if lane is None:
+            combos = _combos(plist)
+        else:  # the last axis in vectors: one index per vector of its copies
+            combos = [c + (v,) for c in _combos(plist[:-1]) for v in copies(plist[-1], lane)]
         stores = []
-        for idx in _combos(plist):
+        for idx in combos:
             idx = tuple(i + o if o else i for i, o in zip(idx, offs))
             # a chunked root reduce is lowered here, with its chunk: nothing under it is chunked
             val = rangeify(root, idx, ctx) if chunk is None else _reduce(root, idx, ctx, None, chunk)
             flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
             stores.append(out.index(flat).store(val))
+        if lane is not None:
+            stores = widen(stores, lane, _loops_of)
         loops = ranges_in(*(b for b, _ in plist), *([chunk.loop] if chunk is not None else []))
         nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
     ast = sink(*nests)
-    if ctx.opts.vec > 1:  # SIMD: copies of an upcast axis whose index is contiguous become vector ops
+    if ctx.opts.vec > 1 and not lanes:  # copies of an upcast axis whose index is contiguous become vector ops
         ast = vectorize(ast, ctx.opts.vec)
     return _keep_checks(simplify(merge_ends(ast)), ctx)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from uopc.uop import Ops, UOp
 from uopc.uop.symbolic import simplify
 
-__all__ = ["VECTOR_ALU", "vectorize"]
+__all__ = ["VECTOR_ALU", "buffer_of", "vectorize"]
 
 # ALU ops whose C operators apply lane-wise to gcc vectors of floats
 VECTOR_ALU = frozenset({Ops.ADD, Ops.MUL, Ops.NEG})
@@ -50,7 +50,7 @@ def _consecutive(idxs: tuple[UOp, ...], simp) -> bool:
     return True
 
 
-def _buffer(idx: UOp) -> UOp:
+def buffer_of(idx: UOp) -> UOp:
     """The storage an INDEX addresses (through the AFTERs that order an accumulator)."""
     b = idx.src[0]
     while b.op is Ops.AFTER:
@@ -117,7 +117,7 @@ class _Lanes:
         i0 = idxs[0]
         if any(len(i.src) != 2 for i in idxs):  # gated (PAD) lanes are read one by one
             return None
-        if _buffer(i0).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
+        if buffer_of(i0).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
             buf = self.vec(tuple(i.src[0] for i in idxs))
             return UOp(Ops.INDEX, (buf, i0.src[1]), None, buf.dtype)
         if any(i.src[0] is not i0.src[0] for i in idxs) or not _consecutive(tuple(i.src[1] for i in idxs), self.simp):

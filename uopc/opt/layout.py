@@ -27,7 +27,8 @@ def layout_pass(roots: list[UOp], machine: Machine) -> list[UOp]:
     """
     roots = [graph_rewrite(r, push_views) for r in roots]
     # a long reduction into a small output is split so every thread has a part (then summed)
-    roots = [graph_rewrite(r, push_views) for r in split_k(roots, machine)]
+    # (a root split_k left alone is already rewritten: walking it again would change nothing)
+    roots = [r if r is o else graph_rewrite(r, push_views) for r, o in zip(split_k(roots, machine), roots, strict=True)]
     # a matmul gets its operands packed into panels for the register-blocked microkernel (uopc.opt.gemm)
     roots = pack_matmuls(roots, machine)
     todo: set[UOp] = set()

@@ -12,7 +12,7 @@ from functools import lru_cache
 from uopc.uop import ALU, MOVEMENT, AxisType, Ops, RangeArg, UOp
 from uopc.uop.indexing import flat_index
 from uopc.uop.rewrite import PatternMatcher, UPat
-from uopc.uop.symbolic import simplify
+from uopc.uop.symbolic import eval_int, simplify
 
 
 def _push(m: UOp, a: UOp) -> UOp | None:
@@ -73,9 +73,14 @@ def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
     if e is None:
         return None
 
+    last = axis % len(rngs)
+
     def at(k: int) -> UOp:
-        last = axis % len(rngs)
         return simplify(e.substitute({r: UOp.const(k if i == last else 0) for i, r in enumerate(rngs)}))
 
-    e0, e1 = at(0), at(1)
+    v0 = eval_int(e, {r: 0 for r in rngs})
+    v1 = eval_int(e, {r: int(i == last) for i, r in enumerate(rngs)})
+    if v0 is not None and v1 is not None:
+        return v1 - v0
+    e0, e1 = at(0), at(1)  # something eval_int does not evaluate (a gathered index): simplify decides
     return e1.arg - e0.arg if e0.op is Ops.CONST and e1.op is Ops.CONST else None

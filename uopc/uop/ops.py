@@ -125,7 +125,7 @@ class AxisType(Enum):
     LOOP = auto()
     THREAD = auto()
     REDUCE = auto()
-    UPCAST = auto()
+    UPCAST = auto()  # a SIMD lane (codegen.lanes): the lanes of one vector, widened away before any loop is made
 
     def __repr__(self) -> str:
         return f"AxisType.{self.name}"

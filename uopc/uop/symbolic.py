@@ -293,6 +293,25 @@ symbolic = PatternMatcher(
 )
 
 
+def eval_int(u: UOp, env: dict[UOp, int]) -> int | None:
+    """The value of integer expression `u` with the nodes in `env` (RANGEs) bound to ints, in Python's floor
+    semantics as simplify folds it; None if it holds anything but constants, bound nodes and integer ALU ops.
+    Much cheaper than simplifying a substituted copy (the layout pass asks this of every operand view)."""
+    vals: dict[UOp, int] = {}
+    for n in u.toposort():
+        if n in env:
+            vals[n] = env[n]
+        elif n.op is Ops.CONST and not isinstance(n.arg, float):
+            vals[n] = n.arg
+        elif n.op in _PY_ALU and n.dtype is not None and not n.dtype.is_float:
+            vals[n] = _PY_ALU[n.op](*(vals[s] for s in n.src))
+        elif n.op is Ops.CAST and n.dtype.is_int and n.src[0].dtype is not None and not n.src[0].dtype.is_float:
+            vals[n] = vals[n.src[0]]
+        else:
+            return None
+    return vals[u]
+
+
 def simplify(u: UOp) -> UOp:
     """Apply the symbolic rules to the whole graph until nothing changes."""
     return graph_rewrite(u, symbolic)

@@ -1,0 +1,170 @@
+"""Lanes: a register tile lowered once per vector, not once per element.
+
+Lowering a GEMM's 6x64 register tile with 16-float vectors as 384 scalar outputs, then regrouping them into vectors
+(codegen.vectorize), cost 0.1-0.5 s per kernel: most of a training step's first call. Instead, `lower` gives the
+vectorized axis of the tile a LANE, a RANGE of the vector's width (AxisType.UPCAST) that is never a loop, and builds
+one scalar expression per vector (24 for that tile). `widen` then turns each into vector ops:
+
+    data2[r0*64 + 16*k + LANE] = acc0      ->      *(f32x16*)(data2 + r0*64 + 16*k) = acc0      (f32x16 acc0)
+
+A node that does not mention LANE stays scalar (broadcast with VECTORIZE where a vector needs it); a load at an
+index `base + LANE` becomes one vector load, a load elsewhere a VECTORIZE of its lanes' scalar loads; the vector ALU
+ops (vectorize.VECTOR_ALU) apply lane-wise; an accumulator that lives inside LANE is one vector accumulator. Anything
+else (a select on lanes, a libm call, a half-precision value) raises NoLanes: the kernel is then lowered element by
+element and left to codegen.vectorize, which keeps such groups scalar. Both give the same vector program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
+from uopc.uop import AxisType, Ops, RangeArg, UOp
+from uopc.uop.dtype import DType
+from uopc.uop.symbolic import simplify
+
+__all__ = ["NoLanes", "copies", "lane_of", "lane_stats", "widen"]
+
+# lowerings under Opts.vec that built one expression per vector (lanes) or fell back to one per element (elements)
+lane_stats = {"lanes": 0, "elements": 0}
+
+
+class NoLanes(Exception):
+    """A lane expression with no vector form: lower this kernel element by element instead."""
+
+
+def _sum_terms(u: UOp) -> list[UOp]:
+    """The operands of a chain of ADDs, left to right."""
+    if u.op is Ops.ADD:
+        return _sum_terms(u.src[0]) + _sum_terms(u.src[1])
+    return [u]
+
+
+def lane_of(width: int, copies: int, dtype: DType) -> UOp | None:
+    """The LANE of a region whose last axis has `copies` upcast copies, when they are whole vectors of `width`."""
+    if width < 2 or copies < width or copies % width:
+        return None
+    return UOp(Ops.RANGE, (UOp.const(width, dtype),), RangeArg(-1, AxisType.UPCAST), dtype)
+
+
+def copies(part: tuple[UOp, int], lane: UOp) -> list[UOp]:
+    """The last axis's index in each vector of its copies: b*f + k*w + LANE (part = (b, f), b a loop or 0)."""
+    (b, f), w = part, lane.src[0].arg
+    zero = b.op is Ops.CONST and b.arg == 0
+    return [(UOp.const(k * w, b.dtype) if zero else b * f + k * w) + lane for k in range(f // w)]
+
+
+class _Widen:
+    """Rewrites scalar expressions in one LANE into vector expressions of its width (memoized per node)."""
+
+    def __init__(self, lane: UOp, free):
+        self.lane, self.width, self.free = lane, lane.src[0].arg, free
+        self.zero = UOp.const(0, lane.dtype)
+        self.memo: dict[UOp, UOp] = {}
+        self.simplified: dict[UOp, UOp] = {}  # index -> simplified index (simplify_indices)
+
+    def vec(self, u: UOp) -> UOp:
+        if (hit := self.memo.get(u)) is None:
+            hit = self.memo[u] = u if self.free(u) else self._vec(u)
+        return hit
+
+    def wide(self, u: UOp) -> UOp:
+        """A vector value of u: a lane-free scalar is broadcast."""
+        v = self.vec(u)
+        if v.dtype is None or v.dtype.count == self.width:
+            return v
+        return UOp(Ops.VECTORIZE, (v,) * self.width)
+
+    def _vec(self, u: UOp) -> UOp:
+        op, n = u.op, self.width
+        if u is self.lane or (u.dtype is not None and u.dtype.is_16bit_float):
+            raise NoLanes
+        if op is Ops.AFTER:
+            base = u.src[0]
+            if base.op is Ops.ALLOC:  # an accumulator that lives inside the LANE: one vector accumulator
+                if base.arg[1] != 1:
+                    raise NoLanes
+                first = UOp(Ops.ALLOC, (), base.arg, base.dtype.vec(n))
+            else:
+                first = self.vec(base)
+            rest = tuple(self.vec(s) for s in u.src[1:] if s is not self.lane)
+            return UOp(Ops.AFTER, (first, *rest), u.arg, first.dtype)
+        if op is Ops.END:
+            return UOp(Ops.END, (self.vec(u.src[0]), *u.src[1:]), u.arg)
+        if op is Ops.LOAD:
+            idx = self._index(u.src[0])
+            if idx is None:  # not consecutive: each lane's scalar load, packed into a vector
+                return UOp(Ops.VECTORIZE, self._each_lane(u))
+            return UOp(Ops.LOAD, (idx,), None, idx.dtype)
+        if op is Ops.STORE:
+            if (idx := self._index(u.src[0])) is None:
+                raise NoLanes
+            return UOp(Ops.STORE, (idx, self.wide(u.src[1])))
+        if op is Ops.WHERE and self.free(u.src[0]):  # one scalar condition for all lanes
+            a, b = self.wide(u.src[1]), self.wide(u.src[2])
+            return UOp(Ops.WHERE, (u.src[0], a, b), None, a.dtype)
+        if op in VECTOR_ALU and u.dtype.is_float:
+            return UOp(op, tuple(self.wide(s) for s in u.src), u.arg, u.dtype.vec(n))
+        raise NoLanes
+
+    def _index(self, idx: UOp) -> UOp | None:
+        """The vector INDEX of these lanes, or None if they are not consecutive elements of one buffer."""
+        if len(idx.src) != 2:  # gated (PAD) lanes are read one by one
+            return None
+        if buffer_of(idx).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
+            if not self.free(idx.src[1]):
+                raise NoLanes
+            buf = self.vec(idx.src[0])
+            return UOp(Ops.INDEX, (buf, idx.src[1]), None, buf.dtype)
+        if not self.free(idx.src[0]) or (base := self._base(idx.src[1])) is None:
+            return None
+        return UOp(Ops.INDEX, (idx.src[0], base), None, idx.dtype.vec(self.width))
+
+    def _base(self, i: UOp) -> UOp | None:
+        """`b` where index `i` is b + LANE with b lane-free, else None."""
+        if self._linear(i):  # as built: a plain ravel needs no simplifying
+            return i.substitute({self.lane: self.zero})
+        s = self.simplified.get(i) or simplify(i)
+        if self._linear(s):
+            return s.substitute({self.lane: self.zero})
+        # not visibly linear (a reshape's div and mod over the lane): compare the lanes' indices one by one
+        b0 = simplify(s.substitute({self.lane: self.zero}))
+        for k in range(1, self.width):
+            d = simplify(s.substitute({self.lane: UOp.const(k, self.lane.dtype)}) - b0)
+            if d.op is not Ops.CONST or d.arg != k:
+                return None
+        return b0
+
+    def _linear(self, i: UOp) -> bool:
+        """Is index `i` a sum with the LANE as one of its terms and no other term mentioning it?"""
+        terms = _sum_terms(i)
+        return sum(t is self.lane for t in terms) == 1 and all(t is self.lane or self.free(t) for t in terms)
+
+    def simplify_indices(self, stores: list[UOp]) -> None:
+        """Simplify, in one rewrite (their shared parts once), the buffer indices under `stores` that mention the
+        LANE other than as a term of a sum: a view's div and mod over the lane, which the LANE's range folds."""
+        idxs = [
+            u.src[1]
+            for u in UOp(Ops.SINK, tuple(stores)).toposort()
+            if u.op is Ops.INDEX
+            and buffer_of(u).op is Ops.BUFFER
+            and not self.free(u.src[1])
+            and not self._linear(u.src[1])
+        ]
+        idxs = list(dict.fromkeys(idxs))
+        if idxs:
+            self.simplified.update(zip(idxs, simplify(UOp(Ops.SINK, tuple(idxs))).src, strict=True))
+
+    def _each_lane(self, u: UOp) -> tuple[UOp, ...]:
+        """u (a load with no accumulator under it) once per lane, the LANE replaced by the lane's number."""
+        if any(x.op is Ops.ALLOC for x in u.toposort()):
+            raise NoLanes  # an accumulator copied per lane would be shared by every lane
+        return tuple(simplify(u.substitute({self.lane: UOp.const(k, self.lane.dtype)})) for k in range(self.width))
+
+
+def widen(stores: list[UOp], lane: UOp, loops_of: Callable[[UOp], frozenset[UOp]]) -> list[UOp]:
+    """The vector form of `stores`, scalar STOREs at indices `base + lane` (raises NoLanes where one has none).
+    `loops_of(u)` is the set of RANGEs under u (codegen.rangeify keeps it on every node)."""
+    w = _Widen(lane, lambda u: lane not in loops_of(u))
+    w.simplify_indices(stores)
+    return [w.vec(s) for s in stores]
