@@ -112,7 +112,7 @@ def _pos(n: Node, seq: list, pos, insert: bool = False) -> int:
     size = len(seq) + (1 if insert else 0)
     if not -size <= p < size:
         raise n.fail(f"position {p} is outside a sequence of {len(seq)}")
-    return p % size if not (insert and p == len(seq)) else len(seq)
+    return p + len(seq) if p < 0 else p  # insert: [-n, n]; -1 goes before the last
 
 
 op("SequenceEmpty")(lambda n: [])

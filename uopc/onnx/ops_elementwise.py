@@ -285,6 +285,8 @@ def _swish(n: Node, x):
 @op("PRelu")
 def _prelu(n: Node, x, slope):
     x, slope = n.t(x), n.t(slope)
+    if slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1] != x.shape[-1]:  # per channel (opset < 7)
+        slope = slope.reshape(-1, *[1] * (x.ndim - 2))
     return (x < 0).where(x * slope, x)
 
 

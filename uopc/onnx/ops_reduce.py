@@ -141,6 +141,9 @@ def _softmax(kind: str):
 
 
 def _soft(kind: str, x: Tensor, axis: int) -> Tensor:
+    # NOTE: materialize the input: if the max and the exp pass each recompute a fused producer (a conv), the two
+    # results can differ by an ulp, and at 1e10 an ulp is 1024: exp(x - max) overflows (light_squeezenet gave NaN)
+    x = x.contiguous()
     if kind == "softmax":
         return x.softmax(axis)
     if kind == "log":

@@ -1,0 +1,65 @@
+"""The ONNX conformance cases uopc does not pass yet, each with its reason (strict: a pass fails the suite)."""
+
+XFAIL: dict[str, str] = {}
+_BY_CAUSE: dict[str, list[str]] = {
+    # operators not implemented
+    "not implemented: DeformConv": [
+        "test_basic_deform_conv_with_padding",
+        "test_basic_deform_conv_without_padding",
+        "test_deform_conv_with_mask_bias",
+        "test_deform_conv_with_multiple_offset_groups",
+    ],
+    "not implemented: Det": ["test_det_2d", "test_det_nd"],
+    "not implemented: ImageDecoder (needs an image codec)": [
+        "test_image_decoder_decode_jpeg_rgb",
+        "test_image_decoder_decode_jpeg_grayscale",
+        "test_image_decoder_decode_jpeg_bgr",
+        "test_image_decoder_decode_jpeg2k_rgb",
+        "test_image_decoder_decode_bmp_rgb",
+        "test_image_decoder_decode_png_rgb",
+        "test_image_decoder_decode_tiff_rgb",
+        "test_image_decoder_decode_webp_rgb",
+        "test_image_decoder_decode_pnm_rgb",
+    ],
+    "not implemented: MelWeightMatrix": ["test_melweightmatrix"],
+    "not implemented: RoiAlign": [
+        "test_roialign_aligned_false",
+        "test_roialign_aligned_true",
+        "test_roialign_mode_max",
+    ],
+    "not implemented: Scan-8 (batch axis and sequence_lens)": ["test_scan_sum"],
+    # random numbers: onnx's expected values come from NumPy's generator, which uopc's Philox does not reproduce
+    "random: RandomUniformLike / Dropout in training mode draw other numbers than NumPy": [
+        "test_bernoulli",
+        "test_bernoulli_expanded",
+        "test_bernoulli_double",
+        "test_bernoulli_double_expanded",
+        "test_bernoulli_seed",
+        "test_bernoulli_seed_expanded",
+        "test_training_dropout_default",
+        "test_training_dropout_default_mask",
+        "test_training_dropout",
+        "test_training_dropout_mask",
+    ],
+    # numerics
+    "numerics: float16 attention rounds intermediates differently (2 of 192 values one fp16 ulp off)": [
+        "test_attention_4d_causal_fp16",
+        "test_attention_4d_causal_fp16_expanded",
+    ],
+    "numerics: x / scale compiles to x * (1/scale); 25.4999 rounds to 25 where onnx gets 26": [
+        "test_dynamicquantizelinear",
+        "test_dynamicquantizelinear_expanded",
+    ],
+    # bugs to fix
+    "bug: DFT inverse / irfft": [
+        "test_dft_inverse_opset19",
+        "test_dft_irfft_opset19",
+        "test_dft_inverse",
+        "test_dft_irfft",
+    ],
+    "bug: MaxUnpool with output_shape": ["test_maxunpool_export_with_output_shape"],
+    "bug: Range in bfloat16, expanded into a Loop": ["test_range_bfloat16_type_positive_delta_expanded"],
+}
+for _cause, _names in _BY_CAUSE.items():
+    for _n in _names:
+        XFAIL[_n] = _cause
