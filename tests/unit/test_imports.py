@@ -25,7 +25,7 @@ ALLOWED = {
 # its left, never one to its right. The engine drives every stage, so it comes last.
 STAGES = ("uopc.uop", "uopc.schedule", "uopc.opt", "uopc.codegen", "uopc.renderer", "uopc.runtime", "uopc.engine")
 # the front ends build graphs: they reach the IR and the storage of buffers, and the engine only lazily (ALLOWED)
-FRONTENDS = ("uopc.tensor", "uopc.nn")
+FRONTENDS = ("uopc.tensor", "uopc.nn", "uopc.onnx")
 FRONTEND_REACH = ("uopc.uop", "uopc.runtime.buffer")
 
 

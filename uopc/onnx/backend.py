@@ -65,11 +65,15 @@ class UopcBackend(Backend):
     @classmethod
     def run_node(cls, node: onnx.NodeProto, inputs: Any, device: str = "CPU", outputs_info=None, **kwargs) -> tuple:
         """Run one node on inputs: a one-node model around it (default opset of this onnx)."""
-        ins = [
-            onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(np.asarray(x).dtype), None)
-            for n, x in zip(node.input, inputs)
-        ]
-        outs = [onnx.helper.make_empty_tensor_value_info(o) for o in node.output]
+        ins = []
+        for name, x in zip(node.input, inputs):
+            a = np.asarray(x)
+            dt = onnx.helper.np_dtype_to_tensor_dtype(a.dtype)
+            ins.append(onnx.helper.make_tensor_value_info(name, dt, a.shape))
+        # the outputs' types from onnx's shape inference (the checker wants every graph output typed)
+        probe = onnx.helper.make_model(onnx.helper.make_graph([node], "run_node", ins, []))
+        inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(probe).graph.value_info}
+        outs = [inferred[o] if o in inferred else onnx.helper.make_tensor_value_info(o, 0, None) for o in node.output]
         graph = onnx.helper.make_graph([node], "run_node", ins, outs)
         return cls.run_model(onnx.helper.make_model(graph), list(inputs), device)
 

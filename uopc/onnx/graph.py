@@ -210,11 +210,16 @@ class Runner:
         if fn is None:
             return schema_function(n, ins)
         hfn = HOST_OPS.get(node.op_type)
-        if hfn is not None and all(_small_host(v) for v in ins) and any(v is not None for v in ins):
-            return hfn(n, *ins)
-        if hfn is not None and not ins:
-            return hfn(n)
-        return fn(n, *ins)
+        if hfn is not None and (not ins or (all(_small_host(v) for v in ins) and any(v is not None for v in ins))):
+            out = hfn(n, *ins)
+            return tuple(_array(v) for v in out) if isinstance(out, tuple) else _array(out)
+        out = fn(n, *ins)
+        return tuple(_array(v) for v in out) if isinstance(out, tuple) else _array(out)
+
+
+def _array(v: Value) -> Value:
+    """NumPy scalars (np.take of a 0-d index, reductions) as 0-d arrays: host values are always arrays."""
+    return np.asarray(v) if isinstance(v, np.generic) else v
 
 
 def _small_host(v: Value) -> bool:
