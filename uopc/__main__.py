@@ -1,4 +1,4 @@
-"""`python -m uopc`: the same as the `uopc` command (bench, profile, cache, machine); see uopc.tools.cli."""
+"""`python -m uopc`: the same as the `uopc` command (bench, profile, cache, machine, onnx); see uopc.tools.cli."""
 
 import sys
 

@@ -18,6 +18,8 @@ ALLOWED = {
     ("uopc.tensor.tensor", "uopc.engine.realize"),
     # uopc.TinyJit (uopc/engine/jit.py sits above realize), for the same reason
     ("uopc", "uopc.engine.jit"),
+    # `uopc onnx` needs the optional onnx package: every other `uopc` subcommand works without it
+    ("uopc.tools.onnx_cli", "uopc.onnx"),
 }
 
 

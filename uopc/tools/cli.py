@@ -1,10 +1,13 @@
-"""The `uopc` command (also `python -m uopc`): bench, profile, cache, machine.
+"""The `uopc` command (also `python -m uopc`): bench, profile, cache, machine, onnx.
 
 uopc bench [--quick] [--json] [--threads N]   uopc vs NumPy and PyTorch on this machine
 uopc profile [--png FILE] [--top N] SCRIPT [args ...]
                                               every kernel a script ran, against the roofline
 uopc cache info|verify|clear [--all]          the compiled-kernel cache
 uopc machine [--refresh]                      CPU, measured FMA peak and stream bandwidth
+uopc onnx run|bench MODEL.onnx [--input NAME=FILE.npy] [--dim NAME=N] [--runs N]
+                                              an ONNX model on random inputs: output shapes, latency percentiles,
+                                              side by side with onnxruntime (bench); needs uopc[onnx]
 """
 
 from __future__ import annotations
@@ -12,14 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from uopc.tools import bench_suite, cache, harness, profile
+from uopc.tools import bench_suite, cache, harness, onnx_cli, profile
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="uopc", description="uopc's tools: benchmark, profile, and the kernel cache.")
-    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{bench,profile,cache,machine}")
+    ap = argparse.ArgumentParser(
+        prog="uopc", description="uopc's tools: benchmark, profile, the kernel cache, and ONNX models."
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{bench,profile,cache,machine,onnx}")
 
     b = sub.add_parser(
         "bench",
@@ -60,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("machine", help="print the CPU and its measured FMA peak and stream bandwidth")
     m.add_argument("--refresh", action="store_true", help="measure again instead of using the cached probes")
+
+    onnx_cli.add_parser(sub)  # imports uopc.onnx (and the onnx package) only when it runs
     return ap
 
 
@@ -106,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         if ns.action == "verify":
             return cache.verify()
         return cache.clear(everything=ns.all)
+    if ns.cmd == "onnx":
+        return onnx_cli.main(ns)
     print(harness.format_machine(harness.machine(refresh=ns.refresh)))
     return 0
 
