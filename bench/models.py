@@ -10,6 +10,8 @@ Models (`build` names):
   gpt2      GPT-2 small: 12 layers, 768 wide, 12 heads, vocab 50257, context 1024, pre-LayerNorm blocks, tanh GELU,
             causal attention, LM head tied to the token embedding; forward(ids (B, T)) -> logits (B, T, vocab)
   resnet18  torchvision's ResNet-18 in inference mode (BatchNorm uses its running statistics); (N, 3, 224, 224)
+  resnet50  torchvision's ResNet-50 (Bottleneck blocks, the stride on the 3x3 conv: v1.5), the same way; both
+            ResNets (uopc and PyTorch) live in bench/resnets.py
   cnn       examples/train_cnn.py's CNN and its training step (AdamW, batch 128, MNIST-shaped random data)
   chargpt   examples/gpt.py's character GPT and its training step (3 layers, 64 wide, context 64, batch 32, AdamW)
   bert      a BERT-base encoder: 12 post-LayerNorm layers, 768 wide, 12 heads, FFN 3072, erf GELU, a padding mask;
@@ -33,7 +35,7 @@ from typing import Any
 import numpy as np
 
 import uopc
-from uopc.nn import AdamW, BatchNorm2d, Conv2d, Embedding, LayerNorm, Linear, get_state_dict, load_state_dict
+from uopc.nn import AdamW, Embedding, LayerNorm, Linear, get_state_dict, load_state_dict
 from uopc.nn import parameters as uopc_parameters
 from uopc.tensor import Tensor
 
@@ -51,13 +53,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _example(name: str) -> Any:
     """Load examples/<name>.py as a module (examples/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(f"examples_{name}", os.path.join(ROOT, "examples", f"{name}.py"))
+    return _load(os.path.join(ROOT, "examples", f"{name}.py"), f"examples_{name}")
+
+
+def _load(path: str, name: str) -> Any:
+    """A Python file as module `name`, wherever it sits (bench/ is not a package either)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # as an import would: dataclasses and pickling look modules up there
     spec.loader.exec_module(module)
     return module
 
 
+_resnets = _load(os.path.join(ROOT, "bench", "resnets.py"), "bench_resnets")
+ResNet18, ResNet50 = _resnets.ResNet18, _resnets.ResNet50
+TorchResNet18, TorchResNet50 = _resnets.TorchResNet18, _resnets.TorchResNet50
 CNN = _example("train_cnn").CNN  # conv-BN-ReLU-pool x2, fc, dropout, fc: the uopc model of examples/train_cnn.py
 CharGPT = _example("gpt").GPT  # the uopc model of examples/gpt.py
 
@@ -164,40 +174,6 @@ class GPT2:
         return (x @ self.wte.weight.T).reshape(B, T, -1)  # the head is the token embedding (tied)
 
 
-class BasicBlock:
-    """ResNet's block: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)); a 1x1 conv + BN shortcut on a change."""
-
-    def __init__(self, cin: int, cout: int, stride: int):
-        self.conv1, self.bn1 = Conv2d(cin, cout, 3, stride, 1, bias=False), BatchNorm2d(cout)
-        self.conv2, self.bn2 = Conv2d(cout, cout, 3, 1, 1, bias=False), BatchNorm2d(cout)
-        change = stride != 1 or cin != cout
-        self.downsample = [Conv2d(cin, cout, 1, stride, bias=False), BatchNorm2d(cout)] if change else None
-
-    def __call__(self, x: Tensor) -> Tensor:
-        out = self.bn2(self.conv2(self.bn1(self.conv1(x)).relu()))
-        short = x if self.downsample is None else self.downsample[1](self.downsample[0](x))
-        return (out + short).relu()
-
-
-class ResNet18:
-    """torchvision's resnet18: 7x7/2 conv, BN, ReLU, 3x3/2 max-pool, 4 stages of 2 blocks, average pool, linear."""
-
-    def __init__(self, classes: int = 1000):
-        self.conv1, self.bn1 = Conv2d(3, 64, 7, 2, 3, bias=False), BatchNorm2d(64)
-        widths = [64, 128, 256, 512]
-        for i, w in enumerate(widths):
-            cin, stride = widths[max(i - 1, 0)], 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}", [BasicBlock(cin, w, stride), BasicBlock(w, w, 1)])
-        self.fc = Linear(512, classes)
-
-    def __call__(self, x: Tensor) -> Tensor:
-        x = self.bn1(self.conv1(x)).relu().max_pool2d(kernel_size=3, stride=2, padding=1)
-        for stage in (self.layer1, self.layer2, self.layer3, self.layer4):
-            for block in stage:
-                x = block(x)
-        return self.fc(x.mean((2, 3)))
-
-
 class BertLayer:
     """Post-LayerNorm: x = ln1(x + attn(x)), then x = ln2(x + ffn(x)); erf GELU; keys where `keep` is False are
     masked out."""
@@ -268,39 +244,6 @@ class TorchGPT2(Module):
         for block in self.h:
             x = block(x)
         return self.ln_f(x) @ self.wte.weight.T
-
-
-class TorchBasicBlock(Module):
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
-        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
-        self.downsample = None
-        if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-        return F.relu(out + (x if self.downsample is None else self.downsample(x)))
-
-
-class TorchResNet18(Module):
-    def __init__(self, classes: int = 1000):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
-        widths = [64, 128, 256, 512]
-        for i, w in enumerate(widths):
-            cin, stride = widths[max(i - 1, 0)], 1 if i == 0 else 2
-            setattr(self, f"layer{i + 1}", nn.Sequential(TorchBasicBlock(cin, w, stride), TorchBasicBlock(w, w, 1)))
-        self.fc = nn.Linear(512, classes)
-        for m in self.modules():  # torchvision's init for the convolutions
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-
-    def forward(self, x):
-        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(x.mean((2, 3)))
 
 
 class TorchCNN(Module):
@@ -476,7 +419,7 @@ def make_inputs(name: str, cfg: Any, batch: int, seq: int, seed: int = 0) -> tup
         lengths = g.integers(seq // 2, seq + 1, batch)  # each row padded after a random length
         mask = np.arange(seq)[None, :] < lengths[:, None]
         return g.integers(0, cfg.vocab, (batch, seq)).astype(np.int32), mask
-    if name == "resnet18":
+    if name in ("resnet18", "resnet50"):
         return (g.standard_normal((batch, 3, seq, seq)).astype(np.float32),)
     if name == "cnn":
         return g.standard_normal((batch, 1, 28, 28)).astype(np.float32), g.integers(0, 10, batch).astype(np.int32)
@@ -486,8 +429,14 @@ def make_inputs(name: str, cfg: Any, batch: int, seq: int, seed: int = 0) -> tup
     raise ValueError(f"unknown model {name!r}")
 
 
-CONFIGS = {"gpt2": GPT2Config, "bert": BertConfig, "resnet18": None, "cnn": CNNConfig, "chargpt": CharGPTConfig}
-DEFAULTS = {"gpt2": (1, 128), "bert": (1, 128), "resnet18": (1, 224), "cnn": (128, 28), "chargpt": (32, 64)}
+CONFIGS = {
+    "gpt2": GPT2Config, "bert": BertConfig, "resnet18": None, "resnet50": None, "cnn": CNNConfig,
+    "chargpt": CharGPTConfig,
+}  # fmt: skip
+DEFAULTS = {
+    "gpt2": (1, 128), "bert": (1, 128), "resnet18": (1, 224), "resnet50": (1, 224), "cnn": (128, 28),
+    "chargpt": (32, 64),
+}  # fmt: skip
 TRAINED = ("cnn", "chargpt")
 
 
@@ -496,12 +445,14 @@ def _uopc_model(name: str, cfg: Any) -> Any:
         return CNN(cfg.c1, cfg.c2, cfg.hidden, cfg.p_drop)
     if name == "chargpt":
         return CharGPT(cfg.vocab, cfg.ctx, cfg.dim, cfg.layers, cfg.heads)
-    return {"gpt2": GPT2, "bert": Bert, "resnet18": lambda _: ResNet18()}[name](cfg)
+    return {"gpt2": GPT2, "bert": Bert, "resnet18": lambda _: ResNet18(), "resnet50": lambda _: ResNet50()}[name](cfg)
 
 
 def _torch_model(name: str, cfg: Any) -> Any:
-    classes = {"gpt2": TorchGPT2, "bert": TorchBert, "cnn": TorchCNN, "chargpt": TorchCharGPT}
-    return TorchResNet18() if name == "resnet18" else classes[name](cfg)
+    resnets = {"resnet18": TorchResNet18, "resnet50": TorchResNet50}
+    if name in resnets:
+        return resnets[name]()
+    return {"gpt2": TorchGPT2, "bert": TorchBert, "cnn": TorchCNN, "chargpt": TorchCharGPT}[name](cfg)
 
 
 def build(
@@ -514,7 +465,7 @@ def build(
     **cfg: Any,
 ) -> Workload:
     """Model `name` in `framework` ("uopc" or "torch"), randomly initialised, with inputs of `batch` x `seq` (the
-    image size for resnet18; chargpt's is its context) and the call to time. `cfg` overrides config fields
+    image size for the ResNets; chargpt's is its context) and the call to time. `cfg` overrides config fields
     (layers=2, dim=64, ...). `compile`: the PyTorch model runs through torch.compile."""
     if framework not in ("uopc", "torch"):
         raise ValueError(f"framework must be 'uopc' or 'torch', got {framework!r}")
@@ -552,11 +503,13 @@ __all__ = [
     "CharGPTConfig",
     "GPT2",
     "ResNet18",
+    "ResNet50",
     "Bert",
     "CNN",
     "CharGPT",
     "TorchGPT2",
     "TorchResNet18",
+    "TorchResNet50",
     "TorchBert",
     "TorchCNN",
     "TorchCharGPT",
