@@ -9,7 +9,6 @@ _BY_CAUSE: dict[str, list[str]] = {
         "test_deform_conv_with_mask_bias",
         "test_deform_conv_with_multiple_offset_groups",
     ],
-    "not implemented: Det": ["test_det_2d", "test_det_nd"],
     "not implemented: ImageDecoder (needs an image codec)": [
         "test_image_decoder_decode_jpeg_rgb",
         "test_image_decoder_decode_jpeg_grayscale",
@@ -27,7 +26,6 @@ _BY_CAUSE: dict[str, list[str]] = {
         "test_roialign_aligned_true",
         "test_roialign_mode_max",
     ],
-    "not implemented: Scan-8 (batch axis and sequence_lens)": ["test_scan_sum"],
     # random numbers: onnx's expected values come from NumPy's generator, which uopc's Philox does not reproduce
     "random: RandomUniformLike / Dropout in training mode draw other numbers than NumPy": [
         "test_bernoulli",
@@ -45,10 +43,6 @@ _BY_CAUSE: dict[str, list[str]] = {
     "numerics: float16 attention rounds intermediates differently (2 of 192 values one fp16 ulp off)": [
         "test_attention_4d_causal_fp16",
         "test_attention_4d_causal_fp16_expanded",
-    ],
-    "numerics: x / scale compiles to x * (1/scale); 25.4999 rounds to 25 where onnx gets 26": [
-        "test_dynamicquantizelinear",
-        "test_dynamicquantizelinear_expanded",
     ],
     # bugs to fix
     "bug: DFT inverse / irfft": [

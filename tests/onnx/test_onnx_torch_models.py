@@ -3,8 +3,9 @@ onnxruntime's (CPUExecutionProvider). Random weights; every BatchNorm statistic,
 
     torch model -> torch.onnx.export(dynamo=False) -> uopc.onnx.load(path)(x) == model(x) == ort.run(x)
 
-The TorchScript exporter (dynamo=False) is used: it runs offline with no onnxscript. Tolerance: rtol 1e-4 and atol
-1e-5 x the largest output magnitude (RTOL, ATOL). Also: a symbolic batch dim bound at two sizes, a replay under
+The TorchScript exporter (dynamo=False) exports every model, at two opsets where they differ in what they write;
+one test uses the dynamo exporter (torch.export + onnxscript, offline). Tolerance: rtol 1e-4 and atol 1e-5 x the
+largest output magnitude (RTOL, ATOL). Also: a symbolic batch dim bound at two sizes, a replay under
 .jit(), weights in an external data file, and load(bytes) of such a model failing with a clear error.
 """
 
@@ -195,10 +196,22 @@ def _padding(batch: int, seq: int) -> torch.Tensor:
 # the tests
 
 
-def test_resnet_style_cnn(tmp_path):
+@pytest.mark.parametrize("opset", [9, 17])  # 9: Unsqueeze/Squeeze axes as attributes, BatchNormalization-9
+def test_resnet_style_cnn(tmp_path, opset):
     torch.manual_seed(0)
     model, x = randomize(SmallResNet()), torch.randn(2, 3, 16, 16)
-    check(export(model, (x,), tmp_path / "m.onnx", ["x"]), model, (x,), ["x"])
+    check(export(model, (x,), tmp_path / "m.onnx", ["x"], opset=opset), model, (x,), ["x"])
+
+
+def test_dynamo_exporter(tmp_path):
+    pytest.importorskip("onnxscript")
+    torch.manual_seed(6)
+    model, x = randomize(SmallResNet(), 6), torch.randn(2, 3, 16, 16)
+    path = str(tmp_path / "m.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, dynamo=True, input_names=["x"], output_names=["y"], verbose=False)
+    check(path, model, (x,), ["x"])
 
 
 @pytest.mark.parametrize("opset", [13, 18])  # 13: Hardswish written as x * HardSigmoid(x); 18: the Hardswish op
@@ -212,11 +225,14 @@ def test_depthwise_separable_squeeze_excite(tmp_path, opset):
     check(path, model, (x,), ["x"])
 
 
-def test_transformer_encoder_with_padding_mask(tmp_path):
+@pytest.mark.parametrize("opset", [14, 17])  # 14: LayerNorm as ReduceMean, Sub, Pow, Sqrt; 17: LayerNormalization
+def test_transformer_encoder_with_padding_mask(tmp_path, opset):
     torch.manual_seed(2)
     model = randomize(Encoder(), 2)
     x, pad = torch.randn(3, 10, 32), _padding(3, 10)
-    path = export(model, (x, pad), tmp_path / "m.onnx", ["x", "pad"])
+    path = export(model, (x, pad), tmp_path / "m.onnx", ["x", "pad"], opset=opset)
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert ("LayerNormalization" in ops) == (opset >= 17)
     out = check(path, model, (x, pad), ["x", "pad"])
     assert np.isfinite(out).all()
 

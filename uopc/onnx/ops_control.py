@@ -18,11 +18,7 @@ from uopc.onnx.graph import Node, Value, host_op, op
 
 
 def check_node(node: onnx.NodeProto, opset: int) -> None:
-    """Raise NotImplementedError at load for control flow uopc cannot unroll."""
-    if node.op_type == "Scan" and opset < 9:
-        raise NotImplementedError(
-            f"uopc.onnx: Scan-8 (with sequence_lens and a batch axis) is not supported (node {node.name!r})"
-        )
+    """Raise NotImplementedError at load for control flow uopc cannot unroll (none today: kept for the loader)."""
 
 
 def subgraph(n: Node, g: onnx.GraphProto, inputs: list[Value]) -> list[Value]:
@@ -77,6 +73,8 @@ def _loop(n: Node, m=None, cond=None, *state):
 
 @op("Scan")
 def _scan(n: Node, *ins):
+    if n.opset < 9:
+        return _scan8(n, *ins)
     body = n["body"]
     k = n["num_scan_inputs"]
     states, xs = list(ins[: len(ins) - k]), [n.t(x) for x in ins[len(ins) - k :]]
@@ -102,6 +100,35 @@ def _scan(n: Node, *ins):
         seq = s[::-1] if d else s
         results.append(Tensor.stack(*seq, dim=a % (seq[0].ndim + 1)))
     return tuple(states + results)
+
+
+def _scan8(n: Node, lens, *ins):
+    """Scan-8: a batch axis first, the scan axis second; each batch entry scans on its own."""
+    k = n["num_scan_inputs"]
+    ins = [n.t(v) for v in ins]
+    batch, length = ins[-1].shape[0], ins[-1].shape[1]
+    if lens is not None and (n.host(lens) != length).any():
+        raise NotImplementedError(
+            f"uopc.onnx: Scan-8 with sequence_lens shorter than the sequence (node {n.proto.name!r})"
+        )
+    per = [
+        _scan_body(n, [v[b] for v in ins[: len(ins) - k]], [v[b] for v in ins[len(ins) - k :]]) for b in range(batch)
+    ]
+    return tuple(Tensor.stack(*[p[j] for p in per], dim=0) for j in range(len(per[0])))
+
+
+def _scan_body(n: Node, states: list, xs: list) -> list:
+    body = n["body"]
+    dirs = n.attr("directions", [0] * len(xs))
+    length = xs[0].shape[0]
+    scans: list[list] = [[] for _ in range(len(body.output) - len(states))]
+    for step in range(length):
+        slices = [x[length - 1 - step if d else step] for x, d in zip(xs, dirs)]
+        outs = subgraph(n, body, [*states, *slices])
+        states = outs[: len(states)]
+        for s, v in zip(scans, outs[len(states) :]):
+            s.append(n.t(v))
+    return [n.t(s) for s in states] + [Tensor.stack(*s, dim=0) for s in scans]
 
 
 # ---------------------------------------------------------------- sequences (Python lists)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 
 from uopc import Tensor, dtypes
 from uopc.onnx.graph import Node, np_dtype, onnx_dtype, op
@@ -48,9 +49,13 @@ def _hvariadic(fn):
     return run
 
 
+def _cast_to(n: Node):
+    to = n["to"]  # a name before opset 6 ("FLOAT"), an enum value after
+    return onnx_dtype(onnx.TensorProto.DataType.Value(to) if isinstance(to, str) else to)
+
+
 def _hcast(n: Node, x):
-    to = n["to"]
-    return x.astype(np_dtype(onnx_dtype(to)))
+    return x.astype(np_dtype(_cast_to(n)))
 
 
 # ---------------------------------------------------------------- arithmetic
@@ -145,7 +150,7 @@ op("Where", host=_hwhere)(lambda n, c, a, b: n.t(c).bool().where(n.t(a), n.t(b))
 
 @op("Cast", host=_hcast)
 def _cast(n: Node, x):
-    return n.t(x).cast(onnx_dtype(n["to"]))
+    return n.t(x).cast(_cast_to(n))
 
 
 def _hcastlike(n: Node, x, like):

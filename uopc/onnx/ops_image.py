@@ -129,14 +129,13 @@ def _max_unpool(n: Node, x, idx, output_shape=None):
     k = len(ks)
     st = n.attr("strides", [1] * k)
     pads = n.attr("pads", [0] * (2 * k))
-    if output_shape is not None:
-        shape = n.ints(output_shape)
-    else:
-        sp = [(d - 1) * s - pads[j] - pads[j + k] + kk for j, (d, s, kk) in enumerate(zip(x.shape[2:], st, ks))]
-        shape = [*x.shape[:2], *sp]
-    total = int(np.prod(shape))
-    out = Tensor.zeros(total, dtype=x.dtype).scatter(0, i.reshape(-1), x.reshape(-1))
-    return out.reshape(*shape)
+    sp = [(d - 1) * s - pads[j] - pads[j + k] + kk for j, (d, s, kk) in enumerate(zip(x.shape[2:], st, ks))]
+    shape = [*x.shape[:2], *sp]
+    out = Tensor.zeros(int(np.prod(shape)), dtype=x.dtype).scatter(0, i.reshape(-1), x.reshape(-1)).reshape(*shape)
+    if output_shape is not None:  # the indices address the default shape; a larger output pads it at the end
+        want = n.ints(output_shape)
+        out = out.pad([(0, w - s) for w, s in zip(want, shape)])
+    return out
 
 
 def _iou(a: np.ndarray, b: np.ndarray) -> float:
@@ -199,6 +198,14 @@ def _dft_matrices(length: int, out_len: int, inverse: bool) -> tuple[np.ndarray,
 def _dft(x: Tensor, axis: int, length: int | None, inverse: bool, onesided: bool) -> Tensor:
     """x (..., 1 or 2) real or complex pairs -> (..., 2): the DFT along `axis` as two matrix products."""
     re, im = x[..., 0], (x[..., 1] if x.shape[-1] == 2 else None)
+    if inverse and onesided:  # irfft: rebuild the full spectrum by Hermitian symmetry, keep the real part
+        bins = re.shape[axis]
+        full = 2 * (bins - 1) if length is None else length
+        tail = [(1, full - bins + 1) if i == axis else None for i in range(re.ndim)]
+        re = Tensor.cat(re, re.shrink(tail).flip(axis), dim=axis)
+        imag = im if im is not None else re.shrink([(0, bins) if i == axis else None for i in range(re.ndim)]) * 0
+        im = Tensor.cat(imag, -imag.shrink(tail).flip(axis), dim=axis)
+        return _dft(Tensor.stack(re, im, dim=-1), axis, full, True, False)[..., :1]
     n = re.shape[axis] if length is None else length
     if re.shape[axis] != n:  # zero-pad or cut to the DFT length
         cut = [(0, min(n, re.shape[axis])) if i == axis else None for i in range(re.ndim)]
@@ -239,3 +246,63 @@ def _stft(n: Node, signal, step, window=None, frame_length=None):
     if win is not None:
         frames = frames * win.reshape(1, 1, fl, 1)
     return _dft(frames, 2, None, False, bool(n.attr("onesided", 1)))
+
+
+def _roi_samples(n: Node, rois: np.ndarray, H: int, W: int):
+    """Per ROI, output bin and sample: the 4 bilinear corners (flat positions in H*W) and their weights."""
+    oh, ow = n.attr("output_height", 1), n.attr("output_width", 1)
+    ratio, scale = n.attr("sampling_ratio", 0), n.attr("spatial_scale", 1.0)
+    half = n.attr("coordinate_transformation_mode", "half_pixel") == "half_pixel"
+    per_roi = []
+    for x1, y1, x2, y2 in rois.astype(np.float64):
+        off = 0.5 if half else 0.0
+        sx, sy, ex, ey = x1 * scale - off, y1 * scale - off, x2 * scale - off, y2 * scale - off
+        rw, rh = ex - sx, ey - sy
+        if not half:
+            rw, rh = max(rw, 1.0), max(rh, 1.0)
+        bh, bw = rh / oh, rw / ow
+        gh = ratio if ratio > 0 else int(math.ceil(rh / oh))
+        gw = ratio if ratio > 0 else int(math.ceil(rw / ow))
+        pos = np.zeros((oh, ow, gh * gw, 4), np.int64)
+        wts = np.zeros((oh, ow, gh * gw, 4), np.float64)
+        for ph, pw, iy, ix in itertools.product(range(oh), range(ow), range(gh), range(gw)):
+            y = sy + ph * bh + (iy + 0.5) * bh / gh
+            x = sx + pw * bw + (ix + 0.5) * bw / gw
+            s = iy * gw + ix
+            if y < -1.0 or y > H or x < -1.0 or x > W:
+                continue  # outside: contributes 0
+            y, x = max(y, 0.0), max(x, 0.0)
+            yl, xl = int(y), int(x)
+            yh, xh = (yl + 1, xl + 1)
+            if yl >= H - 1:
+                yl = yh = H - 1
+                y = float(yl)
+            if xl >= W - 1:
+                xl = xh = W - 1
+                x = float(xl)
+            ly, lx = y - yl, x - xl
+            pos[ph, pw, s] = [yl * W + xl, yl * W + xh, yh * W + xl, yh * W + xh]
+            wts[ph, pw, s] = [(1 - ly) * (1 - lx), (1 - ly) * lx, ly * (1 - lx), ly * lx]
+        per_roi.append((pos, wts, gh * gw))
+    return per_roi
+
+
+@op("RoiAlign")
+def _roi_align(n: Node, x, rois, batch_indices):
+    """The sample positions depend on the ROIs (their count per bin too): computed on the host from the ROI values,
+    the bilinear taps gathered from x as a Tensor."""
+    x = n.t(x)
+    N, C, H, W = x.shape
+    r, b = n.host(rois), n.host(batch_indices).astype(np.int64)
+    oh, ow = n.attr("output_height", 1), n.attr("output_width", 1)
+    flat = x.reshape(N, C, H * W)
+    outs = []
+    for (pos, wts, count), bi in zip(_roi_samples(n, r, H, W), b):
+        plane = flat[int(bi)]  # (C, H*W)
+        idx = Tensor(np.broadcast_to(pos.reshape(1, -1), (C, pos.size)).copy())
+        taps = plane.gather(1, idx).reshape(C, oh, ow, count, 4) * Tensor(wts.astype(x.dtype.np))
+        if n.attr("mode", "avg") == "max":  # onnx's max mode: the largest weighted corner of any sample
+            outs.append(taps.max((3, 4)))
+        else:
+            outs.append(taps.sum(4).mean(3))
+    return Tensor.stack(*outs, dim=0).cast(x.dtype)

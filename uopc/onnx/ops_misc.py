@@ -64,7 +64,7 @@ def _quantize(n: Node, x, scale, zp=None):
     zt = None if zp is None else n.t(zp)
     dt = zt.dtype if zt is not None else out_dt or dtypes.uint8
     s = _axis_shape(x, s, axis, block).cast(dtypes.float32)
-    y = (x.cast(dtypes.float32) / s).round()  # round half to even
+    y = _fdiv(x.cast(dtypes.float32), s).round()  # round half to even
     if zt is not None:
         y = y + _axis_shape(x, zt, axis, block).cast(dtypes.float32)
     lo, hi = _qrange(dt)
@@ -75,10 +75,16 @@ def _quantize(n: Node, x, scale, zp=None):
 def _dynamic_quantize(n: Node, x):
     x = n.t(x).cast(dtypes.float32)
     lo, hi = x.min().minimum(0.0), x.max().maximum(0.0)
-    scale = (hi - lo) / 255.0
-    zp = (-lo / scale).round().clip(0, 255)
-    y = ((x / scale).round() + zp).clip(0, 255).cast(dtypes.uint8)
+    scale = _fdiv(hi - lo, Tensor(np.array(255.0, np.float32)))
+    zp = _fdiv(-lo, scale).round().clip(0, 255)
+    y = (_fdiv(x, scale).round() + zp).clip(0, 255).cast(dtypes.uint8)
     return y, scale, zp.cast(dtypes.uint8)
+
+
+def _fdiv(a: Tensor, b: Tensor) -> Tensor:
+    """a / b rounded as IEEE float32 division rounds (through float64): a quotient that float32 rounds to x.5 must
+    round to even next, as onnx's reference does; a * (1/b) in float32 can land on the other side."""
+    return (a.cast(dtypes.float64) / b.cast(dtypes.float64)).cast(dtypes.float32)
 
 
 def _centered(n: Node, v, zp, axis: int | None = None) -> Tensor:

@@ -221,3 +221,25 @@ def _topk(n: Node, x, k=None):
         return Tensor.zeros(*shape, dtype=x.dtype), Tensor.zeros(*shape, dtype=dtypes.int64)
     vals, idx = x.topk(kk, dim=axis, largest=largest, sorted_=srt)
     return vals, idx.cast(dtypes.int64)
+
+
+def _det(m: list[list[Tensor]]) -> Tensor:
+    """The determinant by cofactor expansion along the first row (small matrices: n <= 4)."""
+    if len(m) == 1:
+        return m[0][0]
+    total = None
+    for j, a in enumerate(m[0]):
+        minor = [row[:j] + row[j + 1 :] for row in m[1:]]
+        term = a * _det(minor)
+        total = term if total is None else (total - term if j % 2 else total + term)
+    return total
+
+
+@op("Det")
+def _det_op(n: Node, x):
+    x = n.t(x)
+    k = x.shape[-1]
+    if k > 4:
+        raise NotImplementedError(f"uopc.onnx: Det of {k}x{k} matrices (only up to 4x4) (node {n.proto.name!r})")
+    rows = [[x[..., i, j] for j in range(k)] for i in range(k)]
+    return _det(rows).cast(x.dtype)

@@ -142,10 +142,10 @@ op("Transpose", host=lambda n, x: np.transpose(x, _perm(n, x.ndim)))(
 )
 
 
-@op("Concat", host=lambda n, *xs: np.concatenate(xs, axis=n["axis"]))
+@op("Concat", host=lambda n, *xs: np.concatenate(xs, axis=n.attr("axis", 1)))
 def _concat(n: Node, *xs):
     ts = [n.t(x) for x in xs]
-    axis = n["axis"] % ts[0].ndim
+    axis = n.attr("axis", 1) % ts[0].ndim  # axis is required since opset 4; 1 before
     ts = [t for t in ts if t.shape[axis] > 0] or ts[:1]
     return ts[0] if len(ts) == 1 else Tensor.cat(*ts, dim=axis)
 
