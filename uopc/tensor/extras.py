@@ -256,7 +256,7 @@ class ExtrasMixin:
         elif "..." in rhs:
             rhs = rhs.replace("...", ell, 1)
         letters = sorted(set("".join(terms)))
-        if not set(rhs) <= set(letters) or len(set(rhs)) != len(rhs) or not _einsum_letters(rhs.strip(ell)):
+        if not set(rhs) <= set(letters) or len(set(rhs)) != len(rhs):
             raise ValueError(f"einsum: output {rhs!r} must use distinct letters from the inputs ({formula!r})")
         sizes: dict[str, int] = {}
         where: dict[str, str] = {}
@@ -269,7 +269,7 @@ class ExtrasMixin:
                     name = "an ellipsis dim" if c in ell else f"letter {c!r}"
                     raise ValueError(
                         f"einsum {formula!r}: {name} has size {sizes[c]} in {where[c]} but {s} in operand {k} "
-                        f"(shape {t.shape})"
+                        f"(shape {ops[k].shape})"
                     )
                 if s != 1 or c not in sizes:
                     sizes[c], where[c] = s, f"operand {k} (shape {ops[k].shape})"
