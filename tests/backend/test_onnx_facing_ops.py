@@ -340,6 +340,14 @@ def test_roll_unfold_meshgrid_copysign_edges():
         Tensor.meshgrid(Tensor(x[0]), Tensor(x[1]), indexing="ji")
     for ours, ref in zip(Tensor.meshgrid(Tensor(x[0])), torch.meshgrid(torch.tensor(x[0]), indexing="ij"), strict=True):
         _eq(ours, ref)
+    for ours, ref in zip(
+        Tensor(x[0]).meshgrid(Tensor(x[1, :3])),
+        torch.meshgrid(torch.tensor(x[0]), torch.tensor(x[1, :3]), indexing="ij"),
+        strict=True,
+    ):
+        _eq(ours, ref)  # tinygrad's spelling: self is the first grid
+    with pytest.raises(TypeError, match="meshgrid expects Tensors"):
+        Tensor.meshgrid([1, 2], [3])
     a, b = np.array([3, -2, 0], np.int32), np.array([-1, 5, -7], np.int32)
     _eq(Tensor(a).copysign(Tensor(b)), torch.tensor(a).copysign(torch.tensor(b)))
     _eq(Tensor([1.5, -2.0]).copysign(-1.0), torch.tensor([1.5, -2.0]).copysign(-1.0))

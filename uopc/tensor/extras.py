@@ -160,10 +160,12 @@ class ExtrasMixin:
         shape = x.shape[: d + 1] + (repeats,) + x.shape[d + 1 :]
         return x.unsqueeze(d + 1).expand(shape).flatten(d, d + 1)
 
-    @staticmethod
     def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Any, ...]:
-        """Coordinate grids from 1-D tensors ("ij": matrix indexing, "xy": Cartesian)."""
-        ts = list(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else list(tensors)
+        """Coordinate grids from 1-D tensors ("ij": matrix indexing, "xy": Cartesian): Tensor.meshgrid(a, b),
+        Tensor.meshgrid([a, b]) as torch, or a.meshgrid(b) as tinygrad (not a staticmethod, so self is a grid)."""
+        ts = [t for x in tensors for t in (x if isinstance(x, (list, tuple)) else (x,))]
+        if not ts or not all(isinstance(t, ExtrasMixin) for t in ts):
+            raise TypeError(f"meshgrid expects Tensors, got {[type(t).__name__ for t in ts]}")
         if indexing not in ("ij", "xy"):
             raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
         xy = indexing == "xy" and len(ts) >= 2
