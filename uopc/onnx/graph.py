@@ -192,7 +192,13 @@ class Runner:
             if name and name not in env:
                 raise ValueError(f"ONNX node {node.name!r} ({node.op_type}) reads {name!r}, which nothing defines")
             ins.append(env[name] if name else None)
-        outs = self.call(node, ins, attrs, env)
+        try:
+            outs = self.call(node, ins, attrs, env)
+        except (ValueError, TypeError) as e:  # say which node: a shape error deep in a Tensor op names none
+            where = f"ONNX {node.op_type} node {node.name!r}"
+            if type(e) not in (ValueError, TypeError) or where in str(e):
+                raise
+            raise type(e)(f"{where}: {e}") from e
         outs = outs if isinstance(outs, tuple) else (outs,)
         for name, v in zip(node.output, outs):
             if name:
