@@ -161,15 +161,19 @@ def _run(ns: argparse.Namespace, files: dict[str, str], dims: dict[str, int]) ->
     for name, a in feeds.items():
         how = "from " + files[name] if name in files else "random"
         print(f"input  {name}: {a.dtype.name} {tuple(a.shape)} ({how})")
-    first_s, outs = _timed(lambda: model(**feeds))  # eager: binds dims, checks dtypes and shapes, compiles
+    first_s, _ = _timed(lambda: model(**feeds))  # eager: binds dims, checks dtypes and shapes, compiles
     step = model.jit()
     args = [Tensor(np.ascontiguousarray(feeds[n])) for n in model.input_names if n in feeds]  # made once
     ours = {k: v.numpy() for k, v in step(*args).items()}  # call 1 of the jit runs eagerly: the values to print
     step(*args)  # call 2 captures; later calls replay
-    sess_s, sess = _timed(lambda: _ort_session(ns.model, ns.threads) if ns.action == "bench" else None)
-    theirs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds))) if sess is not None else {}
-    for name, o in outs.items():
-        a = ours[name] if name in ours else o
+    sess, theirs, ort_first = None, {}, 0.0
+    if ns.action == "bench":
+        ort_first, sess = _timed(lambda: _ort_session(ns.model, ns.threads))
+    if sess is not None:  # onnxruntime's first call: building the session (it optimizes the graph there), one run
+        run_s, values = _timed(lambda: sess.run(None, feeds))
+        ort_first += run_s
+        theirs = dict(zip([o.name for o in sess.get_outputs()], values))
+    for name, a in ours.items():
         line = f"output {name}: {a.dtype.name} {tuple(a.shape)}"
         if name in theirs:
             scale = float(np.abs(theirs[name]).max()) if theirs[name].size else 0.0
@@ -183,7 +187,7 @@ def _run(ns: argparse.Namespace, files: dict[str, str], dims: dict[str, int]) ->
         print(f"first call: {_fmt(first_s)} (graph building, compiling, the run)")
         print(f"{ns.runs} runs (TinyJit replay): p50 {p50}  p90 {p90}  p99 {p99}")
         return 0
-    return _bench(ns, run_uopc, lambda: sess.run(None, feeds), first_s, sess, sess_s)
+    return _bench(ns, {"uopc": run_uopc, "onnxruntime": lambda: sess.run(None, feeds)}, (first_s, ort_first), sess)
 
 
 def _ort_session(path: str, threads: int) -> Any:
@@ -198,15 +202,12 @@ def _ort_session(path: str, threads: int) -> Any:
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
-def _bench(
-    ns: argparse.Namespace, run_uopc: Callable, run_ort: Callable, first_s: float, sess: Any, sess_s: float
-) -> int:
+def _bench(ns: argparse.Namespace, sides: dict[str, Callable], firsts: tuple[float, float], sess: Any) -> int:
+    """Interleaved rounds of `--runs` calls per side; the percentiles over every timed call and the p50s' ratio."""
     import onnxruntime as ort
 
     intra = sess.get_session_options().intra_op_num_threads
     print(f"threads: uopc {get_num_threads()}, onnxruntime {ort.__version__} {intra} intra-op / 1 inter-op")
-    first_ort = sess_s + _timed(run_ort)[0]  # onnxruntime optimizes its graph while it builds the session
-    sides = {"uopc": run_uopc, "onnxruntime": run_ort}
     times: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(ns.rounds):
         for name, fn in sides.items():
@@ -216,7 +217,7 @@ def _bench(
         "building the session and one run)"
     )
     print(f"{'':<12}{'first call':>12}{'p50':>12}{'p90':>12}{'p99':>12}")
-    for name, first in (("uopc", first_s), ("onnxruntime", first_ort)):
+    for name, first in zip(sides, firsts):
         print(f"{name:<12}{_fmt(first):>12}" + "".join(f"{_fmt(p):>12}" for p in _percentiles(times[name])))
     p50 = {k: _percentiles(v)[0] for k, v in times.items()}
     print(f"ratio uopc / onnxruntime (p50): {p50['uopc'] / p50['onnxruntime']:.2f}  (below 1: uopc is faster)")
