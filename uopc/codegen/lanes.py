@@ -59,7 +59,6 @@ class _Widen:
 
     def __init__(self, lane: UOp, free):
         self.lane, self.width, self.free = lane, lane.src[0].arg, free
-        self.zero = UOp.const(0, lane.dtype)
         self.memo: dict[UOp, UOp] = {}
         self.simplified: dict[UOp, UOp] = {}  # index -> simplified index (simplify_indices)
 
@@ -123,17 +122,26 @@ class _Widen:
     def _base(self, i: UOp) -> UOp | None:
         """`b` where index `i` is b + LANE with b lane-free, else None."""
         if self._linear(i):  # as built: a plain ravel needs no simplifying
-            return i.substitute({self.lane: self.zero})
+            return self._drop_lane(i)
         s = self.simplified.get(i) or simplify(i)
         if self._linear(s):
-            return s.substitute({self.lane: self.zero})
+            return self._drop_lane(s)
         # not visibly linear (a reshape's div and mod over the lane): compare the lanes' indices one by one
-        b0 = simplify(s.substitute({self.lane: self.zero}))
+        b0 = simplify(s.substitute({self.lane: UOp.const(0, self.lane.dtype)}))
         for k in range(1, self.width):
             d = simplify(s.substitute({self.lane: UOp.const(k, self.lane.dtype)}) - b0)
             if d.op is not Ops.CONST or d.arg != k:
                 return None
         return b0
+
+    def _drop_lane(self, i: UOp) -> UOp:
+        """Sum `i` without its LANE term (_linear holds): only the ADDs on the way to the LANE are rebuilt."""
+        a, b = i.src
+        if b is self.lane or a is self.lane:
+            return a if b is self.lane else b
+        if self.free(a):
+            return a + self._drop_lane(b)
+        return self._drop_lane(a) + b
 
     def _linear(self, i: UOp) -> bool:
         """Is index `i` a sum with the LANE as one of its terms and no other term mentioning it?"""

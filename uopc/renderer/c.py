@@ -33,8 +33,18 @@ from uopc.renderer.half import compute_in_float
 from uopc.uop import ALU, AxisType, Ops, UOp
 from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits
 
-PRELUDE = """#include <math.h>
-#include <stdint.h>
+# No #include: <math.h> and <stdint.h> were a third of gcc's time on a small kernel (measured: 81 vs 48 ms for a
+# 64-element loop, -O3). The integer types come from gcc's predefined macros, inf and NaN and libm from its builtins.
+PRELUDE = """typedef __INT8_TYPE__ int8_t;
+typedef __UINT8_TYPE__ uint8_t;
+typedef __INT16_TYPE__ int16_t;
+typedef __UINT16_TYPE__ uint16_t;
+typedef __INT32_TYPE__ int32_t;
+typedef __UINT32_TYPE__ uint32_t;
+typedef __INT64_TYPE__ int64_t;
+typedef __UINT64_TYPE__ uint64_t;
+#define INFINITY (__builtin_inff())
+#define NAN (__builtin_nanf(""))
 #if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
 #error "uopc kernels need IEEE inf and NaN: remove -ffast-math / -ffinite-math-only from CFLAGS"
 #endif
@@ -118,12 +128,12 @@ _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
 
-_MATH = {  # op -> (float, double) C function
-    Ops.SQRT: ("sqrtf", "sqrt"),
-    Ops.EXP2: ("exp2f", "exp2"),
-    Ops.LOG2: ("log2f", "log2"),
-    Ops.SIN: ("sinf", "sin"),
-    Ops.TRUNC: ("truncf", "trunc"),
+_MATH = {  # op -> (float, double) C function: gcc's builtins, which are libm's functions without <math.h>
+    Ops.SQRT: ("__builtin_sqrtf", "__builtin_sqrt"),
+    Ops.EXP2: ("__builtin_exp2f", "__builtin_exp2"),
+    Ops.LOG2: ("__builtin_log2f", "__builtin_log2"),
+    Ops.SIN: ("__builtin_sinf", "__builtin_sin"),
+    Ops.TRUNC: ("__builtin_truncf", "__builtin_trunc"),
 }
 
 _NARROW_WRAP = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD}
