@@ -31,7 +31,16 @@ from uopc.onnx import (  # noqa: F401  (each module registers its ops)
     ops_rnn,
     ops_shape,
 )
-from uopc.onnx.graph import DOMAINS, OPS, Runner, function_body, onnx_dtype, to_numpy, to_tensor, unsupported_message
+from uopc.onnx.graph import (
+    DOMAINS,
+    OPS,
+    Runner,
+    function_body,
+    onnx_dtype,
+    sparse_to_array,
+    to_tensor,
+    unsupported_message,
+)
 
 __all__ = ["OnnxModel", "load"]
 
@@ -84,8 +93,7 @@ class OnnxModel:
         check_supported(graph, self.opsets)
         self.initializers: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         for s in graph.sparse_initializer:
-            from_sparse = ops_misc.sparse_initializer(s)
-            self.initializers[s.values.name] = from_sparse
+            self.initializers[s.values.name] = sparse_to_array(s)
         # each initializer's buffer, made once: ops that need a Tensor use it, shape arithmetic uses the array
         self.weights = {id(a): (a, to_tensor(a)) for a in self.initializers.values() if a.size > 0}
         self.inputs = [i for i in graph.input if i.name not in self.initializers]
@@ -204,11 +212,6 @@ def check_supported(graph: onnx.GraphProto, opsets: dict[str, int]) -> None:
         if domain != "" or node.op_type not in OPS:
             if domain not in ("", "ai.onnx.preview") or function_body(node, opset, None) is None:
                 raise NotImplementedError(unsupported_message(node, domain, opset))
-        ops_control.check_node(node, opset)
         for a in node.attribute:
             for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
                 check_supported(g, opsets)
-
-
-# re-exported for uopc.onnx.backend
-__all__ += ["to_numpy"]

@@ -13,12 +13,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from uopc import Tensor, dtypes
+from uopc import Tensor
 from uopc.onnx.graph import Node, Value, host_op, op
-
-
-def check_node(node: onnx.NodeProto, opset: int) -> None:
-    """Raise NotImplementedError at load for control flow uopc cannot unroll (none today: kept for the loader)."""
 
 
 def subgraph(n: Node, g: onnx.GraphProto, inputs: list[Value]) -> list[Value]:
@@ -211,7 +207,3 @@ def _optional_get(n: Node, x):
     if x is None:
         raise n.fail("the optional has no element")
     return x
-
-
-def bool_tensor(v: bool) -> Tensor:
-    return Tensor(np.array(v)).cast(dtypes.bool)

@@ -9,22 +9,9 @@
 from __future__ import annotations
 
 import numpy as np
-import onnx
-from onnx import numpy_helper
 
 from uopc import Tensor, dtypes
 from uopc.onnx.graph import OPS, Node, onnx_dtype, op
-
-
-def sparse_initializer(s: onnx.SparseTensorProto) -> np.ndarray:
-    """A dense array for a sparse initializer."""
-    vals, idx = numpy_helper.to_array(s.values), numpy_helper.to_array(s.indices)
-    out = np.zeros(tuple(s.dims), vals.dtype)
-    if idx.ndim == 2:
-        out[tuple(idx.T)] = vals
-    else:
-        out.reshape(-1)[idx] = vals
-    return out
 
 
 def _axis_shape(x: Tensor, s: Tensor, axis: int, block: int) -> Tensor:

@@ -124,10 +124,8 @@ def _pool_geometry(n: Node, spatial, ks):
 
 def _windows(x: Tensor, ks, st, dl) -> Tensor:
     """(N, C, *padded) -> (N, C, *out, *k): sliding windows by unfold, one spatial dim at a time."""
-    k = len(ks)
     for j, (kk, s, d) in enumerate(zip(ks, st, dl)):
-        dim = x.ndim - k - j if False else 2 + j
-        x = x.unfold(dim, (kk - 1) * d + 1, s)
+        x = x.unfold(2 + j, (kk - 1) * d + 1, s)  # the window dim goes last, so spatial dim j stays at 2 + j
         if d > 1:
             x = x[..., ::d]
     return x

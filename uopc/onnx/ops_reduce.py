@@ -50,8 +50,8 @@ def _reduce(fn, identity):
     return run
 
 
-def _finish(x: Tensor, out: Tensor) -> Tensor:
-    return out.cast(x.dtype)
+def _float(x: Tensor) -> Tensor:
+    return x if x.dtype.is_float else x.float()
 
 
 def _sum(x, axes, keep, noop):
@@ -81,7 +81,7 @@ def _l1(x, axes, keep, noop):
 def _l2(x, axes, keep, noop):
     if noop:
         return x.abs()
-    return (x * x).sum(axes, keepdim=keep)._to_float().sqrt().cast(x.dtype)
+    return _float(x * x).sum(axes, keepdim=keep).sqrt().cast(x.dtype)
 
 
 def _sumsq(x, axes, keep, noop):
@@ -95,7 +95,7 @@ def _logsum(x, axes, keep, noop):
 def _logsumexp(x, axes, keep, noop):
     if noop:
         return x
-    xf = x._to_float() if not x.dtype.is_float else x
+    xf = _float(x)
     return xf.logsumexp(axes, keepdim=keep).cast(x.dtype)
 
 
