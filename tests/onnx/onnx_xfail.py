@@ -3,12 +3,6 @@
 XFAIL: dict[str, str] = {}
 _BY_CAUSE: dict[str, list[str]] = {
     # operators not implemented
-    "not implemented: DeformConv": [
-        "test_basic_deform_conv_with_padding",
-        "test_basic_deform_conv_without_padding",
-        "test_deform_conv_with_mask_bias",
-        "test_deform_conv_with_multiple_offset_groups",
-    ],
     "not implemented: ImageDecoder (needs an image codec)": [
         "test_image_decoder_decode_jpeg_rgb",
         "test_image_decoder_decode_jpeg_grayscale",

@@ -306,3 +306,53 @@ def _roi_align(n: Node, x, rois, batch_indices):
         else:
             outs.append(taps.sum(4).mean(3))
     return Tensor.stack(*outs, dim=0).cast(x.dtype)
+
+
+def _bilinear_zeros(planes: Tensor, py: Tensor, px: Tensor, H: int, W: int) -> Tensor:
+    """Sample (B, C, H*W) planes at pixel positions (B, M) bilinearly, zero outside: (B, C, M)."""
+    B, C = planes.shape[0], planes.shape[1]
+    y0, x0 = py.floor(), px.floor()
+    out = None
+    for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        yi, xi = y0 + dy, x0 + dx
+        w = (1 - (py - yi).abs()) * (1 - (px - xi).abs())
+        ok = (yi >= 0) & (yi <= H - 1) & (xi >= 0) & (xi <= W - 1)
+        lin = (yi.clip(0, H - 1) * W + xi.clip(0, W - 1)).cast(dtypes.int64)
+        m = lin.shape[-1]
+        v = planes.gather(2, lin.reshape(B, 1, m).expand(B, C, m)) * ok.where(w, 0.0).reshape(B, 1, m)
+        out = v if out is None else out + v
+    return out
+
+
+@op("DeformConv")
+def _deform_conv(n: Node, x, w, offset, b=None, mask=None):
+    """Each kernel tap reads x at its grid position plus a learned offset (bilinear, zero outside), times the mask;
+    then the taps are contracted with the weights as a grouped convolution (one matmul)."""
+    x, w, off = n.t(x), n.t(w), n.t(offset)
+    if x.ndim != 4:
+        raise NotImplementedError(f"uopc.onnx: DeformConv on {x.ndim - 2}-D inputs (2-D only) (node {n.proto.name!r})")
+    N, C, H, W = x.shape
+    oc, cg = w.shape[0], w.shape[1]
+    kh, kw = n.attr("kernel_shape", w.shape[2:])
+    sh, sw = n.attr("strides", [1, 1])
+    dh, dw = n.attr("dilations", [1, 1])
+    pads = n.attr("pads", [0, 0, 0, 0])
+    group, og = n.attr("group", 1), n.attr("offset_group", 1)
+    oh, ow = off.shape[2:]
+    k = kh * kw
+    off = off.reshape(N, og, kh, kw, 2, oh, ow)
+    base_y = (np.arange(kh) * dh).reshape(kh, 1, 1, 1) + (np.arange(oh) * sh - pads[0]).reshape(1, 1, oh, 1)
+    base_x = (np.arange(kw) * dw).reshape(1, kw, 1, 1) + (np.arange(ow) * sw - pads[1]).reshape(1, 1, 1, ow)
+    ft = x.dtype
+    py = off[:, :, :, :, 0] + Tensor(np.broadcast_to(base_y, (kh, kw, oh, ow)).astype(ft.np))
+    px = off[:, :, :, :, 1] + Tensor(np.broadcast_to(base_x, (kh, kw, oh, ow)).astype(ft.np))
+    planes = x.reshape(N * og, C // og, H * W)
+    s = _bilinear_zeros(planes, py.reshape(N * og, -1), px.reshape(N * og, -1), H, W)  # (N*og, C/og, k*oh*ow)
+    if mask is not None:
+        s = s * n.t(mask).reshape(N * og, 1, -1)
+    s = s.reshape(N, group, C // group, k, oh * ow).permute(0, 1, 4, 2, 3).reshape(N, group, oh * ow, cg * k)
+    wm = w.reshape(group, oc // group, cg * k).permute(0, 2, 1)  # (group, C/group*k, oc/group)
+    y = (s @ wm).permute(0, 1, 3, 2).reshape(N, oc, oh, ow)
+    if b is not None:
+        y = y + n.t(b).reshape(1, oc, 1, 1)
+    return y.cast(x.dtype)
