@@ -222,3 +222,22 @@ def test_backend_interface():
     assert r.tolist() == [0.0, 2.0]
     with pytest.raises(ValueError, match="CPU"):
         backend.prepare(_mlp(), "CUDA")
+
+
+def test_random_ops_draw_in_range():
+    """RandomUniformLike and Dropout in training mode run on uopc's own generator: checked by range and rate (the
+    conformance cases expect NumPy's numbers, listed in onnx_xfail.py)."""
+    nodes = [
+        helper.make_node("RandomUniformLike", ["x"], ["u"], low=2.0, high=3.0),
+        helper.make_node("Dropout", ["x", "ratio", "train"], ["y", "mask"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(0.25, np.float32), "ratio"),
+             numpy_helper.from_array(np.array(True), "train")]  # fmt: skip
+    outs = [helper.make_tensor_value_info("u", F, [4096]), helper.make_tensor_value_info("y", F, [4096]),
+            helper.make_tensor_value_info("mask", TensorProto.BOOL, [4096])]  # fmt: skip
+    m = uopc.onnx.load(_model(nodes, [helper.make_tensor_value_info("x", F, [4096])], outs, inits))
+    out = m(np.ones(4096, np.float32))
+    u, y, mask = out["u"].numpy(), out["y"].numpy(), out["mask"].numpy()
+    assert u.min() >= 2.0 and u.max() < 3.0
+    assert 0.7 < mask.mean() < 0.8  # keeps 75% (4096 draws: 5 sigma is about 0.034)
+    np.testing.assert_allclose(y, np.where(mask, 1 / 0.75, 0.0), rtol=1e-6)

@@ -134,3 +134,38 @@ def _qlinear_conv(n: Node, x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp, b=None):
 @op("BitCast")
 def _bitcast(n: Node, x):
     return n.t(x).bitcast(onnx_dtype(n["to"]))
+
+
+# ---------------------------------------------------------------- random numbers (uopc's Philox stream: the values
+# differ from onnx's NumPy-generated expectations; `seed` is not followed)
+
+
+def _rand_dtype(n: Node, like=None):
+    dt = n.attr("dtype")
+    if dt is not None:
+        return onnx_dtype(dt)
+    return like.dtype if isinstance(like, Tensor) else dtypes.float32 if like is None else dtypes.from_np(like.dtype)
+
+
+def _uniform(n: Node, shape, like=None) -> Tensor:
+    dt = _rand_dtype(n, like)
+    u = Tensor.uniform(*shape, low=n.attr("low", 0.0), high=n.attr("high", 1.0), dtype=dtypes.float32)
+    return u.cast(dt)
+
+
+def _normal(n: Node, shape, like=None) -> Tensor:
+    dt = _rand_dtype(n, like)
+    return Tensor.normal(*shape, mean=n.attr("mean", 0.0), std=n.attr("scale", 1.0), dtype=dtypes.float32).cast(dt)
+
+
+op("RandomUniform")(lambda n: _uniform(n, n["shape"]))
+op("RandomNormal")(lambda n: _normal(n, n["shape"]))
+op("RandomUniformLike")(lambda n, x: _uniform(n, x.shape, x))
+op("RandomNormalLike")(lambda n, x: _normal(n, x.shape, x))
+
+
+@op("Bernoulli")
+def _bernoulli(n: Node, p):
+    p = n.t(p)
+    dt = onnx_dtype(n["dtype"]) if n.attr("dtype") is not None else p.dtype
+    return (Tensor.rand(*p.shape) < p.float()).cast(dt)

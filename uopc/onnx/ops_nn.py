@@ -278,7 +278,8 @@ def _dropout(n: Node, x, ratio=None, training=None):
     train = n.host(training) if training is not None else None
     if train is not None and bool(train.reshape(-1)[0]):
         r = 0.5 if ratio is None else float(n.host(ratio).reshape(-1)[0])
-        if r != 0:
-            raise NotImplementedError(f"uopc.onnx: Dropout in training mode (ratio {r}) (node {n.proto.name!r})")
+        if r != 0:  # uopc's random stream: not the numbers onnx's NumPy-made expectations hold
+            keep = Tensor.rand(*x.shape) >= r
+            return (keep.where(x, 0.0) / (1 - r)).cast(x.dtype), keep
     mask = Tensor.full(x.shape, True, dtype=dtypes.bool) if x.ndim else Tensor(np.array(True))
     return x, mask
