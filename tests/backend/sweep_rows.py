@@ -406,6 +406,24 @@ ROWS: list[Row] = [
         lambda x: (x[1], x[:, ::2], x[None, ..., 1:3], x[-1, -2], x[torch.tensor([2, 0])]),
         ew1(ALL)[2:],
     ),
+    # several Tensor indices broadcast together (repeats and negatives: the gradient accumulates), adjacent or not
+    Row(
+        "fancy_index",
+        lambda x: (
+            x[Tensor([0, -1, 0]), Tensor([4, 1, 4])],
+            x[Tensor([[1], [3]]), Tensor([[0, -2, 2]])],
+            x.reshape(2, 2, 5)[Tensor([1, 0]), :, Tensor([3, 3])],
+            x.reshape(2, 2, 5)[1, Tensor([1, -2]), Tensor([0, 4])],
+        ),
+        lambda x: (
+            x[torch.tensor([0, -1, 0]), torch.tensor([4, 1, 4])],
+            x[torch.tensor([[1], [3]]), torch.tensor([[0, -2, 2]])],
+            x.reshape(2, 2, 5)[torch.tensor([1, 0]), :, torch.tensor([3, 3])],
+            x.reshape(2, 2, 5)[1, torch.tensor([1, -2]), torch.tensor([0, 4])],
+        ),
+        ew1(ALL)[2:],
+        cover_name=False,
+    ),
     Row(
         "cat",
         lambda a, b: (a.cat(b), Tensor.cat(a, b, dim=1)),

@@ -205,6 +205,9 @@ def test_embedding_reads_only_the_rows_it_needs():
         ("fancy index", lambda T, E: T(np.zeros((3, 5), np.float32))[T([5, 0])], "index 5"),
         ("negative fancy index", lambda T, E: T(np.zeros((3, 5), np.float32))[T([-4])], "index -4"),
         ("Embedding", lambda T, E: E(5, 2)(T([7])), "index 7"),
+        # several Tensor indices: each is checked against its own dim, so 6 (flat 0*5 + 6, in range) still raises
+        ("second of two fancy indices", lambda T, E: T(np.zeros((3, 5), np.float32))[T([0]), T([6])], "index 6"),
+        ("first of two fancy indices", lambda T, E: T(np.zeros((3, 5), np.float32))[T([-4]), T([0])], "index -4"),
     ],
 )
 def test_bad_data_dependent_index_raises_instead_of_a_silent_zero(what, call, message):

@@ -19,6 +19,7 @@ import numpy as np
 
 from uopc.helpers import prod
 from uopc.tensor.shape import (
+    broadcast_shape,
     expand_shape,
     is_int,
     norm_axes,
@@ -186,9 +187,8 @@ class MovementMixin:
     # ---------------------------------------------------------------- indexing
 
     def __getitem__(self, index: Any) -> Self:
-        """Basic indexing (ints, slices with any step, None, ...) and one int-Tensor gather; views only.
-
-        A list of ints indexes like an int Tensor, as in NumPy."""
+        """Basic indexing (ints, slices with any step, None, ...) as views, and int-Tensor indices as gathers, as in
+        NumPy: several Tensors broadcast together. A list of ints indexes like an int Tensor."""
         items = list(index) if isinstance(index, tuple) else [index]
         for i, it in enumerate(items):
             if isinstance(it, (list, np.ndarray)):
@@ -208,10 +208,7 @@ class MovementMixin:
         else:
             items += [slice(None)] * (self.ndim - consumed)
         tensors = [i for i, it in enumerate(items) if isinstance(it, MovementMixin)]
-        if len(tensors) > 1:
-            raise IndexError("only one Tensor index is supported")
-
-        bounds, flips, steps, final, gather_at = [], [], [], [], None
+        bounds, flips, steps, final, gather_at = [], [], [], [], []
         d = 0  # the input dim the next item indexes
         for it in items:
             if it is None:
@@ -224,7 +221,7 @@ class MovementMixin:
                 bounds.append((int(it) % s, int(it) % s + 1))
                 steps.append(1)
             elif isinstance(it, MovementMixin):
-                gather_at = len(final)
+                gather_at.append(len(final))
                 bounds.append((0, s))
                 steps.append(1)
                 final.append(s)
@@ -242,18 +239,51 @@ class MovementMixin:
                 final.append(n)
             d += 1
         out = self.shrink(bounds).flip(tuple(flips))._strided(steps).reshape(tuple(final))
-        if gather_at is None:
+        if not gather_at:
             if out is not self:  # a view: writing to it writes self (weakly: a view alone does not keep self alive)
                 out._view_of = View(weakref.ref(self), index)
             return out
-        out = out._take(gather_at, items[tensors[0]])
-        # NumPy: ints and the Tensor are all advanced indices; if they are not adjacent, the gathered dims go first
+        idx = [items[t] for t in tensors]
+        if len(idx) > 1:  # several Tensors: one gather of the dims they index, merged, at their broadcast shape
+            out, at, flat = out._merged_index(gather_at, idx)
+        else:
+            out, at, flat = out, gather_at[0], idx[0]
+        out = out._take(at, flat)
+        # NumPy: ints and Tensors are all advanced indices; if they are not adjacent, the gathered dims go first
         adv = [i for i, it in enumerate(items) if is_int(it) or isinstance(it, MovementMixin)]
         if adv != list(range(adv[0], adv[-1] + 1)):
-            k = items[tensors[0]].ndim
-            order = list(range(gather_at, gather_at + k))
+            order = list(range(at, at + flat.ndim))
             out = out.permute(*order, *(i for i in range(out.ndim) if i not in order))
         return out
+
+    def _merged_index(self, dims: list[int], idx: list[Self]) -> tuple[Self, int, Self]:
+        """x[..., I, ..., J, ...] as one take: the indexed `dims` moved together (to the first one) and merged into
+        one dim, and the flat index I*size_J + J at the Tensors' broadcast shape. Each Tensor is checked against
+        its own dim first (negative values count from the end), so a flat index is never out of range silently."""
+        for t in idx:
+            if not t.dtype.is_int:
+                raise IndexError(f"tensors used as indices must be int tensors, got {t.dtype!r}")
+        try:
+            shape = broadcast_shape(*(t.shape for t in idx))
+        except ValueError:
+            shapes = " ".join(str(t.shape) for t in idx)
+            msg = f"shape mismatch: indexing tensors could not be broadcast together with shapes {shapes}"
+            raise IndexError(msg) from None
+        sizes = [self.shape[d] for d in dims]
+        dt = dtypes.int64 if prod(sizes) > 2**31 - 1 else dtypes.int32
+        flat = None
+        for t, d, n in zip(idx, dims, sizes, strict=True):
+            if n == 0 and t.numel():
+                raise IndexError(f"cannot index dimension {d} of size 0 (shape {self.shape})")
+            # arange(n) taken at t: t itself, checked against n when the kernel runs (negatives wrapped)
+            j = type(self).arange(n, dtype=dt)._take(0, t, f"index of dim {d}").expand(shape)
+            flat = j if flat is None else flat * n + j
+        at = dims[0]
+        rest = [d for d in range(self.ndim) if d not in dims]
+        perm = [*rest[:at], *dims, *rest[at:]]
+        x = self.permute(*perm)
+        x = x.reshape((*x.shape[:at], prod(sizes), *x.shape[at + len(dims) :]))
+        return x, at, flat
 
     def _strided(self, steps: list[int]) -> Self:
         """Every steps[d]-th element of each dim: pad to a multiple of the step, split (n, step), keep column 0."""
