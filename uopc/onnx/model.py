@@ -51,9 +51,13 @@ def load(model: str | os.PathLike | bytes | onnx.ModelProto) -> OnnxModel:
         if not os.path.exists(model):
             raise FileNotFoundError(f"uopc.onnx.load: no such file {os.fspath(model)!r}")
         try:
+            onnx.checker.check_model(os.fspath(model))  # from the path: a model over 2 GiB is checked too
             proto = onnx.load(os.fspath(model), load_external_data=True)
+        except onnx.checker.ValidationError as e:
+            raise ValueError(f"uopc.onnx: malformed model {os.fspath(model)!r}: {e}") from e
         except Exception as e:
             raise ValueError(f"uopc.onnx.load: cannot read {os.fspath(model)!r} as an ONNX model: {e}") from e
+        return OnnxModel(proto, checked=True)
     elif isinstance(model, (bytes, bytearray, memoryview)):
         proto = onnx.ModelProto()
         try:
@@ -74,7 +78,7 @@ def _external(t: onnx.TensorProto) -> bool:
 class OnnxModel:
     """A loaded ONNX model. Call it with the graph inputs (positionally or by name); it returns {output: Tensor}."""
 
-    def __init__(self, proto: onnx.ModelProto):
+    def __init__(self, proto: onnx.ModelProto, checked: bool = False):
         missing = [t.name for t in proto.graph.initializer if _external(t)]
         if missing:
             raise ValueError(
@@ -82,7 +86,8 @@ class OnnxModel:
                 "load the model from its path (uopc.onnx.load('model.onnx')) with the data file next to it"
             )
         try:
-            onnx.checker.check_model(proto)
+            if not checked:
+                onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as e:
             raise ValueError(f"uopc.onnx: malformed model: {e}") from e
         if proto.functions:
