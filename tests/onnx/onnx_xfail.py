@@ -37,8 +37,6 @@ _BY_CAUSE: dict[str, list[str]] = {
         "test_dft_inverse_opset19",
         "test_dft_inverse",
     ],
-    # bugs to fix
-    "bug: Range in bfloat16, expanded into a Loop": ["test_range_bfloat16_type_positive_delta_expanded"],
 }
 for _cause, _names in _BY_CAUSE.items():
     for _n in _names:

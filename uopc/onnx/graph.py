@@ -92,7 +92,8 @@ def to_tensor(x: Value) -> Tensor:
         raise TypeError(f"expected a tensor, got {type(x).__name__}")
     a = np.asarray(x)
     if BF16_NP is not None and a.dtype == BF16_NP:
-        return Tensor(a.astype(np.float32), dtype=dtypes.bfloat16)
+        # reshape: Tensor(0-d float32, dtype=bfloat16) comes back with shape (1,) (a Tensor bug, reported)
+        return Tensor(a.astype(np.float32), dtype=dtypes.bfloat16).reshape(a.shape)
     return Tensor(a if a.flags.c_contiguous else a.copy())
 
 
