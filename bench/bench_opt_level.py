@@ -3,6 +3,7 @@
     python bench/bench_opt_level.py                          # GPT-2 small forward, char-GPT step, ResNet-18, CNN step
     python bench/bench_opt_level.py --models cnn --rounds 5
     python bench/bench_opt_level.py --quick                  # small configs, to try it out
+    python bench/bench_opt_level.py --low "-O2 -fvect-cost-model=dynamic"   # another level against -O3
 
 For each model the process builds the call twice, once with uopc's CFLAGS as they are (-O3) and once with -O3
 replaced by -O2, each in its own empty UOPC_CACHE, so both sides compile every plan. Then:
@@ -82,15 +83,18 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=3, help="calls per round")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--low", default="-O2", help="the flags that replace -O3 on the -O2 side (e.g. '-O2 -fno-...')")
     args = ap.parse_args()
     set_num_threads(args.threads)
     o3 = compiler.base_cflags()  # the CFLAGS setting; the Machine's additions follow from it
     if "-O3" not in o3:
         raise SystemExit(f"bench_opt_level: the flags have no -O3 to compare: {o3}")
-    levels = {"-O3": o3, "-O2": ["-O2" if f == "-O3" else f for f in o3]}
+    low = args.low.split()  # what replaces -O3 on the "-O2" side
+    levels = {"-O3": o3, "-O2": [g for f in o3 for g in (low if f == "-O3" else [f])]}
     cc = compiler._resolve_compiler()
     keep = os.environ.get("UOPC_CACHE")
     print(f"gcc {compiler._compiler_version(cc).splitlines()[0]}; flags {' '.join(o3)}; {args.threads} threads")
+    print(f"the -O2 columns: -O3 replaced by {args.low}")
     for name in args.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             built = {lv: build(name, fl, args.quick, os.path.join(tmp, lv)) for lv, fl in levels.items()}
