@@ -149,6 +149,25 @@ def test_jit_replays_without_building_the_graph():
     assert len(builds) == 2  # the first call runs, the second captures, later calls replay
 
 
+def test_jit_returns_sequence_outputs_as_lists():
+    # regression: a sequence output under .jit() raised "expected a tensor, got list"
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"]),
+        helper.make_node("SplitToSequence", ["r"], ["parts"], axis=1, keepdims=1),
+    ]
+    seq = helper.make_tensor_sequence_value_info("parts", TensorProto.FLOAT, None)
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    r_info = helper.make_tensor_value_info("r", TensorProto.FLOAT, [2, 3])
+    m = uopc.onnx.load(_model(nodes, [x_info], [r_info, seq]))
+    step = m.jit()
+    rng = np.random.default_rng(2)
+    for _ in range(3):  # run, capture, replay
+        x = rng.standard_normal((2, 3)).astype(np.float32)
+        out = step(Tensor(x))
+        np.testing.assert_array_equal(out["r"].numpy(), np.maximum(x, 0))
+        assert [p.numpy().tolist() for p in out["parts"]] == [np.maximum(x[:, i : i + 1], 0).tolist() for i in range(3)]
+
+
 def test_external_data_loads_from_a_path_and_bytes_without_it_raise(tmp_path):
     proto = _mlp()
     path = tmp_path / "ext.onnx"

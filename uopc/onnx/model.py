@@ -154,20 +154,39 @@ class OnnxModel:
 
     def jit(self) -> Any:
         """A TinyJit of this model: call it with Tensors (positionally, graph-input order); after two calls it
-        replays the captured plan with no graph building. Returns {output name: Tensor}."""
+        replays the captured plan with no graph building. Returns {output name: Tensor} (a list of Tensors for a
+        sequence output, None for a missing optional one), as calling the model does."""
         names = self.output_names
+        counts: dict[str, int | None] = {}  # per output: -1 a Tensor, n a sequence of n, None a missing optional
 
         def step(*xs: Tensor) -> tuple[Tensor, ...]:
             outs = self.lazy(*xs)
-            res = [to_tensor(outs[n]) for n in names]
-            Tensor.realize_all(*res)
-            return tuple(res)
+            flat: list[Tensor] = []
+            for n in names:  # TinyJit returns Tensors: a sequence's elements go into the flat tuple, in order
+                v = outs[n]
+                if isinstance(v, list):
+                    counts[n] = len(v)
+                    flat += [to_tensor(x) for x in v]
+                else:
+                    counts[n] = None if v is None else -1
+                    flat += [] if v is None else [to_tensor(v)]
+            Tensor.realize_all(*flat)
+            return tuple(flat)
 
         jitted = uopc.TinyJit(step)
 
-        def call(*xs: Any) -> dict[str, Tensor]:
+        def call(*xs: Any) -> dict[str, Any]:
             ts = [x if isinstance(x, Tensor) else to_tensor(np.asarray(x)) for x in xs]
-            return dict(zip(names, jitted(*ts)))
+            flat, out, at = list(jitted(*ts)), {}, 0
+            for n in names:
+                k = counts[n]
+                if k is None:
+                    out[n] = None
+                elif k < 0:
+                    out[n], at = flat[at], at + 1
+                else:
+                    out[n], at = flat[at : at + k], at + k
+            return out
 
         return call
 
