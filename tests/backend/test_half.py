@@ -151,9 +151,13 @@ def test_composites_round_once(dtype, name):
 
 
 def test_bfloat16_reductions_softmax_layernorm_matmul():
-    # PyTorch's bfloat16 kernels accumulate in float32 and round once; within one bfloat16 ulp
-    x = (rng.standard_normal((8, 3000)) + 40).astype(np.float32)
-    w = rng.standard_normal((3000, 16)).astype(np.float32) * 0.02
+    # PyTorch's bfloat16 kernels accumulate in float32 and round once; within one bfloat16 ulp. LayerNorm's outputs
+    # near 0 come from x - mean with x ~ 40 (cancellation): there both round a float32 value that differs by a few
+    # 1e-6, so they may land 2 ulps apart (seen at 0.0019); those are held to an absolute 2^-9, half an ulp at 1.
+    # Its own generator: the module's `rng` gives each test different data depending on what ran before it (xdist).
+    g = np.random.default_rng(11)
+    x = (g.standard_normal((8, 3000)) + 40).astype(np.float32)
+    w = g.standard_normal((3000, 16)).astype(np.float32) * 0.02
     t, tw = Tensor(x, dtype=dtypes.bfloat16), Tensor(w, dtype=dtypes.bfloat16)
     r, rw = torch.tensor(x).bfloat16(), torch.tensor(w).bfloat16()
     cases = [
@@ -165,7 +169,10 @@ def test_bfloat16_reductions_softmax_layernorm_matmul():
     ]
     for k, (got, ref) in enumerate(cases):
         assert got.dtype is dtypes.bfloat16, k
-        assert ulps(got.numpy(), ref).max() <= 1, k
+        off = ulps(got.numpy(), ref) > 1
+        if k == 3:  # layernorm: see above
+            off &= np.abs(got.numpy() - ref.float().numpy()) > 2**-9
+        assert not off.any(), k
 
 
 # ---------------------------------------------------------------- the kernels: no arithmetic on 16-bit floats

@@ -200,3 +200,20 @@ def test_int32_max_reduce_with_negative_values():
     np.testing.assert_array_equal(run(g, [m]), m.max(1))
     assert "(-2147483647-1)" in render_graph(g, 1)
     np.testing.assert_array_equal(run(buf(0, 12, i32).reshape((3, 4)).reduce(Ops.MAX, 2), [m]), np.int32(INT_MAX))
+
+
+def test_fmod_by_infinity_keeps_the_dividend():
+    # regression (found by the ONNX Mod cases): a - trunc(a/inf)*inf was 0*inf = NaN; C's fmod and torch give a
+    from uopc import Tensor
+
+    a = np.array([3.0, -3.0, 0.5, math.inf, math.nan, 2.0], np.float32)
+    b = np.array([math.inf, -math.inf, math.inf, math.inf, math.inf, 1.5], np.float32)
+    np.testing.assert_array_equal(Tensor(a).fmod(Tensor(b)).numpy(), np.fmod(a, b))
+
+
+def test_zero_d_bfloat16_tensor_keeps_its_shape():
+    # regression: np.ascontiguousarray made the 0-d array of bit patterns 1-d, so the Tensor's shape was (1,)
+    from uopc import Tensor
+
+    t = Tensor(np.array(1.5, np.float32), dtype=dtypes.bfloat16)
+    assert t.shape == () and float(t.float().numpy()) == 1.5

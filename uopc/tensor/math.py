@@ -116,7 +116,8 @@ class MathMixin:
         """C's remainder: the sign of the dividend (PyTorch's fmod; % follows the divisor)."""
         a, b = self._operands(x)
         if a.dtype.is_float:
-            return a - (a / b).trunc() * b
+            # a finite dividend over an infinite divisor is itself (a/b*b would be 0*inf = NaN), as C's fmod gives
+            return ((b.abs() == math.inf) & (a.abs() < math.inf)).where(a, a - (a / b).trunc() * b)
         r = a % b
         return ((r != 0) & ((r < 0) != (a < 0))).where(r - b, r)
 

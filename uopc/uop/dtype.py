@@ -220,7 +220,7 @@ def float_scalar_type(dt: DType) -> type:
 
 def float_to_bf16_bits(a: np.ndarray) -> np.ndarray:
     """float values as bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays a quiet NaN."""
-    f = np.ascontiguousarray(a, np.float32)
+    f = np.ascontiguousarray(a, np.float32).reshape(np.shape(a))  # (ascontiguousarray makes a 0-d array 1-d)
     u = f.view(np.uint32).astype(np.uint64)
     rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32)
     return np.where(np.isnan(f), (u >> 16).astype(np.uint32) | 0x40, rounded).astype(np.uint16)
