@@ -291,16 +291,28 @@ def test_plan_key_includes_bounds_checks(context, opt0):
     assert "uopc_check(uopc_oob, " in cp.src
 
 
-def test_conv2d_is_im2col_then_a_gemm_shaped_reduce():
+def test_strided_conv2d_is_im2col_then_a_gemm_shaped_reduce():
     # the windows are copied once (e_), with the positions and the window axes as loops of their own, then one
     # reduction over Cin*kh*kw = 288 reads both operands with plain ranges: no div/mod in either kernel's index math
-    # (the reduction reads the staged (9, 11, 32, 3, 3) as (99, 288): a reshape of a reshape is one reshape)
+    # (the reduction reads the staged (5, 6, 32, 3, 3) as (30, 288): a reshape of a reshape is one reshape)
     x, w = Tensor(r(2, 32, 9, 11)), Tensor(r(8, 32, 3, 3))
-    plan, _ = make_plan([x.conv2d(w, padding=1).uop])
-    assert [k.name for k in plan.kernels] == ["e_2_1_9_11_32_3_3", "r_2_1_8_99"]
+    plan, _ = make_plan([x.conv2d(w, padding=1, stride=2).uop])
+    assert [k.name for k in plan.kernels] == ["e_2_1_5_6_32_3_3", "r_2_1_8_30"]
     for k in plan.kernels:
         body = render_c(k.ast, k.name).split(f"void {k.name}(", 1)[1]  # the function only, not the helpers
         assert "%" not in body and "/" not in body, body
+
+
+def test_stride1_conv2d_reads_the_padded_input_in_place():
+    # no im2col: the padded input is copied once, flat per channel (11 * 13 + 2 tail zeros = 145), the reduction
+    # over Cin*kh*kw runs over every column of the padded width (9 * 13 = 117 positions) reading that copy at each
+    # tap's offset, and the 2 extra columns are cut by the consumer (here a copy, the plan's output)
+    x, w = Tensor(r(2, 32, 9, 11)), Tensor(r(8, 32, 3, 3))
+    plan, _ = make_plan([x.conv2d(w, padding=1).uop])
+    assert [k.name for k in plan.kernels] == ["e_2_32_145", "r_2_1_8_117", "e_2_8_9_11"]
+    # a consumer fuses the cut: conv + relu is the same three kernels, the relu in the last
+    plan, _ = make_plan([x.conv2d(w, padding=1).relu().uop])
+    assert [k.name for k in plan.kernels] == ["e_2_32_145", "r_2_1_8_117", "e_2_8_9_11"]
 
 
 def test_identical_kernels_are_lowered_once():

@@ -53,8 +53,14 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
     return points
 
 
-# Tensor.detach() wraps a node in STAGE("detach"): autodiff stops there, execution ignores it
-strip_detach = PatternMatcher([(UPat(Ops.STAGE, arg="detach", src=(UPat.var("x"),)), lambda x: x)])
+# Tensor.detach() wraps a node in STAGE("detach"): autodiff stops there, execution ignores it; a CUSTOM_GRAD marker
+# only tells autodiff which rule differentiates its value: execution computes the value
+strip_detach = PatternMatcher(
+    [
+        (UPat(Ops.STAGE, arg="detach", src=(UPat.var("x"),)), lambda x: x),
+        (UPat(Ops.CUSTOM_GRAD, name="m"), lambda m: m.src[0]),
+    ]
+)
 
 
 # a node's kernel reads what it was computed from: buffers and other kernels' results
@@ -179,8 +185,8 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     """
     inputs = [u for u in UOp(Ops.SINK, tuple(roots)).toposort() if u.op is Ops.BUFFER]
     in_idx = {u: i for i, u in enumerate(inputs)}
-    # 1. strip detach markers (they only stop gradients) and reshapes of roots (outputs are flat buffers anyway,
-    #    and a reshaped reduce would otherwise be a reduce kernel plus a copy)
+    # 1. strip detach and custom-gradient markers (they only steer gradients) and reshapes of roots (outputs are
+    #    flat buffers anyway, and a reshaped reduce would otherwise be a reduce kernel plus a copy)
     roots = [base_buffer(graph_rewrite(r, strip_detach)) for r in roots]
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:

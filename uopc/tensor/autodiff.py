@@ -10,6 +10,11 @@ and shared by the loss and the gradient kernels.
     >>> compute_gradient(loss, UOp.const(1.0, dtypes.float32), [w])[w]     # w*1 + w*1, reading w's own buffer
 
 STAGE is the identity for gradients; STAGE("detach") stops them. BUFFER and CONST are leaves.
+
+A composite op can bring its own gradient: `with_gradient(value, inputs, rule, params)` marks its value with a
+CUSTOM_GRAD node, and autodiff then calls the rule registered under that name (`CUSTOM_RULES`) instead of
+differentiating the value's own graph. The rule may return any graph (a convolution's input gradient is a
+transposed convolution, its weight gradient a GEMM over batch and positions), not only elementwise algebra.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import operator
 from collections.abc import Callable
 
 from uopc.helpers import argsort
-from uopc.uop import ALU, MOVEMENT, Ops, Span, UOp
+from uopc.uop import ALU, MOVEMENT, GradFn, Ops, Span, UOp
 from uopc.uop.dtype import DType, dtypes
 
 # ---------------------------------------------------------------------------------------------------
@@ -156,6 +161,26 @@ def _region_view(g: UOp, region: tuple[Span, ...]) -> UOp:
 
 LN2 = math.log(2.0)
 
+# Gradient rules of composite ops, by name: (gradient of the value, the CUSTOM_GRAD node) -> one gradient (or None)
+# per input, in order. The node's src is (value, *inputs) and its arg the GradFn with the rule's static params.
+CUSTOM_RULES: dict[str, Callable[[UOp, UOp], tuple[UOp | None, ...]]] = {}
+
+
+def with_gradient(value: UOp, inputs: tuple[UOp, ...], rule: str, params: tuple = ()) -> UOp:
+    """`value`, marked so that autodiff differentiates it with CUSTOM_RULES[rule] (with `params`) for `inputs`."""
+    if rule not in CUSTOM_RULES:
+        raise KeyError(f"autodiff: no custom gradient rule named {rule!r}")
+    return UOp(Ops.CUSTOM_GRAD, (value, *inputs), GradFn(rule, params))
+
+
+def _custom_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
+    """The value's own graph gets nothing (it is not differentiated); the inputs get what the named rule says."""
+    grads = CUSTOM_RULES[x.arg.rule](g, x)
+    if len(grads) != len(x.src) - 1:
+        raise RuntimeError(f"autodiff: rule {x.arg.rule!r} gave {len(grads)} gradients for {len(x.src) - 1} inputs")
+    return (None, *grads)
+
+
 # One rule per op: (gradient of the node, the node) -> one gradient (or None) per source, in source order.
 GradRule = Callable[[UOp, UOp], tuple[UOp | None, ...]]
 GRAD_RULES: dict[Ops, GradRule] = {
@@ -198,6 +223,8 @@ GRAD_RULES: dict[Ops, GradRule] = {
     Ops.SETITEM: lambda g, x: (g.setitem(zeros_like(x.src[1]), x.arg), _region_view(g, x.arg)),
     # ---- materialization: contiguous() is the identity, detach() stops the gradient
     Ops.STAGE: lambda g, x: (None,) if x.arg == "detach" else (_stage(g),),
+    # ---- a composite with its own rule (with_gradient)
+    Ops.CUSTOM_GRAD: _custom_grad,
 }
 
 

@@ -6,6 +6,19 @@ Every sliding-window op first makes a window view of the (padded) input with mov
     conv2d:   windows (N, 1, C, oh, ow, kh, kw) * w (1, Cout, C, 1, 1, kh, kw)  -> REDUCE over (C, kh, kw)
 
 so the kernelizer fuses the window reads into the reduction and the optimizer sees a matmul-like loop nest.
+
+A stride-1 convolution reads its input in place (an implicit GEMM, no im2col copy): the padded input is flattened
+per channel, and output position p = oh*Wp + ow is computed for every column of the padded width Wp (the last
+k-1 columns are cut afterwards), so tap (kh, kw) reads element p + kh*d*Wp + kw*d: for consecutive p, consecutive
+elements. The microkernel's vector loads then come straight from the input, and each input element is read by
+every tap without being copied once per tap.
+
+    xf (N, C, Hp*Wp + tail)  --windows per spatial dim-->  (N, C, kh, kw, OH*Wp)          # a view: no copy
+    out_ext (N, Cout, OH*Wp) = sum over (C, kh, kw) of w * view   -> cut to (N, Cout, OH, OW)
+
+Gradients come from a rule of their own (autodiff.with_gradient), not from differentiating the windows: the input's
+is a stride-1 convolution of the (zero-dilated, padded) output gradient with the flipped, transposed weight, through
+the same kernel; the weight's a GEMM whose reduction runs over batch and positions.
 """
 
 from __future__ import annotations
@@ -14,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 from uopc.helpers import prod
+from uopc.tensor.autodiff import with_gradient
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
 
@@ -120,8 +134,7 @@ class ConvMixin:
         pads = _conv_padding(padding, n, ks, dl, st)
         if any(lo < 0 or hi < 0 for lo, hi in pads):
             raise ValueError(f"padding must be non-negative, got {padding!r}")
-        N, cin, sp = self.shape[0], self.shape[1], self.shape[2:]
-        cout = w.shape[0]
+        cin, sp, cout = self.shape[1], self.shape[2:], w.shape[0]
         if not is_int(groups) or groups < 1 or cin % groups or cout % groups:
             raise ValueError(f"groups={groups} must be a positive divisor of in_channels {cin} and out_channels {cout}")
         if w.shape[1] * groups != cin:
@@ -132,6 +145,60 @@ class ConvMixin:
         outs = [_out_size(i, k, s, d, lo, hi) for i, k, s, d, (lo, hi) in zip(sp, ks, st, dl, pads, strict=True)]
         if any(o < 1 for o in outs):
             raise ValueError(f"conv{n}d: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
+        if all(v == 1 for v in st):
+            out = self._conv_in_place(w, pads, dl, groups)
+        else:
+            out = self._conv_im2col(w, pads, st, dl, groups, outs)
+        if not type(self).no_grad:  # gradients by the conv rule (_conv_grad_rule), not through the windows
+            params = (st, dl, tuple(pads), groups)
+            out = out._new(with_gradient(out.uop, (self.uop, w.uop), "conv", params), self, w)
+        if bias is not None:
+            b = bias if isinstance(bias, ConvMixin) else type(self)(bias)
+            if b.shape != (cout,):
+                raise ValueError(f"conv{n}d: bias must have shape ({cout},), got {b.shape}")
+            out = out + b.reshape(cout, *([1] * n))
+        return out
+
+    def _flat_padded(self, pads: Sequence[tuple[int, int]], ks: Sequence[int], dl: Sequence[int]) -> Self:
+        """The input padded, flattened per channel and materialized, (N, C, L): Hp*Wp elements and, past them, the
+        zeros that the taps of the last rows read (so no read leaves the buffer). `pads` may be negative (a cut)."""
+        xp = self.pad([None, None, *pads])
+        sp = xp.shape[2:]
+        # (the first dim's taps stay inside: its last rows are not output rows)
+        tail = sum((ks[i] - 1) * dl[i] * prod(sp[i + 1 :]) for i in range(1, len(ks)))
+        return xp.reshape(*xp.shape[:2], prod(sp)).pad([None, None, (0, tail)]).contiguous()
+
+    @staticmethod
+    def _taps(flat: Any, sp: Sequence[int], ks: Sequence[int], dl: Sequence[int]) -> Any:
+        """(N, C, L) -> (N, C, *k, P): for each tap, the flat input from that tap's offset on, over P = OH * Wp
+        positions (every column of the padded width, of the output's rows). A view of `flat`: no copy."""
+        v = flat
+        for i, (k, d) in enumerate(zip(ks, dl, strict=True)):  # (..., L) -> (..., k, L - d*f*(k-1))
+            f = prod(sp[i + 1 :])
+            v = v.unsqueeze(-2) if k == 1 else v._windows((k,), (1,), (d * f,)).transpose(-1, -2)
+        return v
+
+    def _conv_in_place(self, w: Self, pads: Sequence[tuple[int, int]], dl: Sequence[int], groups: int) -> Self:
+        """A stride-1 convolution as a GEMM that reads the padded input in place (the module docstring's picture).
+
+        `pads` may be negative (a cut: the input gradient's convolution needs that). Returns (N, Cout, *out)."""
+        n, ks = w.ndim - 2, w.shape[2:]
+        N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
+        sp = [s + lo + hi for s, (lo, hi) in zip(self.shape[2:], pads, strict=True)]
+        outs = [s - d * (k - 1) for s, k, d in zip(sp, ks, dl, strict=True)]
+        v = self._taps(self._flat_padded(pads, ks, dl), sp, ks, dl)
+        npos = v.shape[-1]  # outs[0] * Wp: every position of the padded width, in the output's rows
+        g, cg, og = groups, cin // groups, cout // groups
+        # (N, g, cg, *k, P) -> (N, g, P, cg, *k): the reduction (cg, *k) last
+        v = v.reshape(N, g, cg, *ks, npos).permute(0, 1, 3 + n, *range(2, 3 + n))
+        col = v.reshape(N, g, 1, npos, cg * prod(ks))
+        out = (col * w.reshape(1, g, og, 1, cg * prod(ks))).sum(-1).reshape(N, cout, outs[0], *sp[1:])
+        return out.shrink([None, None, None, *[(0, o) for o in outs[1:]]])
+
+    def _conv_im2col(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
+        """A strided convolution: the windows copied once into rows (im2col), then a GEMM. Returns (N, Cout, *out)."""
+        n, ks = w.ndim - 2, w.shape[2:]
+        N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
         g, cg, og = groups, cin // groups, cout // groups
         kk, npos = cg * prod(ks), prod(outs)
         x = self.pad([None, None, *pads])._windows(ks, st, dl)  # (N, Cin, *out, *k)
@@ -141,14 +208,47 @@ class ConvMixin:
         sp_ax, k_ax = list(range(3, 3 + n)), list(range(3 + n, 3 + 2 * n))
         x = x.reshape(N, g, cg, *outs, *ks).permute(0, 1, *sp_ax, 2, *k_ax)
         col = x.contiguous().reshape(N, g, 1, npos, kk)
-        wv = w.reshape(1, g, og, 1, kk)
-        out = (col * wv).sum(-1).reshape(N, cout, *outs)
-        if bias is not None:
-            b = bias if isinstance(bias, ConvMixin) else type(self)(bias)
-            if b.shape != (cout,):
-                raise ValueError(f"conv{n}d: bias must have shape ({cout},), got {b.shape}")
-            out = out + b.reshape(cout, *([1] * n))
-        return out
+        return (col * w.reshape(1, g, og, 1, kk)).sum(-1).reshape(N, cout, *outs)
+
+    @classmethod
+    def _conv_grad_rule(cls, grad: Any, m: Any) -> tuple[Any, Any]:
+        """The gradients of a convolution marked by conv2d (m: CUSTOM_GRAD(out, x, w)), as UOp graphs.
+
+        dx: a stride-1 convolution of the output gradient, zero-dilated by the stride and padded so that every input
+        position sees each tap that read it, with the weight flipped in space and its channels transposed per group.
+        dw: a GEMM over (batch, positions): the output gradient against the windows of the padded input."""
+        x, w, g = cls(m.src[1]), cls(m.src[2]), cls(grad)
+        st, dl, pads, groups = m.arg.params
+        n, ks = w.ndim - 2, w.shape[2:]
+        N, cin, sp = x.shape[0], x.shape[1], x.shape[2:]
+        cout, outs = w.shape[0], g.shape[2:]
+        gr, cg, og = groups, cin // groups, cout // groups
+        # ---- dx
+        gd = g
+        if any(s > 1 for s in st):  # stride-1 zeros between elements: (o, 1) padded to (o, s), cut to (o-1)*s + 1
+            gd = gd.reshape(N, cout, *[v for o in outs for v in (o, 1)])
+            gd = gd.pad([None, None, *[b for s in st for b in ((0, 0), (0, s - 1))]])
+            gd = gd.reshape(N, cout, *[o * s for o, s in zip(outs, st, strict=True)])
+            gd = gd.shrink([None, None, *[(0, (o - 1) * s + 1) for o, s in zip(outs, st, strict=True)]])
+        # input position i (padded: i + lo) gets tap j from output position (i + lo - j*d) / s: the dilated gradient
+        # padded by d*(k-1) - lo before, and to length i + d*(k-1) after (negative amounts cut)
+        gpads = []
+        for i, k, d, (lo, _), gl in zip(sp, ks, dl, pads, gd.shape[2:], strict=True):
+            before = d * (k - 1) - lo
+            gpads.append((before, i + d * (k - 1) - before - gl))
+        # (cout, cg, *k) -> (g, og, cg, *k) -> (g, cg, og, *k) -> (cin, og, *k), flipped in space
+        wt = w.reshape(gr, og, cg, *ks).transpose(1, 2).reshape(cin, og, *ks).flip(tuple(range(2, 2 + n)))
+        dx = gd._conv_in_place(wt, gpads, dl, groups)
+        # ---- dw: (g, kk, og) = sum over (N, P) of the windows (g, kk, N*P) times the gradient (g, og, N*P). The
+        # windows are read from the forward's flat padded input (the same node: materialized once, for both)
+        psp = [s + lo + hi for s, (lo, hi) in zip(sp, pads, strict=True)]
+        xp = x._flat_padded(pads, ks, dl).shrink([None, None, (0, prod(psp))]).reshape(N, cin, *psp)
+        npos, kk = prod(outs), cg * prod(ks)
+        win = xp._windows(ks, st, dl).reshape(N, gr, cg, npos, *ks)  # (N, g, cg, P, *k)
+        win = win.permute(1, 2, *range(4, 4 + n), 0, 3).reshape(gr, kk, 1, N * npos)
+        gg = g.reshape(N, gr, 1, og, npos).permute(1, 2, 3, 0, 4).reshape(gr, 1, og, N * npos)
+        dw = (win * gg).sum(-1).transpose(1, 2).reshape(cout, cg, *ks)
+        return dx.uop, dw.uop
 
     @opmath
     def conv1d(self, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups=1):

@@ -29,7 +29,7 @@ from uopc import helpers
 from uopc.helpers import prod
 from uopc.runtime.buffer import is_contiguous_buffer, new_buffer, storage_view
 from uopc.tensor.attention import AttentionMixin
-from uopc.tensor.autodiff import compute_gradient, zeros_like
+from uopc.tensor.autodiff import CUSTOM_RULES, compute_gradient, zeros_like
 from uopc.tensor.conv import ConvMixin
 from uopc.tensor.creation import CreationMixin, full_uop, host_array
 from uopc.tensor.elementwise import ElementwiseMixin
@@ -400,6 +400,9 @@ class Tensor(
     def _to_float(self) -> Tensor:
         """Float-only ops cast ints and bools to the default float first, as PyTorch does."""
         return self.cast(least_upper_float(self.dtype))
+
+
+CUSTOM_RULES["conv"] = Tensor._conv_grad_rule  # conv2d marks its output with it (uopc.tensor.conv)
 
 
 @contextlib.contextmanager

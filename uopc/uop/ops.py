@@ -21,6 +21,7 @@ __all__ = [
     "TERNARY",
     "UNARY",
     "AxisType",
+    "GradFn",
     "Ops",
     "ParamArg",
     "RangeArg",
@@ -50,6 +51,9 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # a static-region write: SETITEM(base, value) is base with the elements of a region (arg: one Span per dim)
     # replaced by value, whose shape is the region's counts
     SETITEM = auto()
+    # a gradient marker: CUSTOM_GRAD(value, *inputs) is `value`; autodiff sends its gradient to the inputs through
+    # the rule its arg (a GradFn) names, not through value's own graph. The scheduler strips it before cutting.
+    CUSTOM_GRAD = auto()
     # ALU: unary
     NEG = auto()
     RECIP = auto()
@@ -109,6 +113,14 @@ class ParamArg(NamedTuple):
     slot: int
     dtype: DType
     shape: tuple[int, ...]
+
+
+class GradFn(NamedTuple):
+    """The arg of a CUSTOM_GRAD node: the name of its gradient rule (uopc.tensor.autodiff.CUSTOM_RULES) and the
+    rule's static parameters (ints and tuples of ints: they are part of the structure key)."""
+
+    rule: str
+    params: tuple
 
 
 class Span(NamedTuple):

@@ -428,7 +428,7 @@ def _shape(self: UOp) -> tuple[int, ...]:
         return tuple(s + lo + hi for s, (lo, hi) in zip(self.src[0].shape, arg))
     if op is Ops.SHRINK:
         return tuple(hi - lo for lo, hi in arg)
-    if op in (Ops.FLIP, Ops.STAGE):
+    if op in (Ops.FLIP, Ops.STAGE, Ops.CUSTOM_GRAD):
         return self.src[0].shape
     if op is Ops.GATHER:
         return self.src[1].shape
