@@ -402,3 +402,57 @@ def test_abs_gradient_at_zero_is_g_times_sign_as_torch(monkeypatch, fuse):
     np.testing.assert_array_equal(g.numpy(), tt.grad.numpy())
     a = (Tensor(v).abs() + 0).numpy()
     assert np.array_equal(a, np.abs(v), equal_nan=True) and not np.signbit(a[1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# custom gradient rules (autodiff.with_gradient): a composite op differentiated by its own rule
+
+
+def _scaled_rule(g, m):  # a rule that returns other graph ops: d/dx = params[0] * g * y, d/dy = None
+    (k,) = m.arg.params
+    return g * m.src[2] * UOp.const(float(k), g.dtype), None
+
+
+autodiff.CUSTOM_RULES["test_scaled"] = _scaled_rule
+
+
+def test_custom_rule_replaces_the_values_own_gradient():
+    # the value is x * y, but the rule says d/dx = 3 * g * y and gives y nothing: autodiff follows the rule, and
+    # execution computes the value (the marker is stripped before the kernels are cut)
+    x = Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+    y = Tensor(np.array([5.0, 7.0], np.float32), requires_grad=True)
+    out = Tensor(autodiff.with_gradient((x * y).uop, (x.uop, y.uop), "test_scaled", (3,)))
+    assert out.uop.op is Ops.CUSTOM_GRAD
+    gx, gy = (out * Tensor(np.array([1.0, 10.0], np.float32))).sum().gradient(x, y)
+    np.testing.assert_array_equal(out.numpy(), [5.0, 14.0])
+    np.testing.assert_array_equal(gx.numpy(), [15.0, 210.0])
+    np.testing.assert_array_equal(gy.numpy(), [0.0, 0.0])  # the rule gave y nothing (x*y's own rule would give x)
+
+
+def test_custom_rule_errors_name_the_rule():
+    x = Tensor(np.array([1.0, 2.0], np.float32), requires_grad=True)
+    with pytest.raises(KeyError, match="no_such_rule"):
+        autodiff.with_gradient(x.uop, (x.uop,), "no_such_rule")
+    autodiff.CUSTOM_RULES["test_two_grads"] = lambda g, m: (g, g)  # two gradients for one input
+    out = Tensor(autodiff.with_gradient((x * 2).uop, (x.uop,), "test_two_grads"))
+    with pytest.raises(RuntimeError, match="test_two_grads.*2 gradients for 1 inputs"):
+        out.sum().gradient(x)
+
+
+def test_conv_gradient_comes_from_its_rule_and_is_differentiable_again():
+    # conv2d marks its output: the input gradient is itself a conv2d (marked again), so a second derivative works;
+    # d/dw of sum(dx * p) for dx = conv_transpose(g, w) against torch's double backward
+    rng = np.random.default_rng(1)
+    xa, wa = rng.standard_normal((2, 3, 6, 7)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    ga, pa = rng.standard_normal((2, 4, 6, 7)).astype(np.float32), rng.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    x, w = Tensor(xa, requires_grad=True), Tensor(wa, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    assert out.uop.op is Ops.CUSTOM_GRAD and out.uop.arg.rule == "conv"
+    (dx,) = (out * Tensor(ga)).sum().gradient(x)
+    assert dx.uop.op is Ops.CUSTOM_GRAD  # the input gradient is a convolution
+    (dw2,) = (dx * Tensor(pa)).sum().gradient(w)
+    tx, tw = torch.tensor(xa, requires_grad=True), torch.tensor(wa, requires_grad=True)
+    (tdx,) = torch.autograd.grad((torch.nn.functional.conv2d(tx, tw, padding=1) * torch.tensor(ga)).sum(), tx,
+                                 create_graph=True)  # fmt: skip
+    (tdw2,) = torch.autograd.grad((tdx * torch.tensor(pa)).sum(), tw)
+    np.testing.assert_allclose(dw2.numpy(), tdw2.numpy(), rtol=1e-4, atol=1e-4 * np.abs(tdw2.numpy()).max())

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from uopc.engine.realize import capture
+from uopc.helpers import Context
 from uopc.tensor import Tensor
 
 RTOL = ATOL = 1e-4
@@ -60,6 +61,15 @@ CONV2D = [
 def test_conv2d(xs, ws, kw):
     b = r(ws[0])
     check(lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw), r(*xs), r(*ws), b)
+
+
+@pytest.mark.parametrize("case", [0, 2, 4, 5])
+def test_conv2d_under_the_autotuner(case):
+    # OPT=2 times candidate Opts for every kernel, the in-place GEMMs of the forward and both gradients included
+    # (make test's second pass runs the whole module at OPT=0 with every index checked)
+    xs, ws, kw = CONV2D[case]
+    with Context(OPT=2):
+        check(lambda x, w: x.conv2d(w, **kw), lambda x, w: F.conv2d(x, w, **kw), r(*xs), r(*ws))
 
 
 @pytest.mark.parametrize(
@@ -132,6 +142,22 @@ def test_max_pool2d(k, s, p, d, ceil):
         lambda x: F.max_pool2d(x, k, s, p, d, ceil),
         r(2, 3, 9, 11),
     )
+
+
+@pytest.mark.parametrize("k,s,p,d,ceil", POOL)
+def test_max_pool2d_gradient_goes_to_the_first_maximum_of_each_window(k, s, p, d, ceil):
+    # small integers: many ties within windows. PyTorch sends each window's gradient to its first maximum (not
+    # shared among the ties); uopc's max_pool rule selects the argmax tap and adds the taps' parts up
+    x = np.random.default_rng(2).integers(0, 3, (2, 3, 9, 11)).astype(np.float32)
+    check(lambda x: x.max_pool2d(k, s, p, d, ceil), lambda x: F.max_pool2d(x, k, s, p, d, ceil), x)
+
+
+def test_max_pool_gradient_of_a_computed_input():
+    # the input is computed (fused into the pooling kernel): the rule compares stored values with their max,
+    # so every window still finds its maximum (a recomputed value may round differently)
+    check(lambda x: (x * 1.1 + 0.3).relu().max_pool2d(3, 2, 1), lambda x: F.max_pool2d(F.relu(x * 1.1 + 0.3), 3, 2, 1),
+          r(2, 3, 9, 11))  # fmt: skip
+    check(lambda x: x.max_pool3d(2), lambda x: F.max_pool3d(x, 2), r(1, 2, 5, 6, 7))
 
 
 @pytest.mark.parametrize("k,s,p,d,ceil", [c for c in POOL if c[3] == 1])

@@ -336,3 +336,17 @@ def test_identical_kernels_are_lowered_once():
     for w in ws:
         ref = np.maximum(ref @ w, 0)
     np.testing.assert_allclose(x.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_backward_is_two_gemms_and_no_window_sum():
+    # the input gradient is a stride-1 convolution of the padded output gradient (its flat copy, then a GEMM that
+    # reads it in place), the weight gradient one GEMM over batch x positions (2 * 99 = 198) that reads the forward's
+    # flat input: no col2im (a sum over the overlapping windows) and no im2col copy
+    x, w = Tensor(r(2, 32, 9, 11), requires_grad=True), Tensor(r(8, 32, 3, 3), requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    dx, dw = (out * Tensor(r(2, 8, 9, 11))).sum().gradient(x, w)
+    plan, _ = make_plan([dx.uop, dw.uop])
+    reduces = [k.name for k in plan.kernels if k.name.startswith("r_")]
+    assert reduces == ["r_2_1_32_117", "r_1_288_8"], [k.name for k in plan.kernels]
+    copies = [k.name for k in plan.kernels if k.name.startswith("e_")]
+    assert "e_2_32_145" in copies and "e_2_8_145" in copies, copies  # the flat padded input and gradient

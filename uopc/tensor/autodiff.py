@@ -59,7 +59,7 @@ def _reduce_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
     if rop is Ops.ADD:
         return (_keep_dims(g, a.shape),)
     dt, n = a.dtype, len(a.shape) - len(x.shape)
-    if not _stored(a):
+    if not is_stored(a):
         # a computed value is recomputed in every kernel that reads it, and gcc may round it differently in each
         # (FMA contraction, reassociation): compared with the max kernel's result, no element might match (ties = 0,
         # gradient NaN). Materialize it once and take the max of those stored values, which one of them equals.
@@ -70,7 +70,7 @@ def _reduce_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
     return (is_max * _keep_dims(g * ties.alu(Ops.RECIP), a.shape),)
 
 
-def _stored(u: UOp) -> bool:
+def is_stored(u: UOp) -> bool:
     """A value read straight from a buffer (through views; a constant, a contiguous()): every kernel reads the same
     numbers."""
     while u.op in MOVEMENT:
@@ -125,9 +125,9 @@ def _scatter_grad(g: UOp, x: UOp) -> tuple[UOp | None, ...]:
         return (g, None, g.gather(index, dim, back, wrap))
     if rop is not Ops.MAX:
         raise NotImplementedError(f"{label}: no gradient for a {rop.name} scatter")
-    if not (_stored(base) and _stored(values)):  # compare stored numbers with stored numbers (see _reduce_grad)
-        base = base if _stored(base) else UOp(Ops.STAGE, (base,))
-        values = values if _stored(values) else UOp(Ops.STAGE, (values,))
+    if not (is_stored(base) and is_stored(values)):  # compare stored numbers with stored numbers (see _reduce_grad)
+        base = base if is_stored(base) else UOp(Ops.STAGE, (base,))
+        values = values if is_stored(values) else UOp(Ops.STAGE, (values,))
         x = base.scatter_reduce(index, values, dim, rop, label, wrap)
     dt = x.dtype
     one, zero = _c(1.0, dt), _c(0.0, dt)

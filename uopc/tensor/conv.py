@@ -149,15 +149,21 @@ class ConvMixin:
             out = self._conv_in_place(w, pads, dl, groups)
         else:
             out = self._conv_im2col(w, pads, st, dl, groups, outs)
-        if not type(self).no_grad:  # gradients by the conv rule (_conv_grad_rule), not through the windows
-            params = (st, dl, tuple(pads), groups)
-            out = out._new(with_gradient(out.uop, (self.uop, w.uop), "conv", params), self, w)
+        out = self._mark_conv(w, out, st, dl, pads, groups)
         if bias is not None:
             b = bias if isinstance(bias, ConvMixin) else type(self)(bias)
             if b.shape != (cout,):
                 raise ValueError(f"conv{n}d: bias must have shape ({cout},), got {b.shape}")
             out = out + b.reshape(cout, *([1] * n))
         return out
+
+    def _mark_conv(self, w: Self, out: Self, st: Sequence[int], dl: Sequence[int], pads: Sequence, groups: int):
+        """`out`, the convolution of self with w, marked for autodiff: its gradients come from _conv_grad_rule, not
+        from differentiating the windows (under no_grad: unmarked)."""
+        if type(self).no_grad:
+            return out
+        params = (tuple(st), tuple(dl), tuple(tuple(p) for p in pads), groups)
+        return out._new(with_gradient(out.uop, (self.uop, w.uop), "conv", params), self, w)
 
     def _flat_padded(self, pads: Sequence[tuple[int, int]], ks: Sequence[int], dl: Sequence[int]) -> Self:
         """The input padded, flattened per channel and materialized, (N, C, L): Hp*Wp elements and, past them, the
@@ -238,7 +244,7 @@ class ConvMixin:
             gpads.append((before, i + d * (k - 1) - before - gl))
         # (cout, cg, *k) -> (g, og, cg, *k) -> (g, cg, og, *k) -> (cin, og, *k), flipped in space
         wt = w.reshape(gr, og, cg, *ks).transpose(1, 2).reshape(cin, og, *ks).flip(tuple(range(2, 2 + n)))
-        dx = gd._conv_in_place(wt, gpads, dl, groups)
+        dx = gd._mark_conv(wt, gd._conv_in_place(wt, gpads, dl, groups), (1,) * n, dl, gpads, groups)
         # ---- dw: (g, kk, og) = sum over (N, P) of the windows (g, kk, N*P) times the gradient (g, og, N*P). The
         # windows are read from the forward's flat padded input (the same node: materialized once, for both)
         psp = [s + lo + hi for s, (lo, hi) in zip(sp, pads, strict=True)]

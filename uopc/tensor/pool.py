@@ -11,12 +11,14 @@ cubic and area modes multiply by a small (out, in) weight matrix built on the ho
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, Self
 
 import numpy as np
 
 from uopc.helpers import prod
+from uopc.tensor.autodiff import is_stored, with_gradient
 from uopc.tensor.conv import _tuple
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
@@ -141,8 +143,10 @@ class PoolMixin:
         pads, outs = self._pool_pads(ks, st, pd, dl, ceil_mode)
         fill = -math.inf if self.dtype.is_float else self.dtype.min
         w = self._pool(ks, st, pads, dl, value=fill)
-        win = tuple(range(w.ndim - n, w.ndim))
-        out = w.max(win)
+        out = w.reshape(*w.shape[: w.ndim - n], prod(ks)).max(-1)  # the node the gradient rule's argmax shares
+        if self.dtype.is_float and not type(self).no_grad:  # the gradient goes to each window's first maximum
+            params = (ks, st, tuple(pads), dl)
+            out = out._new(with_gradient(out.uop, (self.uop,), "max_pool", params), self)
         if not return_indices:
             return out
         sp = self.shape[self.ndim - n :]
@@ -152,6 +156,47 @@ class PoolMixin:
         taps = type(self).arange(kk).reshape(*(1,) * (w.ndim - n), kk)
         pick = (taps == first.unsqueeze(-1)).where(pos.reshape(*outs, kk), 0)
         return out, pick.sum(-1).cast(dtypes.int32).detach()
+
+    @classmethod
+    def _max_pool_grad_rule(cls, grad: Any, m: Any) -> tuple[Any]:
+        """The gradient of max pooling (m: CUSTOM_GRAD(out, x)), as PyTorch's: each window sends its gradient to its
+        first largest element (a NaN counts as largest), by compare-select, not by summing over the windows.
+
+        Each output's window tap that won (an argmax) selects the gradient into one of k plane-sized parts; tap j's
+        part is moved to where that tap reads (spread by the stride, shifted by j * dilation) and the parts add up.
+        Windows that do not overlap (k <= stride, no dilation) put their parts side by side: a view, no sum."""
+        ks, st, pads, dl = m.arg.params
+        x, g, n = cls(m.src[1]), cls(grad), len(ks)
+        if not is_stored(x.uop):  # the argmax compares stored numbers with their max (see autodiff._reduce_grad)
+            x = x.contiguous()
+        w = x._pool(ks, st, list(pads), dl, value=-math.inf)
+        lead, outs, kk = w.shape[: w.ndim - 2 * n], w.shape[w.ndim - 2 * n : w.ndim - n], prod(ks)
+        first = w.reshape(*lead, *outs, kk).argmax(-1)
+        taps = cls.arange(kk).reshape(*(1,) * (w.ndim - n), kk)
+        parts = (taps == first.unsqueeze(-1)).where(g.unsqueeze(-1), 0.0).reshape(*lead, *outs, *ks)
+        p = len(lead)
+        padded = [o + lo + hi for o, (lo, hi) in zip(x.shape[p:], pads, strict=True)]
+        if all(k <= s and d == 1 for k, s, d in zip(ks, st, dl, strict=True)):
+            # (..., o1, o2, k1, k2) -> (..., o1, k1, o2, k2), each k padded to the stride: the planes, tiled
+            v = parts.permute(*range(p), *(p + j // 2 + (j % 2) * n for j in range(2 * n)))
+            v = v.pad([None] * p + [b for k, s in zip(ks, st, strict=True) for b in ((0, 0), (0, s - k))])
+            v = v.reshape(*lead, *[o * s for o, s in zip(outs, st, strict=True)])
+            dxp = v.pad([None] * p + [(0, P - o * s) for P, o, s in zip(padded, outs, st, strict=True)])
+        else:
+            dxp = None
+            for tap in itertools.product(*(range(k) for k in ks)):
+                v = parts[(..., *tap)] if n else parts
+                for i, (o, s) in enumerate(zip(outs, st, strict=True)):  # spread by the stride
+                    if s > 1:
+                        rest = [None] * (n - i - 1)
+                        v = v.unsqueeze(p + i + 1).pad([None] * (p + i + 1) + [(0, s - 1)] + rest)
+                        v = v.reshape(*v.shape[: p + i], o * s, *v.shape[p + i + 2 :])
+                        v = v.shrink([None] * (p + i) + [(0, (o - 1) * s + 1)] + rest)
+                shift = [(j * d, P - j * d - L) for j, d, P, L in zip(tap, dl, padded, v.shape[p:], strict=True)]
+                v = v.pad([None] * p + shift)
+                dxp = v if dxp is None else dxp + v
+        dx = dxp.pad([None] * p + [(-lo, -hi) for lo, hi in pads])  # the padding off (and the uncovered end on)
+        return (dx.cast(x.dtype).uop,)
 
     def max_pool1d(self, kernel_size: Any = 2, stride: Any = None, padding: Any = 0, dilation: Any = 1,
                    ceil_mode: bool = False, return_indices: bool = False) -> Self:  # fmt: skip

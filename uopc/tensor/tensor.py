@@ -402,7 +402,9 @@ class Tensor(
         return self.cast(least_upper_float(self.dtype))
 
 
-CUSTOM_RULES["conv"] = Tensor._conv_grad_rule  # conv2d marks its output with it (uopc.tensor.conv)
+# the composites that mark their outputs with a gradient rule of their own (autodiff.with_gradient)
+CUSTOM_RULES["conv"] = Tensor._conv_grad_rule  # conv2d (uopc.tensor.conv)
+CUSTOM_RULES["max_pool"] = Tensor._max_pool_grad_rule  # max_pool1d/2d/3d (uopc.tensor.pool)
 
 
 @contextlib.contextmanager
