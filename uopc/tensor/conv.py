@@ -45,6 +45,14 @@ def _out_size(i: int, k: int, s: int, d: int, lo: int, hi: int) -> int:
     return (i + lo + hi - d * (k - 1) - 1) // s + 1
 
 
+def _round_positions(npos: int) -> int:
+    """The positions an in-place convolution computes: npos rounded up to whole blocks of 64 (the widest register
+    tile's columns) when that adds at most 1/8 (the extra outputs read zeros past the input and are cut). Measured:
+    ResNet-18's 512-channel 3x3 convs at 7x7 (63 positions, all in the tile's remainder) took ~3 ms each."""
+    up = -(-npos // 64) * 64
+    return up if (up - npos) * 8 <= npos else npos
+
+
 def _conv_padding(padding: Any, n: int, ks: tuple[int, ...], dil: tuple[int, ...], stride: tuple[int, ...]):
     """Per-dim (before, after) pads from an int, a tuple, "valid" or "same" (PyTorch puts an odd extra pad after)."""
     if padding == "valid":
@@ -172,6 +180,8 @@ class ConvMixin:
         sp = xp.shape[2:]
         # (the first dim's taps stay inside: its last rows are not output rows)
         tail = sum((ks[i] - 1) * dl[i] * prod(sp[i + 1 :]) for i in range(1, len(ks)))
+        npos = (sp[0] - dl[0] * (ks[0] - 1)) * prod(sp[1:])
+        tail += _round_positions(npos) - npos
         return xp.reshape(*xp.shape[:2], prod(sp)).pad([None, None, (0, tail)]).contiguous()
 
     @staticmethod
@@ -193,12 +203,13 @@ class ConvMixin:
         sp = [s + lo + hi for s, (lo, hi) in zip(self.shape[2:], pads, strict=True)]
         outs = [s - d * (k - 1) for s, k, d in zip(sp, ks, dl, strict=True)]
         v = self._taps(self._flat_padded(pads, ks, dl), sp, ks, dl)
-        npos = v.shape[-1]  # outs[0] * Wp: every position of the padded width, in the output's rows
+        npos = v.shape[-1]  # outs[0] * Wp (every position of the padded width, in the output's rows), rounded up
         g, cg, og = groups, cin // groups, cout // groups
         # (N, g, cg, *k, P) -> (N, g, P, cg, *k): the reduction (cg, *k) last
         v = v.reshape(N, g, cg, *ks, npos).permute(0, 1, 3 + n, *range(2, 3 + n))
         col = v.reshape(N, g, 1, npos, cg * prod(ks))
-        out = (col * w.reshape(1, g, og, 1, cg * prod(ks))).sum(-1).reshape(N, cout, outs[0], *sp[1:])
+        out = (col * w.reshape(1, g, og, 1, cg * prod(ks))).sum(-1).reshape(N, cout, npos)
+        out = out.shrink([None, None, (0, outs[0] * prod(sp[1:]))]).reshape(N, cout, outs[0], *sp[1:])
         return out.shrink([None, None, None, *[(0, o) for o in outs[1:]]])
 
     def _conv_im2col(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
