@@ -1,27 +1,43 @@
-"""Convolution and CNN training step: uopc against PyTorch eager in the same run, interleaved rounds, medians.
+"""Convolutions, the CNN training step and ResNet-18 inference: uopc against PyTorch eager, torch.compile and
+onnxruntime in the same run, interleaved rounds, medians.
 
-    python bench/bench_conv.py                  # conv2d fwd+bwd (64,32,28,28) * (64,32,3,3) pad 1, and the CNN step
-    python bench/bench_conv.py --rounds 7
-    python bench/bench_conv.py --threads 1      # both single-threaded (steadier on a busy machine)
+    python bench/bench_conv.py                        # every section (torch.compile's compiles take a minute or two)
+    python bench/bench_conv.py --sections conv,step   # conv, step, jitstep, resnet, convs
+    python bench/bench_conv.py --no-compile --threads 1
 
-conv: forward, then the gradients of x and w for a given output gradient (uopc: one plan for out, dx, dw).
+conv: forward, then the gradients of x and w for a given output gradient (uopc: one plan for out, dx, dw), eager.
 step: examples/train_cnn.py's model (conv-BN-ReLU-pool twice, fc 128, dropout, fc 10), batch 128, cross-entropy,
-backward, AdamW, BatchNorm running statistics. Each round times both libraries back to back; the ratio is
-uopc / torch of the medians (below 1: uopc is faster).
+backward, AdamW, BatchNorm running statistics, the graph built every step (eager). jitstep: bench/models.py's CNN
+step under TinyJit against PyTorch eager and torch.compile. resnet: ResNet-18 (torchvision's architecture, random
+weights, randomized BatchNorm statistics) at 224x224, batch 1 and 8: uopc's own model (bench/models.py) under
+TinyJit against PyTorch eager, torch.compile and onnxruntime running PyTorch's ONNX export. convs: each distinct
+3x3 convolution of ResNet-18 at batch 1, forward under TinyJit, in GFLOP/s and as a fraction of the FMA peak
+measured in the same run (bench_gemm.fma_peak), beside PyTorch eager's.
+
+Each round times every side back to back; ratios are of the medians (below 1: uopc is faster). Allocation: uopc's
+replays write into the buffers their plans hold (temporaries from its pool); PyTorch allocates through glibc each
+call; onnxruntime from its arena. OpenBLAS is on no side's path.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
+import warnings
 
+import models  # bench/models.py (run as a script, bench/ is on sys.path)
 import numpy as np
+from bench_gemm import fma_peak
 
 from uopc.engine import realize
+from uopc.engine.jit import TinyJit
 from uopc.nn import AdamW, BatchNorm2d, Conv2d, Linear, Sequential, parameters
 from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
+from uopc.tools.harness import interleave, medians, timed
 
 try:
     import torch
@@ -138,13 +154,107 @@ def compare(name: str, runners: dict, rounds: int, n: int) -> None:
     print(line + f"  (uopc plans built while timing: {len(realize._plans) - plans})")
 
 
+def table(title: str, runners: dict, rounds: int, flops: float | None = None, peak: float | None = None) -> dict:
+    """Interleaved rounds of `runners` (name -> timed runner), then one line: each side's median and uopc's ratios
+    (and GFLOP/s, % of the FMA peak, when `flops` is given)."""
+    med = medians(interleave(runners, rounds))
+    line = f"{title:44s}" + "".join(f" {k} {v * 1e3:8.2f} ms" for k, v in med.items())
+    line += "".join(f"  /{k} {med['uopc'] / v:.2f}" for k, v in med.items() if k != "uopc")
+    if flops:
+        line += f"  uopc {flops / med['uopc'] / 1e9:.0f} GFLOP/s"
+        if peak:
+            line += f" ({100 * flops / med['uopc'] / 1e9 / peak:.0f}% of peak)"
+        if "torch" in med:
+            line += f", torch {flops / med['torch'] / 1e9:.0f}"
+    print(line, flush=True)
+    return med
+
+
+def jit_step(args) -> None:
+    """bench/models.py's CNN step: uopc under TinyJit, PyTorch eager and torch.compile."""
+    w = models.build("cnn", "uopc")
+    xs = [Tensor(a) for a in w.inputs]
+    step = TinyJit(lambda *a: w.call(*a).realize())
+    runners = {"uopc": timed(lambda: step(*xs))}
+    if torch is not None:
+        for name, compiled in (("torch", False), ("torch.compile", True))[: 1 if args.no_compile else 2]:
+            t = models.build("cnn", "torch", compile=compiled)
+            tin = tuple(map(torch.from_numpy, t.inputs))
+            runners[name] = timed(lambda t=t, tin=tin: t.call(*tin))
+    table("CNN training step, batch 128, TinyJit", runners, args.rounds)
+
+
+def resnet(args) -> None:
+    """ResNet-18 at 224x224, batch 1 and 8: uopc's model under TinyJit, PyTorch eager, torch.compile, onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        ort = None
+    for batch in (1, 8):
+        w = models.build("resnet18", "uopc", batch=batch, seq=224)
+        xs = [Tensor(a) for a in w.inputs]
+        fwd = TinyJit(lambda *a, w=w: w.call(*a).realize())
+        runners = {"uopc": timed(lambda fwd=fwd, xs=xs: fwd(*xs))}
+        if torch is not None:
+            t = models.build("resnet18", "torch", batch=batch, seq=224)
+            models.copy_weights(t.model, w.model)
+            tin = tuple(map(torch.from_numpy, t.inputs))
+            ref, ours = t.call(*tin).numpy(), fwd(*xs).numpy()
+            err = np.abs(ours - ref).max() / np.abs(ref).max()
+            runners["torch"] = timed(lambda t=t, tin=tin: t.call(*tin))
+            if not args.no_compile:
+                c = models.build("resnet18", "torch", batch=batch, seq=224, compile=True)
+                c.model.load_state_dict(t.model.state_dict())
+                runners["torch.compile"] = timed(lambda c=c, tin=tin: c.call(*tin))
+            if ort is not None:
+                path = os.path.join(tempfile.mkdtemp(), "resnet18.onnx")
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    torch.onnx.export(t.model, tin, path, dynamo=False, input_names=["image"], output_names=["out"])
+                opts = ort.SessionOptions()
+                opts.intra_op_num_threads, opts.inter_op_num_threads = runtime.get_num_threads(), 1
+                sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+                feeds = {"image": t.inputs[0]}
+                runners["onnxruntime"] = timed(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
+            print(f"  (resnet18 b{batch}: uopc against torch, max |diff| / max |out| = {err:.1e})")
+        table(f"ResNet-18 inference, 224x224, batch {batch}", runners, args.rounds)
+
+
+# the distinct 3x3 convolutions of ResNet-18 at 224x224: (in channels, out channels, input size, stride)
+RESNET18_3X3 = [(64, 64, 56, 1), (64, 128, 56, 2), (128, 128, 28, 1), (128, 256, 28, 2), (256, 256, 14, 1),
+                (256, 512, 14, 2), (512, 512, 7, 1)]  # fmt: skip
+
+
+def convs(args, peak: float) -> None:
+    """Each distinct 3x3 convolution of ResNet-18, batch 1, forward: GFLOP/s and the fraction of the FMA peak."""
+    g = np.random.default_rng(0)
+    for cin, cout, size, stride in RESNET18_3X3:
+        x = g.standard_normal((1, cin, size, size)).astype(np.float32)
+        wt = (g.standard_normal((cout, cin, 3, 3)) * 0.05).astype(np.float32)
+        xu, wu = Tensor(x), Tensor(wt)
+        fwd = TinyJit(lambda x, wu=wu, stride=stride: x.conv2d(wu, padding=1, stride=stride).realize())
+        runners = {"uopc": timed(lambda fwd=fwd, xu=xu: fwd(xu))}
+        if torch is not None:
+            xt, wtt = torch.from_numpy(x), torch.from_numpy(wt)
+            runners["torch"] = timed(lambda xt=xt, wtt=wtt, s=stride: F.conv2d(xt, wtt, padding=1, stride=s))
+        out = size // stride
+        flops = 2 * cin * cout * 9 * out * out
+        table(f"conv3x3 {cin}->{cout} {size}x{size} stride {stride}", runners, args.rounds, flops, peak)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--conv-calls", type=int, default=3, help="conv fwd+bwd calls per round")
     ap.add_argument("--steps", type=int, default=10, help="training steps per round")
-    ap.add_argument("--threads", type=int, default=0, help="threads for both libraries (0: each one's default)")
+    ap.add_argument("--threads", type=int, default=2, help="threads for every side (0: each one's default)")
+    ap.add_argument("--sections", default="conv,step,jitstep,resnet,convs", help="which sections to run")
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compiles take minutes)")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    unknown = sections - {"conv", "step", "jitstep", "resnet", "convs"}
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}")
     if args.threads:
         runtime.set_num_threads(args.threads)
         if torch is not None:
@@ -152,24 +262,36 @@ def main() -> None:
     print(
         f"uopc {runtime.get_num_threads()} threads"
         + (f", torch {torch.__version__} {torch.get_num_threads()} threads" if torch else ", torch not installed")
+        + f"; load average {os.getloadavg()[0]:.2f}"
     )
+    peak = fma_peak(runtime.get_num_threads())
+    print(f"FMA peak (generated kernel of independent FMAs, {runtime.get_num_threads()} threads): {peak:.0f} GFLOP/s")
     g = np.random.default_rng(0)
-    x = g.standard_normal((64, 32, 28, 28)).astype(np.float32)
-    w = (g.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
-    gout = g.standard_normal((64, 64, 28, 28)).astype(np.float32)
-    conv = {"uopc": conv_uopc(x, w, gout)}
-    if torch is not None:
-        conv["torch"] = conv_torch(x, w, gout)
-    compare("conv2d fwd+bwd (64,32,28,28)*(64,32,3,3) pad 1", conv, args.rounds, args.conv_calls)
-
-    data = [
-        (g.standard_normal((128, 1, 28, 28)).astype(np.float32), g.integers(0, 10, 128).astype(np.int32))
-        for _ in range(4)
-    ]
-    steps = {"uopc": step_uopc(data, 1e-3)}
-    if torch is not None:
-        steps["torch"] = step_torch(data, 1e-3)
-    compare("CNN training step, batch 128", steps, args.rounds, args.steps)
+    if "conv" in sections:
+        x = g.standard_normal((64, 32, 28, 28)).astype(np.float32)
+        w = (g.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
+        gout = g.standard_normal((64, 64, 28, 28)).astype(np.float32)
+        conv = {"uopc": conv_uopc(x, w, gout)}
+        if torch is not None:
+            conv["torch"] = conv_torch(x, w, gout)
+        compare("conv2d fwd+bwd (64,32,28,28)*(64,32,3,3) pad 1", conv, args.rounds, args.conv_calls)
+        flops = 3 * 2 * 64 * 64 * 32 * 9 * 28 * 28  # forward, dx, dw: the same multiply-adds each
+        print(f"  (fwd+bwd {flops / 1e9:.2f} GFLOP: the FMA peak would take {flops / peak / 1e6:.2f} ms)")
+    if "step" in sections:
+        data = [
+            (g.standard_normal((128, 1, 28, 28)).astype(np.float32), g.integers(0, 10, 128).astype(np.int32))
+            for _ in range(4)
+        ]
+        steps = {"uopc": step_uopc(data, 1e-3)}
+        if torch is not None:
+            steps["torch"] = step_torch(data, 1e-3)
+        compare("CNN training step, batch 128, eager", steps, args.rounds, args.steps)
+    if "jitstep" in sections:
+        jit_step(args)
+    if "resnet" in sections:
+        resnet(args)
+    if "convs" in sections:
+        convs(args, peak)
 
 
 if __name__ == "__main__":
