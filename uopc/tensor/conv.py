@@ -257,7 +257,7 @@ class ConvMixin:
         wt = w.reshape(gr, og, cg, *ks).transpose(1, 2).reshape(cin, og, *ks).flip(tuple(range(2, 2 + n)))
         dx = gd._mark_conv(wt, gd._conv_in_place(wt, gpads, dl, groups), (1,) * n, dl, gpads, groups)
         # ---- dw: (g, kk, og) = sum over (N, P) of the windows (g, kk, N*P) times the gradient (g, og, N*P). The
-        # windows are read from the forward's flat padded input (the same node: materialized once, for both)
+        # windows are read from the flat padded input (a stride-1 forward's own node: materialized once, for both)
         psp = [s + lo + hi for s, (lo, hi) in zip(sp, pads, strict=True)]
         xp = x._flat_padded(pads, ks, dl).shrink([None, None, (0, prod(psp))]).reshape(N, cin, *psp)
         npos, kk = prod(outs), cg * prod(ks)
