@@ -87,12 +87,13 @@ def test_vectorize_elementwise(n):
     assert ("(*(f32x8" in src) == (n >= 8)  # vector loads and stores
 
 
-def test_vectorize_leaves_selects_scalar():
-    # gcc's vector extension has no C form for ?: on vectors in C: a relu group stays scalar, and stays correct
+def test_vectorize_selects_lane_by_lane():
+    # gcc's vector extension has no C form for ?: on vectors in C: a relu group selects lane by lane (scalar ?: on
+    # each lane of the loaded vector) and packs the lanes into the vector it stores
     x = buf(0, 64).reshape((4, 16))
     g = (UOp.const(0.0) < x).where(x, UOp.const(0.0))
     src = render_c(lower(g, buf(1, 64), Ctx(opts=Opts(upcast={1: 8}, vec=8))), "k")
-    assert "f32x8" not in src
+    assert "[7]))?" in src and "(f32x8){" in src and "(*(f32x8" in src
 
 
 def test_vectorize_checks_bounds(context):
@@ -235,3 +236,76 @@ def test_split_k_full_sum(context):
     context(OPT=1)
     x = rng.standard_normal(1 << 17).astype(np.float32)
     np.testing.assert_allclose(Tensor(x).sum().numpy(), x.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
+
+
+# ------------------------------------------------------------------ epilogues: elementwise ops fused into the GEMM
+
+
+def _kernels(t: Tensor, opt) -> list:
+    return list(make_plan([t.uop], opt=opt)[0].kernels)
+
+
+@pytest.mark.parametrize("oob", [0, 1])
+def test_epilogue_bias_relu_residual(context, oob):
+    # a matmul's only reader is elementwise at its own index: bias, ReLU and a residual add are applied to the
+    # register tile, so no kernel stores the bare product (the plan is the packing copy, if any, and the matmul)
+    context(OPT=1, CHECK_OOB=oob)
+    m, k, n = 2 * MR + 3, 200, 3 * NR + W + 1  # remainders on both axes: the epilogue runs in every region
+    a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    b, res = rng.standard_normal(n).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    y = ((Tensor(a) @ Tensor(w) + Tensor(b)).relu() + Tensor(res)) * 0.5
+    ks = _kernels(y, HandOpt(MACHINE))
+    gemm = [kk for kk in ks if kk.op.startswith("matmul")]
+    assert (
+        len(gemm) == 1
+        and "where" in gemm[0].op
+        and not [kk for kk in ks if kk.name.startswith("e_") and kk.name.endswith(f"{m}_{n}")]
+    )
+    ref = (np.maximum(a.astype(np.float64) @ w + b, 0) + res) * 0.5
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_epilogue_with_k_chunks(context):
+    # K = 2304 runs in chunks (ktile): each chunk stores its partial sum and the last one applies the epilogue
+    context(OPT=1)
+    a, w = rng.standard_normal((70, 2304)).astype(np.float32), rng.standard_normal((2304, 3 * NR)).astype(np.float32)
+    y = (Tensor(a) @ Tensor(w) / 48.0).gelu()
+    ks = _kernels(y, HandOpt(MACHINE))
+    (gemm,) = [kk for kk in ks if kk.op.startswith("matmul")]
+    assert gemm.opts.ktile > 0
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.gelu(torch.from_numpy(a.astype(np.float64) @ w) / 48.0).numpy()
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_epilogue_left_alone(context):
+    # not fused: the product read by two kernels (it would be computed twice), read through a transpose (another
+    # index), a root itself; and nothing at OPT=0 (Chapter 7's kernels: the product is its own kernel)
+    context(OPT=1)
+    a, w = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 4 * NR)).astype(np.float32)
+    p = a.astype(np.float64) @ w
+    h = HandOpt(MACHINE)
+    pt = Tensor(a) @ Tensor(w)
+    for y, ref in [
+        (pt.T + 1.0, p.T + 1.0),
+        (pt.relu() + pt.sum(1, keepdim=True), np.maximum(p, 0) + p.sum(1, keepdims=True)),
+    ]:
+        (gemm,) = [kk for kk in _kernels(y, h) if kk.op.startswith("matmul")]
+        assert gemm.op == "matmul", gemm.op
+        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+    y = (Tensor(a) @ Tensor(w)).relu()
+    assert [kk.op for kk in _kernels(y, None)][-2:] == ["matmul", "elementwise cmplt where"]
+
+
+def test_split_reduce_loop_has_no_division(context):
+    # a 3x3 convolution's reduction (channel, kh, kw) is one merged axis of the GEMM: it runs as three nested loops,
+    # so the microkernel's index arithmetic has no division or modulo left
+    context(OPT=1)
+    x = rng.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((24, 8, 3, 3)).astype(np.float32)
+    y = Tensor(x).conv2d(Tensor(w), padding=1)
+    (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+    assert not [u for u in gemm.ast.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
+    torch = pytest.importorskip("torch")
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -68,12 +68,13 @@ def test_lane_tiles_compute_the_product(name: str):
     np.testing.assert_allclose(run(graph, ins, opts), ref, rtol=1e-5, atol=1e-4)
 
 
-def test_a_tile_with_no_vector_form_falls_back_to_elements():
-    # max (relu) has no lane-wise C operator on gcc vectors: the epilogue's groups stay scalar, the values right
+def test_an_op_with_no_vector_form_runs_lane_by_lane():
+    # max (relu) has no lane-wise C operator on gcc vectors: the epilogue takes each lane of the accumulator vector,
+    # applies the scalar op and packs the lanes again; the tile keeps its vector accumulators
     graph = gemm_graph(M, 4 * W, K).maximum(0.0)
     before = dict(lanes.lane_stats)
     ins = _inputs(graph, 2, np.random.default_rng(1))
     got = run(graph, ins, _tile(4, 2))
-    assert lanes.lane_stats["elements"] == before["elements"] + 1
+    assert lanes.lane_stats["lanes"] == before["lanes"] + 1
     a, b = ins[0].reshape(M, K), ins[1].reshape(K, 4 * W)
     np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)

@@ -10,7 +10,9 @@ import pytest
 
 from tests.helpers import buf, render_graph, run
 from uopc import Tensor
-from uopc.codegen.rangeify import LEAF, LEVEL, Opts, _levels
+from uopc.codegen.loops import LEAF, LEVEL
+from uopc.codegen.loops import levels as _levels
+from uopc.codegen.rangeify import Opts
 from uopc.uop import Ops
 
 F01 = float(np.float32(0.1))

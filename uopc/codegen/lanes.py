@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
-from uopc.uop import AxisType, Ops, RangeArg, UOp
+from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType
 from uopc.uop.symbolic import simplify
 
@@ -104,7 +104,22 @@ class _Widen:
             return UOp(Ops.WHERE, (u.src[0], a, b), None, a.dtype)
         if op in VECTOR_ALU and u.dtype.is_float:
             return UOp(op, tuple(self.wide(s) for s in u.src), u.arg, u.dtype.vec(n))
+        if op in ALU and not any(x.op is Ops.ALLOC for x in u.src):
+            # no vector form (a compare, a select on lanes, max, a math function: a GEMM's epilogue): the scalar op
+            # once per lane, on that lane of each source, packed; gcc's SLP vectorizer regroups what it can. Runs once
+            # per output element, after the reduction, so it costs little even where it stays scalar
+            lanes = tuple(UOp(op, tuple(self._lane(s, k) for s in u.src), u.arg, u.dtype) for k in range(n))
+            return UOp(Ops.VECTORIZE, lanes, None, u.dtype.vec(n))
         raise NoLanes
+
+    def _lane(self, u: UOp, k: int) -> UOp:
+        """Lane k of u's value: u itself if lane-free, the k-th element of a packed vector, else a GEP."""
+        if self.free(u):
+            return u
+        v = self.vec(u)
+        if v.op is Ops.VECTORIZE:
+            return v.src[k]
+        return UOp(Ops.GEP, (v,), k, v.dtype.scalar())
 
     def _index(self, idx: UOp) -> UOp | None:
         """The vector INDEX of these lanes, or None if they are not consecutive elements of one buffer."""

@@ -14,17 +14,18 @@ the linearizer places them, not by a separate pass.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
 from uopc import helpers
+from uopc.codegen import loops as loop_shapes
 from uopc.codegen.error_record import ERROR_RECORD
 from uopc.codegen.lanes import NoLanes, copies, lane_of, lane_stats, widen
+from uopc.codegen.loops import LEAF, LEVEL, PARALLEL_MIN, TILE_LEVELS_MIN, merge_ends, regions, split_loops
 from uopc.codegen.vectorize import vectorize
 from uopc.helpers import deep_recursion, prod
 from uopc.opt.opts import Opts
-from uopc.uop import ALU, MOVEMENT, AxisType, Ops, ParamArg, RangeArg, UOp, identity_element, sink
+from uopc.uop import ALU, MOVEMENT, AxisType, Ops, ParamArg, RangeArg, UOp, epilogue_reduce, identity_element, sink
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.indexing import and_, ravel, through
 from uopc.uop.symbolic import simplify
@@ -177,50 +178,11 @@ def _combos(parts: list[tuple[UOp, int]]) -> list[tuple[UOp, ...]]:
     return out
 
 
-# A float sum accumulates in levels: the innermost level runs over up to LEAF elements (gcc vectorizes it: LEAF/16
-# adds per lane, then a tree over the lanes), each level above adds up to LEVEL partial sums of the level below.
-# Every serial chain is short, so the error grows like log n (measured: 2^24 x 0.1f is off by 7.5e-8 relative with
-# 512/16; one accumulator per vector lane is off by 1%). A leaf of 512, not 256: gcc's code for a 128- or 256-long
-# leaf streamed rows at ~29 GB/s where 64 or 512 and more reach ~34 (C kernels of the same shape, Zen 4, 2 threads);
-# row-sum 8192^2 went from 1.3x to 1.05x PyTorch eager (bench/bench_membound.py).
-LEAF, LEVEL = 512, 16
-# a full reduction at least this long runs its outermost level as an OpenMP loop writing one partial per iteration
-# (the same tree, so the same result with any thread count); below it a parallel region costs more than it saves
-PARALLEL_MIN = 1 << 16
-TILE_LEVELS_MIN = 4096
-
-
-def _largest_divisor(s: int, cap: int) -> int:
-    return next(d for d in range(min(s, cap), 0, -1) if s % d == 0)
-
-
-def _levels(rshape: tuple[int, ...], leaf: int = LEAF) -> list[list[tuple[int, int]]]:
-    """Split the reduce axes into levels of loops, innermost level first: each a list of (axis, size) pieces, inner
-    piece of an axis first. A level holds at most LEAF (first) or LEVEL (later) iterations unless a size has no
-    divisor that fits (a large prime stays one loop)."""
-    levels: list[list[tuple[int, int]]] = [[]]
-    prod_ = 1
-    for k in reversed(range(len(rshape))):
-        s = rshape[k]
-        while s > 1:
-            cap = (leaf if len(levels) == 1 else LEVEL) // prod_
-            d = _largest_divisor(s, cap) if cap > 1 else 1
-            if d == 1 and prod_ > 1:  # nothing fits: close this level
-                levels.append([])
-                prod_ = 1
-                continue
-            d = s if d == 1 else d
-            levels[-1].append((k, d))
-            prod_ *= d
-            s //= d
-    return [lv for lv in levels if lv]
-
-
 def _level_loops(ctx: Ctx, rshape: tuple[int, ...], parallel: bool) -> tuple[list[list[UOp]], tuple[UOp, ...]]:
     """The loops of each level, innermost level first (created outermost first, so they nest outside), and the
     reduce index per axis. With `parallel` the outermost loop is a THREAD loop."""
     # checked loads (UOPC_CHECK_OOB=1) keep gcc from vectorizing the leaf, which would then be one serial chain
-    levels = _levels(rshape, LEVEL if helpers.settings().CHECK_OOB else LEAF)
+    levels = loop_shapes.levels(rshape, LEVEL if helpers.settings().CHECK_OOB else LEAF)
     loops: list[list[UOp]] = [[] for _ in levels]
     pieces: dict[int, list[tuple[UOp, int]]] = {}
     for li in reversed(range(len(levels))):
@@ -348,6 +310,8 @@ def _one_acc(
         if chunk is not None:  # the chunk loop was made by lower, outside the output's register tiles
             parts[-1] = (chunk.loop * chunk.size + ctx.rng(chunk.size, AxisType.REDUCE), 1)
         ctx.reduce_ranges[key] = parts
+        if chunk is None and all(f == 1 for _, f in parts):
+            parts = ctx.reduce_ranges[key] = split_loops(ctx, parts, rangeify(x, idx + _combos(parts)[0], ctx, valid))
     outside = [chunk.loop] if chunk is not None else []
     real = [r for r in ranges_in(*(b for b, _ in parts)) if r not in outside]
     vals = [rangeify(x, idx + c, ctx, valid) for c in _combos(parts)]
@@ -367,26 +331,6 @@ def _one_acc(
     accl = acc0.after(init, *real)  # ...is read and updated every iteration of the reduce loops...
     upd = accl.index(0).store(UOp(rop, (accl.index(0).load(), vals[0])))
     return acc0.after(upd.end(*real)).index(0).load()  # ...and read once more after they end
-
-
-def merge_ends(root: UOp) -> UOp:
-    """Unrolled copies each END the same shared loop: merge them into one END over a SINK.
-
-    Every group of copies merges in one pass; a group nested in another (an inner loop's copies inside the outer
-    loop's) merges in the next pass, inside the merged outer one."""
-    while True:
-        groups: dict[tuple, list[UOp]] = {}
-        for u in root.toposort():
-            if u.op is Ops.END:
-                groups.setdefault(u.src[1:], []).append(u)
-        mapping = {}
-        for dup in groups.values():
-            if len(dup) > 1:
-                merged = UOp(Ops.END, (UOp(Ops.SINK, tuple(e.src[0] for e in dup)), *dup[0].src[1:]))
-                mapping.update((e, merged) for e in dup)
-        if not mapping:
-            return root
-        root = root.substitute(mapping)
 
 
 def _axis_order(o: Opts, n: int) -> list[tuple[int, AxisType]]:
@@ -424,28 +368,6 @@ def _output_parts(
     return [parts[k] for k in range(len(shape))]
 
 
-def _regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> list[tuple[tuple, tuple, dict]]:
-    """The output as regions (offsets, sizes, copies per axis): an axis its upcast factor does not divide splits
-    into whole tiles and a remainder (no padding of the output). On the last axis under SIMD (`vec`), the
-    remainder is whole vectors first, then single elements."""
-    per_axis: list[list[tuple[int, int, int]]] = []
-    for k, s in enumerate(shape):
-        f = upcast.get(k, 1)
-        parts, start = [], 0
-        steps = (f, vec, 1) if k == len(shape) - 1 and 1 < vec < f else (f, 1)
-        for step in steps:
-            n = (s - start) // step * step
-            if n:
-                parts.append((start, n, step))
-                start += n
-        per_axis.append(parts or [(0, s, 1)])
-    out = []
-    for combo in itertools.product(*per_axis):
-        ups = {k: f for k, (_, _, f) in enumerate(combo) if f > 1}
-        out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups))
-    return out
-
-
 def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
     """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major)."""
     with deep_recursion():
@@ -471,10 +393,10 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
     ktile = _ktile(root, ctx.opts)
     nests = []
     # each region (whole tiles, the remainders) is a loop nest of its own
-    for offs, sizes, ups in _regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
+    for offs, sizes, ups in regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
         blocks = _block_loops(ctx, sizes, ups)
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
-        chunk = KChunk(ctx.rng(root.src[0].shape[-1] // ktile), ktile, out) if ktile else None
+        chunk = KChunk(ctx.rng(epilogue_reduce(root).src[0].shape[-1] // ktile), ktile, out) if ktile else None
         plist = _output_parts(ctx, sizes, ups, blocks)
         lane = lane_of(ctx.opts.vec, ups.get(len(sizes) - 1, 1), ctx.idx) if lanes and sizes else None
         if lane is None:
@@ -485,7 +407,7 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
         for idx in combos:
             idx = tuple(i + o if o else i for i, o in zip(idx, offs))
             # a chunked root reduce is lowered here, with its chunk: nothing under it is chunked
-            val = rangeify(root, idx, ctx) if chunk is None else _reduce(root, idx, ctx, None, chunk)
+            val = rangeify(root, idx, ctx) if chunk is None else _chunked(root, idx, ctx, chunk)
             flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
             stores.append(out.index(flat).store(val))
         if lane is not None:
@@ -585,12 +507,27 @@ def _needs_64bit(root: UOp, out: UOp) -> bool:
     )
 
 
+def _chunked(root: UOp, idx: tuple[UOp, ...], ctx: Ctx, chunk: KChunk) -> UOp:
+    """The value a chunk of K stores: the partial sum, and after the last chunk the epilogue applied to it."""
+    r = epilogue_reduce(root)
+    acc = _reduce(r, idx, ctx, None, chunk)
+    if r is root:
+        return acc
+    ctx.memo[(r, idx, None)] = acc  # the epilogue reads this chunk's accumulator for r
+    last = chunk.loop < (r.src[0].shape[-1] // chunk.size - 1)
+    return last.where(acc, rangeify(root, idx, ctx))
+
+
 def _ktile(root: UOp, o: Opts) -> int:
-    """The chunk Opts.ktile splits the root reduce's innermost axis into, or 0 where it does not apply: the root must
-    be an ADD/MAX reduce whose innermost axis the chunk divides. The partial result lives in the output buffer between
-    chunks, so any op after the reduce would be applied to partial sums: then ktile is ignored."""
-    if not o.ktile or root.op is not Ops.REDUCE or o.unroll > 1:
+    """The chunk Opts.ktile splits the root reduce's innermost axis into (the root, or the reduce of an epilogue:
+    epilogue_reduce), or 0 where it does not apply: it must be an ADD/MAX reduce whose innermost axis the chunk
+    divides. The partial result lives in the output buffer between chunks; an epilogue is applied by the last."""
+    r = epilogue_reduce(root)
+    # the output holds the partial sums between chunks: it must have the reduce's dtype (a bfloat16 output of a
+    # float32 sum would round every partial sum)
+    if not o.ktile or r is None or r.dtype is not root.dtype or o.unroll > 1:
         return 0
+    root = r
     if root.arg[0] is Ops.ADD and root.dtype.is_float and len(o.upcast) < 2:  # a float sum keeps its levels
         return 0
     size = root.src[0].shape[-1]

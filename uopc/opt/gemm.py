@@ -19,7 +19,7 @@ from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
-from uopc.uop import MOVEMENT, Ops, UOp
+from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
 from uopc.uop.rewrite import graph_rewrite
 
 # below this many multiply-adds the two packing kernels cost more than the microkernel saves
@@ -163,10 +163,12 @@ def split_k(roots: list[UOp], machine: Machine) -> list[UOp]:
 
 
 def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
-    """The microkernel's Opts for a kernel whose body is a packed matmul (None for any other kernel)."""
-    if not uses_microkernel(body, machine):
+    """The microkernel's Opts for a kernel whose body is a packed matmul, or elementwise ops on one at the same index
+    (its epilogue, applied while the tile is in registers); None for any other kernel."""
+    r = epilogue_reduce(body)
+    if r is None or not uses_microkernel(r, machine):
         return None
-    shape, k = body.shape, body.src[0].shape[-1]
+    shape, k = body.shape, r.src[0].shape[-1]
     am, an = len(shape) - 2, len(shape) - 1
     mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine)
     upcast = {am: mr, an: nr}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from uopc.helpers import prod
 from uopc.machine import Machine
-from uopc.opt.gemm import gemm_opts
+from uopc.opt.gemm import gemm_opts, uses_microkernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views
@@ -105,3 +105,10 @@ class HandOpt:
     def choose(self, body: UOp, out: UOp) -> Opts:
         """The Opts to lower one kernel body with (the engine lowers it)."""
         return hand_opt_choice(body, self.machine)
+
+    def epilogue(self, r: UOp, reader: UOp) -> bool:
+        """May REDUCE `r` take the elementwise ops of `reader` (the kernel body that reads it) as an epilogue
+        (uopc.schedule.cut.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when the
+        epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
+        output of a float32 sum would round them)."""
+        return uses_microkernel(r, self.machine) and reader.dtype is r.dtype

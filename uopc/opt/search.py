@@ -19,10 +19,11 @@ from typing import Protocol
 from uopc import helpers
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
+from uopc.opt.gemm import uses_microkernel
 from uopc.opt.heuristic import hand_opt_choice, reduce_size
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
-from uopc.uop import Ops, UOp, structure_key
+from uopc.uop import UOp, epilogue_reduce, structure_key
 
 
 class Timer(Protocol):
@@ -52,7 +53,7 @@ def candidate_opts(body: UOp, machine: Machine) -> list[Opts]:
         if tile:
             cands.append(Opts(dict(hand.upcast), hand.thread, hand.unroll, tile=tile))
             # and the reduce axis blocked too (exercise 6): partial sums kept in the output between chunks
-            if rsize > 256 and rsize % 256 == 0 and body.op is Ops.REDUCE:
+            if rsize > 256 and rsize % 256 == 0 and epilogue_reduce(body) is not None:
                 cands.append(Opts(dict(hand.upcast), hand.thread, 1, tile=tile, ktile=256))
     return cands
 
@@ -110,3 +111,7 @@ class SearchOpt:
     def choose(self, body: UOp, out: UOp) -> Opts:
         """The fastest candidate Opts for one kernel body (the engine lowers it)."""
         return search_opt(body, out, self.machine, self.timer)
+
+    def epilogue(self, r: UOp, reader: UOp) -> bool:
+        """As HandOpt.epilogue: a matmul the microkernel runs takes its reader's elementwise ops."""
+        return uses_microkernel(r, self.machine) and reader.dtype is r.dtype

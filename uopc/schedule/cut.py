@@ -31,6 +31,7 @@ from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 
 __all__ = [
     "checks_of",
+    "epilogue_fusions",
     "kernel_name",
     "kernel_op",
     "moved_bytes",
@@ -41,16 +42,84 @@ __all__ = [
 ]
 
 
-def _materialize_points(roots: list[UOp], fuse_reduce: bool) -> list[UOp]:
-    """The nodes that get their own kernel, producers before consumers (the schedule order)."""
+def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozenset[UOp] = frozenset()) -> list[UOp]:
+    """The nodes that get their own kernel, producers before consumers (the schedule order). A REDUCE in
+    `epilogues` is computed by the kernel that reads it (see epilogue_fusions)."""
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM) or (u.op is Ops.REDUCE and not fuse_reduce):
+        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM):
+            points.append(u)
+        elif u.op is Ops.REDUCE and not fuse_reduce and u not in epilogues:
             points.append(u)
         elif u in rootset and base_buffer(u).op is not Ops.BUFFER:
             points.append(u)
     return points
+
+
+def _region(body: UOp, stop: UOp | None = None) -> list[UOp]:
+    """The nodes a kernel computing `body` evaluates: its graph down to the materialized nodes it reads (included,
+    not entered); `stop` is entered like any other node."""
+    out, seen, stack = [], set(), [body]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        out.append(u)
+        if u is body or u is stop or u.op not in _MATERIALIZED:
+            stack.extend(u.src)
+    return out
+
+
+def _at_own_index(body: UOp, r: UOp) -> bool:
+    """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
+    index (r's elements are each computed once, by the output element that uses it)?"""
+    found, seen, stack = False, set(), [body]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u is r:
+            found = True
+        elif u.op in ALU and u.shape == r.shape:
+            stack.extend(u.src)
+        elif u.op not in _MATERIALIZED and r in _region(u):  # read through a view or at another shape
+            return False
+    return found
+
+
+def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> frozenset[UOp]:
+    """The REDUCEs that are computed by the one kernel that reads them, as the reduce of that kernel followed by its
+    elementwise ops (an epilogue: a matmul's bias, activation, residual add applied while the tile is in registers).
+
+    The cost rule: fusing saves writing r and reading it back (2 x its bytes) and recomputes nothing, when exactly
+    one kernel reads r, only through elementwise ops at r's own index, and that kernel computes no other fused
+    reduce. `accepts(r, reader_body)` is the optimizer's say (it fuses only what its kernels keep fast: the GEMM
+    microkernel takes an epilogue); without an optimizer nothing is fused, so OPT=0 keeps Chapter 7's kernels."""
+    if accepts is None:
+        return frozenset()
+    rootset = set(roots)
+    readers: dict[UOp, list[UOp]] = {}
+    for p in points:
+        body = p.src[0] if p.op is Ops.STAGE else p
+        for u in _region(body):
+            if u.op is Ops.REDUCE and u is not body:
+                readers.setdefault(u, []).append(p)
+    fused: dict[UOp, UOp] = {}  # kernel -> the reduce it takes in
+    taken: set[UOp] = set()
+    for r, ks in readers.items():
+        if r in rootset or len(ks) != 1 or ks[0].op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM):
+            continue
+        k = ks[0]
+        body = k.src[0] if k.op is Ops.STAGE else k
+        if body.shape == r.shape and _at_own_index(body, r) and accepts(r, body):
+            if k in fused:  # two matmuls in one kernel: neither gets the microkernel, so neither fuses
+                taken.add(k)
+            else:
+                fused[k] = r
+    return frozenset(r for k, r in fused.items() if k not in taken)
 
 
 # Tensor.detach() wraps a node in STAGE("detach"): autodiff stops there, execution ignores it; a CUSTOM_GRAD marker
@@ -195,8 +264,13 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     if opt is not None:
         with helpers.phase("layout"):
             roots = opt.layout(roots)
-    # 4. cut: every materialization point gets a reference and a placeholder buffer
+    # 4. cut: every materialization point gets a reference and a placeholder buffer; a matmul whose one reader is
+    #    elementwise at its own index is computed by that reader (an epilogue), if the optimizer takes it
     points = _materialize_points(roots, fuse_reduce)
+    if not fuse_reduce:
+        fused = epilogue_fusions(roots, points, getattr(opt, "epilogue", None))
+        if fused:
+            points = _materialize_points(roots, fuse_reduce, fused)
     ref, temps, outs = _assign_refs(points, roots, in_idx)
     place: dict[UOp, UOp] = {}
     for u in points:  # negative slots: placeholders can never collide with real buffers

@@ -22,7 +22,7 @@ from uopc.uop.ops import (
     Span,
 )
 from uopc.uop.readers import add_reader, forget_reader, note_new_reader, read_only_by, readers_epoch, track
-from uopc.uop.uop import UOp, base_buffer, identity_element, sink, structure_key
+from uopc.uop.uop import UOp, base_buffer, epilogue_reduce, identity_element, sink, structure_key
 
 __all__ = [
     "ALU",
@@ -42,6 +42,7 @@ __all__ = [
     "UOp",
     "add_reader",
     "base_buffer",
+    "epilogue_reduce",
     "forget_reader",
     "identity_element",
     "note_new_reader",

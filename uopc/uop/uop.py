@@ -503,6 +503,27 @@ def base_buffer(u: UOp) -> UOp:
     return u
 
 
+def epilogue_reduce(root: UOp) -> UOp | None:
+    """The REDUCE a kernel computes with elementwise ops after it at the same index (its epilogue: a matmul's bias,
+    activation, residual add), or None: `root` itself if it is a REDUCE, else the one REDUCE that `root` reaches
+    through ALU ops of its own shape only, where no other REDUCE is reachable."""
+    if root.op is Ops.REDUCE:
+        return root
+    found, seen, stack = [], set(), [root]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op is Ops.REDUCE and u.shape == root.shape:
+            found.append(u)
+        elif u.op in ALU and u.shape == root.shape:
+            stack.extend(u.src)
+        elif any(x.op is Ops.REDUCE for x in u.toposort()):  # a reduce read at another index or shape
+            return None
+    return found[0] if len(found) == 1 else None
+
+
 def structure_key(roots: list[UOp]) -> tuple[tuple, list[UOp]]:
     """The structure key of a graph and its input BUFFERs, from one walk.
 

@@ -1,0 +1,139 @@
+"""The shapes of loop nests, apart from what they compute: the levels a long reduction runs in, the regions an
+output splits into under register tiles, a merged loop split back into its factors, and the merging of the END of
+loops that unrolled copies share. uopc.codegen.rangeify builds every kernel's loops with these.
+
+    levels((4096,))                 -> [[(0, 512)], [(0, 8)]]       a leaf of 512 elements, then 8 leaf sums
+    regions((10, 20), {0: 4, 1: 8}) -> whole tiles, then the remainder rows and columns, each its own loop nest
+    split_loops: r in range(576) read as r // 9, (r // 3) % 3, r % 3   -> loops (64, 3, 3)
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from uopc.uop import Ops, UOp
+from uopc.uop.symbolic import simplify
+
+__all__ = [
+    "LEAF",
+    "LEVEL",
+    "PARALLEL_MIN",
+    "TILE_LEVELS_MIN",
+    "largest_divisor",
+    "levels",
+    "merge_ends",
+    "regions",
+    "split_loops",
+]
+
+
+# A float sum accumulates in levels: the innermost level runs over up to LEAF elements (gcc vectorizes it: LEAF/16
+# adds per lane, then a tree over the lanes), each level above adds up to LEVEL partial sums of the level below.
+# Every serial chain is short, so the error grows like log n (measured: 2^24 x 0.1f is off by 7.5e-8 relative with
+# 512/16; one accumulator per vector lane is off by 1%). A leaf of 512, not 256: gcc's code for a 128- or 256-long
+# leaf streamed rows at ~29 GB/s where 64 or 512 and more reach ~34 (C kernels of the same shape, Zen 4, 2 threads);
+# row-sum 8192^2 went from 1.3x to 1.05x PyTorch eager (bench/bench_membound.py).
+LEAF, LEVEL = 512, 16
+# a full reduction at least this long runs its outermost level as an OpenMP loop writing one partial per iteration
+# (the same tree, so the same result with any thread count); below it a parallel region costs more than it saves
+PARALLEL_MIN = 1 << 16
+TILE_LEVELS_MIN = 4096
+
+
+def largest_divisor(s: int, cap: int) -> int:
+    return next(d for d in range(min(s, cap), 0, -1) if s % d == 0)
+
+
+def levels(rshape: tuple[int, ...], leaf: int = LEAF) -> list[list[tuple[int, int]]]:
+    """Split the reduce axes into levels of loops, innermost level first: each a list of (axis, size) pieces, inner
+    piece of an axis first. A level holds at most LEAF (first) or LEVEL (later) iterations unless a size has no
+    divisor that fits (a large prime stays one loop)."""
+    levels: list[list[tuple[int, int]]] = [[]]
+    prod_ = 1
+    for k in reversed(range(len(rshape))):
+        s = rshape[k]
+        while s > 1:
+            cap = (leaf if len(levels) == 1 else LEVEL) // prod_
+            d = largest_divisor(s, cap) if cap > 1 else 1
+            if d == 1 and prod_ > 1:  # nothing fits: close this level
+                levels.append([])
+                prod_ = 1
+                continue
+            d = s if d == 1 else d
+            levels[-1].append((k, d))
+            prod_ *= d
+            s //= d
+    return [lv for lv in levels if lv]
+
+
+def split_loops(ctx: Any, parts: list[tuple[UOp, int]], val: UOp) -> list[tuple[UOp, int]]:
+    """Reduce loops that `val` only takes apart again, split into nested loops: an index r that reaches the loads
+    as r // 9, (r // 3) % 3 and r % 3 (a convolution's merged (channel, kh, kw) axis, a GEMM's K) is run as loops
+    (K/9, 3, 3) over r = a*9 + b*3 + c, and simplification turns those into a, b, c: no division or modulo is
+    left in the loop body (measured on a 3x3 conv's microkernel: ~8 integer ops per K step). A loop is split at
+    the divisors it is divided or taken modulo by, when each divides the next and the loop's size."""
+    out, topo = [], simplify(val).toposort()
+    for b, f in parts:
+        size = b.src[0].arg if b.op is Ops.RANGE else 1
+        cuts = sorted(
+            {
+                u.src[1].arg
+                for u in topo
+                if u.op in (Ops.IDIV, Ops.MOD)
+                and u.src[0] is b
+                and u.src[1].op is Ops.CONST
+                and 1 < u.src[1].arg < size
+                and size % u.src[1].arg == 0
+            }
+        )
+        if not cuts or any(hi % lo for lo, hi in zip(cuts, cuts[1:])):
+            out.append((b, f))
+            continue
+        strides = [*reversed(cuts), 1]  # outer loop first: r = a*cuts[-1] + ... + z
+        sizes = [size // strides[0]] + [hi // lo for hi, lo in zip(strides, strides[1:])]
+        loops = [ctx.rng(s, b.arg.kind) for s in sizes]
+        out.append((sum((r * s for r, s in zip(loops[1:], strides[1:])), loops[0] * strides[0]), 1))
+    return out
+
+
+def merge_ends(root: UOp) -> UOp:
+    """Unrolled copies each END the same shared loop: merge them into one END over a SINK.
+
+    Every group of copies merges in one pass; a group nested in another (an inner loop's copies inside the outer
+    loop's) merges in the next pass, inside the merged outer one."""
+    while True:
+        groups: dict[tuple, list[UOp]] = {}
+        for u in root.toposort():
+            if u.op is Ops.END:
+                groups.setdefault(u.src[1:], []).append(u)
+        mapping = {}
+        for dup in groups.values():
+            if len(dup) > 1:
+                merged = UOp(Ops.END, (UOp(Ops.SINK, tuple(e.src[0] for e in dup)), *dup[0].src[1:]))
+                mapping.update((e, merged) for e in dup)
+        if not mapping:
+            return root
+        root = root.substitute(mapping)
+
+
+def regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> list[tuple[tuple, tuple, dict]]:
+    """The output as regions (offsets, sizes, copies per axis): an axis its upcast factor does not divide splits
+    into whole tiles and a remainder (no padding of the output). On the last axis under SIMD (`vec`), the
+    remainder is whole vectors first, then single elements."""
+    per_axis: list[list[tuple[int, int, int]]] = []
+    for k, s in enumerate(shape):
+        f = upcast.get(k, 1)
+        parts, start = [], 0
+        steps = (f, vec, 1) if k == len(shape) - 1 and 1 < vec < f else (f, 1)
+        for step in steps:
+            n = (s - start) // step * step
+            if n:
+                parts.append((start, n, step))
+                start += n
+        per_axis.append(parts or [(0, s, 1)])
+    out = []
+    for combo in itertools.product(*per_axis):
+        ups = {k: f for k, (_, _, f) in enumerate(combo) if f > 1}
+        out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups))
+    return out
