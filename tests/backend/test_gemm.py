@@ -297,14 +297,17 @@ def test_epilogue_left_alone(context):
     assert [kk.op for kk in _kernels(y, None)][-2:] == ["matmul", "elementwise cmplt where"]
 
 
-def test_split_reduce_loop_has_no_division(context):
+@pytest.mark.parametrize("cin", [8, 128])
+def test_split_reduce_loop_has_no_division(context, cin):
     # a 3x3 convolution's reduction (channel, kh, kw) is one merged axis of the GEMM: it runs as three nested loops,
-    # so the microkernel's index arithmetic has no division or modulo left
+    # so the microkernel's index arithmetic has no division or modulo left; with 128 channels (K = 1152) K runs in
+    # chunks of whole 3x3 blocks, and each chunk's loop is split the same way
     context(OPT=1)
-    x = rng.standard_normal((1, 8, 20, 20)).astype(np.float32)
-    w = rng.standard_normal((24, 8, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, cin, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((24, cin, 3, 3)).astype(np.float32)
     y = Tensor(x).conv2d(Tensor(w), padding=1)
     (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+    assert (gemm.opts.ktile > 0) == (cin == 128) and gemm.opts.ktile % 9 == 0
     assert not [u for u in gemm.ast.toposort() if u.op in (Ops.IDIV, Ops.MOD)]
     torch = pytest.importorskip("torch")
     ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()

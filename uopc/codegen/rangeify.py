@@ -307,11 +307,19 @@ def _one_acc(
         unroll = ctx.opts.unroll
         last = len(rshape) - 1
         parts = [_axis_parts(ctx, s, unroll if k == last else 1, AxisType.REDUCE) for k, s in enumerate(rshape)]
+        inner = None
         if chunk is not None:  # the chunk loop was made by lower, outside the output's register tiles
-            parts[-1] = (chunk.loop * chunk.size + ctx.rng(chunk.size, AxisType.REDUCE), 1)
+            inner = ctx.rng(chunk.size, AxisType.REDUCE)
+            parts[-1] = (chunk.loop * chunk.size + inner, 1)
         ctx.reduce_ranges[key] = parts
-        if chunk is None and all(f == 1 for _, f in parts):
-            parts = ctx.reduce_ranges[key] = split_loops(ctx, parts, rangeify(x, idx + _combos(parts)[0], ctx, valid))
+        if all(f == 1 for _, f in parts):  # loops the loads take apart again are split (a chunk's inner loop too)
+            val = rangeify(x, idx + _combos(parts)[0], ctx, valid)
+            if inner is None:
+                parts = split_loops(ctx, parts, val)
+            else:
+                ((split, _),) = split_loops(ctx, [(inner, 1)], val)
+                parts[-1] = (chunk.loop * chunk.size + split, 1)
+            ctx.reduce_ranges[key] = parts
     outside = [chunk.loop] if chunk is not None else []
     real = [r for r in ranges_in(*(b for b, _ in parts)) if r not in outside]
     vals = [rangeify(x, idx + c, ctx, valid) for c in _combos(parts)]

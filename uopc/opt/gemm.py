@@ -183,7 +183,11 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
     # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
     # sums kept in the output between chunks
-    ktile = next((c for c in range(KC_MAX, KC_MIN - 1, -1) if k % c == 0), 0) if k > KC_MAX * 3 // 2 else 0
+    # (a whole number of the reduce axis's inner blocks per chunk: a convolution's K = C*kh*kw in chunks of whole
+    # kh*kw blocks keeps its loops split by channel and tap, with no division in the microkernel)
+    inner = _inner_block(r)
+    chunks = [c for c in range(KC_MAX, KC_MIN - 1, -1) if k % c == 0]
+    ktile = next((c for c in chunks if c % inner == 0), chunks[0] if chunks else 0) if k > KC_MAX * 3 // 2 else 0
     kc = ktile or k
     whole_n = shape[an] - shape[an] % nr
     nc_max = max(nr, machine.l2_bytes // 2 // (kc * body.dtype.itemsize) // nr * nr)
@@ -192,6 +196,20 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         if nc > nr:
             tile[an] = nc
     return Opts(upcast=upcast, thread=thread, ktile=ktile, tile=tile, vec=w)
+
+
+def _inner_block(r: UOp) -> int:
+    """The size of the inner dims that a reshape merged into r's reduce axis with an outer one (a convolution's
+    (C, kh, kw) -> C*kh*kw: kh*kw), or 1."""
+    k = r.src[0].shape[-1]
+    for u in r.src[0].toposort():
+        if u.op is Ops.RESHAPE and u.shape and u.shape[-1] == k and u.src[0].shape and u.src[0].shape[-1] < k:
+            dims, p = list(u.src[0].shape), 1
+            while dims and p < k:
+                p *= dims.pop()
+                if p == k:
+                    return k // u.src[0].shape[len(dims)]
+    return 1
 
 
 def _row_block(whole: int, mr: int, min_blocks: int) -> int:
