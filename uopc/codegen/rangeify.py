@@ -522,8 +522,8 @@ def _chunked(root: UOp, idx: tuple[UOp, ...], ctx: Ctx, chunk: KChunk) -> UOp:
     if r is root:
         return acc
     ctx.memo[(r, idx, None)] = acc  # the epilogue reads this chunk's accumulator for r
-    last = chunk.loop < (r.src[0].shape[-1] // chunk.size - 1)
-    return last.where(acc, rangeify(root, idx, ctx))
+    not_last = chunk.loop < (r.src[0].shape[-1] // chunk.size - 1)
+    return not_last.where(acc, rangeify(root, idx, ctx))
 
 
 def _ktile(root: UOp, o: Opts) -> int:
