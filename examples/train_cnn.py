@@ -39,10 +39,8 @@ class CNN:
         self.fc, self.drop, self.head = Linear(c2 * 7 * 7, hidden), Dropout(p_drop), Linear(hidden, 10)
 
     def __call__(self, x: Tensor) -> Tensor:
-        # contiguous(): the activation is written once, and its gradient too (a staged value's gradient is staged),
-        # so BatchNorm's backward reductions read it rather than each recomputing the pooling gradient
-        x = self.bn1(self.conv1(x)).relu().contiguous().max_pool2d(2)
-        x = self.bn2(self.conv2(x)).relu().contiguous().max_pool2d(2).flatten(1)
+        x = self.bn1(self.conv1(x)).relu().max_pool2d(2)
+        x = self.bn2(self.conv2(x)).relu().max_pool2d(2).flatten(1)
         return self.head(self.drop(self.fc(x).relu()))  # dropout acts only while Tensor.training
 
     def buffers(self) -> list[Tensor]:

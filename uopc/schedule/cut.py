@@ -37,6 +37,7 @@ __all__ = [
     "moved_bytes",
     "schedule",
     "stage_broadcast_compute",
+    "stage_recomputed",
     "stage_shared_chains",
     "strip_detach",
 ]
@@ -180,17 +181,7 @@ def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
     as one read for the values built on it. Counting only full-size reads leaves alone the many-input but
     non-growing elementwise chains of a BatchNorm backward (staging those measured 10% slower on the CNN step)."""
     order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
-    rootset = set(roots)
-    # the kernels that would compute each node: a materialized consumer is one kernel, others pass theirs on
-    kernels: dict[UOp, set[UOp]] = {}
-    for u in reversed(order):
-        if u in rootset:
-            kernels.setdefault(u, set()).add(u)
-        mine = kernels.get(u, set())
-        for x in u.src:
-            if x.op in _MATERIALIZED or x.op is Ops.CONST:
-                continue
-            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
+    kernels = _computing_kernels(order, set(roots))
     # per node: the materialized inputs its recomputation reads, with their element counts
     reads: dict[UOp, frozenset[tuple[UOp, int]]] = {}
     todo: set[UOp] = set()
@@ -205,6 +196,78 @@ def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
                 todo.add(u)
                 r = frozenset(((u, n),))
         reads[u] = r
+    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def _computing_kernels(order: list[UOp], rootset: set[UOp], staged: set[UOp] | None = None) -> dict[UOp, set[UOp]]:
+    """The kernels that would compute each node of `order` (topological): a materialized consumer (or one in
+    `staged`, about to be) is one kernel, other consumers pass theirs on."""
+    staged = staged or set()
+    kernels: dict[UOp, set[UOp]] = {}
+    for u in reversed(order):
+        if u in rootset or u in staged:
+            kernels.setdefault(u, set()).add(u)
+        mine = {u} if u in staged else kernels.get(u, set())
+        for x in u.src:
+            if x.op in _MATERIALIZED or x.op is Ops.CONST:
+                continue
+            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
+    return kernels
+
+
+# ALU ops per element that recomputing a value costs, by op: a square root, a division or a transcendental takes
+# the time of several adds (their throughput on x86 vectors is a fraction of an add's)
+_OP_COST = {Ops.SQRT: 8, Ops.RECIP: 8, Ops.EXP2: 8, Ops.LOG2: 8, Ops.SIN: 16, Ops.IDIV: 8, Ops.MOD: 8}
+# staging a value writes it once and reads it back once (8 bytes per float32 element) in place of recomputing it:
+# worth it when the kernels besides the first would together spend more than RECOMPUTE_OPS_PER_BYTE ALU ops per
+# byte that adds (elementwise code runs at a few ops per byte of memory traffic on the CPUs we target)
+RECOMPUTE_OPS_PER_BYTE = 2
+# ...and when the ops it saves in all come to more than a kernel launch costs (a few microseconds: stage_broadcast_
+# compute's 4096): a scalar that 40 kernels recompute per element is not worth a kernel of its own
+RECOMPUTE_MIN_GAIN = 4096
+
+
+def stage_recomputed(roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYTE) -> list[UOp]:
+    """Materialize an elementwise value that several kernels would each recompute when, by the cost rule, the
+    recomputation costs more than one write and one read of it (Chapter 7, exercise 9: ALU ops against bytes, at a
+    machine balance of `ops_per_byte`).
+
+    A CNN's activation relu(batchnorm(conv)) is read by the max-pool, by its backward (where the maximum is) and by
+    BatchNorm's backward reductions: five kernels each recomputing the normalization (a square root and a division
+    per element) measured 1.5x slower than the step with it staged. Weighed from the consumers down, so a chain's
+    top is staged first and the values under it are then computed once, by its kernel."""
+    order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
+    rootset, todo = set(roots), set()
+    # per node, bottom-up: ALU ops per element to compute it, and the materialized nodes computing it reads
+    work: dict[UOp, int] = {}
+    reads: dict[UOp, frozenset] = {}
+    for u in order:
+        if u.op in _MATERIALIZED or u.op is Ops.CONST:
+            work[u], reads[u] = 0, frozenset((u,)) if u.op is not Ops.CONST else frozenset()
+        else:
+            work[u] = sum(work[x] for x in u.src) + (_OP_COST.get(u.op, 1) if u.op in ALU else 0)
+            reads[u] = frozenset().union(*(reads[x] for x in u.src))
+    # top-down, consumers first: the kernels that compute each node, given what was staged above it; a staged value
+    # is computed once, by its own kernel, so the values under it are weighed with that
+    kernels: dict[UOp, set[UOp]] = {}
+    for u in reversed(order):
+        if u in rootset:
+            kernels.setdefault(u, set()).add(u)
+        k = len(kernels.get(u, ()))
+        if u.op in ALU and u.op is not Ops.CAST and u.shape and k >= 2:
+            n, size = prod(u.shape), u.dtype.itemsize
+            # bytes per element of u that computing it reads (a broadcast input: its share)
+            in_bytes = sum(x.dtype.itemsize * min(1.0, prod(x.shape) / n) for x in reads[u])
+            # k kernels recomputing u: (k-1) extra computations and reads of its inputs; staged: its inputs read
+            # once, u written once and read k times
+            gain = (k - 1) * work[u] + ops_per_byte * ((k - 1) * in_bytes - (k + 1) * size)
+            if gain * n > RECOMPUTE_MIN_GAIN:  # and it pays for the staging kernel's own launch
+                todo.add(u)
+        mine = {u} if u in todo else kernels.get(u, set())
+        for x in u.src:
+            if x.op in _MATERIALIZED or x.op is Ops.CONST:
+                continue
+            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
 
 
@@ -260,6 +323,8 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:
         roots = stage_shared_chains(stage_broadcast_compute(roots))
+        if opt is not None:  # the cost rule weighs ops against bytes for optimized kernels (OPT=0: Chapter 7's cuts)
+            roots = stage_recomputed(roots)
     # 3. the optimizer's layout pass may stage transposed operands
     if opt is not None:
         with helpers.phase("layout"):
