@@ -58,9 +58,9 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozense
     return points
 
 
-def _region(body: UOp, stop: UOp | None = None) -> list[UOp]:
+def _region(body: UOp) -> list[UOp]:
     """The nodes a kernel computing `body` evaluates: its graph down to the materialized nodes it reads (included,
-    not entered); `stop` is entered like any other node."""
+    not entered)."""
     out, seen, stack = [], set(), [body]
     while stack:
         u = stack.pop()
@@ -68,7 +68,7 @@ def _region(body: UOp, stop: UOp | None = None) -> list[UOp]:
             continue
         seen.add(u)
         out.append(u)
-        if u is body or u is stop or u.op not in _MATERIALIZED:
+        if u is body or u.op not in _MATERIALIZED:
             stack.extend(u.src)
     return out
 
