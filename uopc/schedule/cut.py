@@ -199,15 +199,14 @@ def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
 
 
-def _computing_kernels(order: list[UOp], rootset: set[UOp], staged: set[UOp] | None = None) -> dict[UOp, set[UOp]]:
-    """The kernels that would compute each node of `order` (topological): a materialized consumer (or one in
-    `staged`, about to be) is one kernel, other consumers pass theirs on."""
-    staged = staged or set()
+def _computing_kernels(order: list[UOp], rootset: set[UOp]) -> dict[UOp, set[UOp]]:
+    """The kernels that would compute each node of `order` (topological): a materialized consumer is one kernel,
+    other consumers pass theirs on (stage_recomputed walks the same way, deciding as it goes)."""
     kernels: dict[UOp, set[UOp]] = {}
     for u in reversed(order):
-        if u in rootset or u in staged:
+        if u in rootset:
             kernels.setdefault(u, set()).add(u)
-        mine = {u} if u in staged else kernels.get(u, set())
+        mine = kernels.get(u, set())
         for x in u.src:
             if x.op in _MATERIALIZED or x.op is Ops.CONST:
                 continue
