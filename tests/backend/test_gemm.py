@@ -148,6 +148,18 @@ def test_gemm_opts_shape():
     assert [k.name[:2] for k in plan.kernels] == ["e_", "r_"]
 
 
+def test_wide_products_share_columns_among_threads(context):
+    # an LM head (few rows, very many columns): threads take blocks of columns and run every row over them, so B is
+    # streamed once; a square product keeps its threads over rows
+    wide = gemm_opts(layout_pass([gemm_graph(8 * MR, 64 * NR, 256, bt=True)], MACHINE)[0], MACHINE)
+    square = gemm_opts(layout_pass([gemm_graph(1024)], MACHINE)[0], MACHINE)
+    assert (wide.thread, square.thread) == ((1, 0) if MACHINE.cores > 1 else (None, None))
+    context(OPT=1)
+    a, w = rng.standard_normal((8 * MR + 1, 256)).astype(np.float32), rng.standard_normal((64 * NR + 3, 256))
+    w = w.astype(np.float32)
+    _check_matmul(a, w.T, (Tensor(a) @ Tensor(w).T).numpy())
+
+
 # ------------------------------------------------------------------ correctness of every path against NumPy
 
 SHAPES = [

@@ -512,8 +512,10 @@ def _fresh_plans():
     return plan_store
 
 
-def test_small_plans_compile_as_one_unit():
-    # under realize.ONE_UNIT_CHARS of kernel C one compiler run builds the whole plan
+def test_small_plans_compile_as_one_unit(context):
+    # under realize.ONE_UNIT_CHARS of kernel C one compiler run builds the whole plan (softmax cut at every reduce,
+    # as OPT=0 cuts it: three kernels)
+    context(OPT=0)
     x = np.random.default_rng(3).standard_normal((6, 10)).astype(np.float32)
     before = runtime.stats["compiles"]
     got = (Tensor(x).softmax(-1) + 0.25).numpy()
@@ -523,8 +525,10 @@ def test_small_plans_compile_as_one_unit():
     np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True) + 0.25, rtol=1e-6)
 
 
-def test_a_kernel_shared_by_two_plans_compiles_once(cache: Path, monkeypatch):
-    # the same row-softmax kernels in two different plans: the second plan compiles only what is new to it
+def test_a_kernel_shared_by_two_plans_compiles_once(cache: Path, monkeypatch, context):
+    # the same row-softmax kernels in two different plans: the second plan compiles only what is new to it (softmax
+    # cut at every reduce, as OPT=0 cuts it: its max and sum kernels are shared)
+    context(OPT=0)
     monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
     _fresh_plans()
     x = np.random.default_rng(1).standard_normal((16, 48)).astype(np.float32)

@@ -30,11 +30,15 @@ def _check_no_overlap(plan) -> None:
 
 
 def test_softmax_plan_temps():
-    # softmax's row max and row sum are both read by the last kernel: nothing can share, both stay
+    # cut at every reduce (no optimizer: Chapter 7's kernels), softmax's row max and row sum are both read by the
+    # last kernel: nothing can share, both stay
     x = np.random.default_rng(0).standard_normal((64, 96)).astype(np.float32)
-    plan, _ = make_plan([Tensor(x).softmax(-1).uop], opt=default_opt())
+    plan, _ = make_plan([Tensor(x).softmax(-1).uop])
     assert len(plan.temps) == 2 and plan.arena_bytes == plan.temp_bytes == 2 * 64 * 4
     _check_no_overlap(plan)
+    # the optimizer computes both per row inside the one kernel that writes the result: no temporaries at all
+    plan, _ = make_plan([Tensor(x).softmax(-1).uop], opt=default_opt())
+    assert [k.name for k in plan.kernels] == ["r_64_96"] and plan.temps == () and plan.arena_bytes == 0
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(Tensor(x).softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
 
@@ -57,6 +61,6 @@ def test_mnist_training_plan_shares_temps():
 
 
 def test_debug_prints_temp_bytes(context, capsys):
-    context(DEBUG=1)
+    context(DEBUG=1, OPT=0)  # softmax in three kernels: its row max and row sum are temporaries
     Tensor(np.ones((8, 8), np.float32)).softmax(-1).realize()
     assert "temps 128 -> 128 bytes" in capsys.readouterr().out

@@ -126,7 +126,9 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         return u
     if op is Ops.BUFFER:
         return u.index(idx[0] if idx else UOp.const(0, ctx.idx), valid).load()
-    if op in (Ops.STAGE,):
+    if op is Ops.STAGE:
+        if isinstance(u.arg, tuple) and u.arg[0] == "row" and valid is None:
+            return _row_staged(u, idx, ctx)
         return rangeify(src[0], idx, ctx, valid)
     if op in MOVEMENT:
         inner, new, cond = through(u, idx)
@@ -142,6 +144,21 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     if op in ALU:
         return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
     raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
+
+
+def _row_staged(u: UOp, idx: tuple[UOp, ...], ctx: Ctx) -> UOp:
+    """STAGE(value, ("row", n)) at idx (uopc.schedule.cut.stage_rows): the value over the row's last n axes is
+    computed once per row into a local array, in a loop of its own, and every pass over the row loads it."""
+    n = u.arg[1]
+    row, cols, shape = idx[: len(idx) - n], idx[len(idx) - n :], u.shape[len(idx) - n :]
+    key = (u, row)
+    if (buf := ctx.memo.get(key)) is None:
+        loops = tuple(ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in shape)
+        val = rangeify(u.src[0], row + loops, ctx, None)
+        at = ravel(loops, shape) if shape else UOp.const(0, ctx.idx)
+        scratch = ctx.alloc(u.dtype, prod(shape)).after(*ranges_in(*row))
+        buf = ctx.memo[key] = scratch.after(scratch.index(at).store(val).end(*ranges_in(*loops)))
+    return buf.index(ravel(cols, shape) if shape else UOp.const(0, ctx.idx)).load()
 
 
 def _gather(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:

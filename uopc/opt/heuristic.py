@@ -15,7 +15,7 @@ from uopc.opt.gemm import gemm_opts, uses_microkernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views
-from uopc.uop import MOVEMENT, Ops, UOp
+from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
 
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;
 # measured on a 2-core Zen 4: an elementwise kernel of 2^15 floats runs in ~5 us, a parallel region ~3 us
@@ -33,11 +33,54 @@ def reduce_size(body: UOp) -> int:
     )
 
 
+def row_fits(r: UOp, machine: Machine) -> bool:
+    """Is REDUCE `r` worth computing inside the kernel that reads it per row (uopc.schedule.cut.row_fusions) on
+    `machine`? When the row's inputs fit in half of L2, so the passes after the first read it from cache, and there
+    are rows enough to share among the cores (or too little work to thread at all: then one kernel in place of
+    several is all gain)."""
+    src, n = r.src[0], r.arg[1]
+    rows, row = prod(src.shape[: len(src.shape) - n]), prod(src.shape[len(src.shape) - n :])
+    inputs, seen, stack = set(), set(), [src]
+    while stack:  # the buffers and other kernels' results the reduce reads at its own size
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE) and u is not src:
+            if prod(u.shape) >= row:  # read along the row (a scalar or a per-row value is not)
+                inputs.add(u)
+        else:
+            stack.extend(u.src)
+    row_bytes = row * sum(u.dtype.itemsize for u in inputs)
+    return row_bytes <= machine.l2_bytes // 2 and (rows >= machine.cores or rows * row < THREAD_MIN_WORK)
+
+
+def row_kernel(body: UOp) -> bool:
+    """Does the kernel compute reduces per row inside it (fused by row_fusions): a REDUCE in its body other than
+    the one it ends in?"""
+    reds = [u for u in body.toposort() if u.op is Ops.REDUCE]
+    return len(reds) > 1 or (len(reds) == 1 and epilogue_reduce(body) is None)
+
+
+def _row_axes(body: UOp) -> int:
+    """How many leading axes of a row kernel's output index its rows (the others run along a row)."""
+    if body.op is Ops.REDUCE:
+        return len(body.shape)
+    along = [u.arg[1] for u in body.toposort() if u.op is Ops.REDUCE and u.src[0].shape == body.shape]
+    return len(body.shape) - max(along, default=0)
+
+
 def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
     """Register tile on the last two output axes, unroll short untiled reductions, threads above a work threshold."""
     if (gemm := gemm_opts(body, machine)) is not None:  # a packed matmul: the register-blocked microkernel
         return gemm
     shape, rsize = body.shape, reduce_size(body)
+    if row_kernel(body):  # whole rows, each in one thread, outermost: a reduce inside is computed once per row
+        thread = None
+        if prod(shape or (1,)) * rsize >= THREAD_MIN_WORK and machine.cores > 1:
+            rows = [k for k in range(_row_axes(body)) if shape[k] >= 2]
+            thread = next((k for k in rows if shape[k] >= machine.cores), rows[0] if rows else None)
+        return Opts(thread=thread)
     upcast: dict[int, int] = {}
     unroll, thread, tile = 1, None, {}
     if rsize > 1:
@@ -112,3 +155,8 @@ class HandOpt:
         epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
         output of a float32 sum would round them)."""
         return uses_microkernel(r, self.machine) and reader.dtype is r.dtype
+
+    def row_fusion(self, r: UOp, reader: UOp) -> bool:
+        """May REDUCE `r` be computed per row inside `reader`, the kernel that reads it (uopc.schedule.cut.
+        row_fusions decides that nothing is computed twice)? When a row fits in this machine's cache: row_fits."""
+        return row_fits(r, self.machine)

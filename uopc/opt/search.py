@@ -20,7 +20,7 @@ from uopc import helpers
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
 from uopc.opt.gemm import uses_microkernel
-from uopc.opt.heuristic import hand_opt_choice, reduce_size
+from uopc.opt.heuristic import hand_opt_choice, reduce_size, row_fits
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.uop import UOp, epilogue_reduce, structure_key
@@ -115,3 +115,7 @@ class SearchOpt:
     def epilogue(self, r: UOp, reader: UOp) -> bool:
         """As HandOpt.epilogue: a matmul the microkernel runs takes its reader's elementwise ops."""
         return uses_microkernel(r, self.machine) and reader.dtype is r.dtype
+
+    def row_fusion(self, r: UOp, reader: UOp) -> bool:
+        """As HandOpt.row_fusion: a reduce is computed per row inside its reader when a row fits in cache."""
+        return row_fits(r, self.machine)

@@ -9,6 +9,10 @@ between materialization points fuses into the kernel of its nearest materialized
                              r_4n1 [in 0, tmp 0]        -> tmp 1   (row sum of exp(x - max))
                              e_4_8 [in 0, tmp 0, tmp 1] -> out 0
 
+That is Chapter 7's cut (OPT=0). With an optimizer, the rules of uopc.schedule.fusion also stage values several
+kernels would recompute, and let a kernel compute the reduces it reads as a matmul's epilogue or per row: softmax
+is then one kernel, r_4_8, its max and sum in loops over each row before the loop that writes it.
+
 Once lowered, two different kernels of one plan never share a name: a later one whose shape name is taken gets a
 suffix n1, n2.. (identical kernels keep one name, so they share one C source and one compile).
 
@@ -25,8 +29,17 @@ from typing import Any
 
 from uopc import helpers
 from uopc.helpers import prod
+from uopc.schedule.fusion import (
+    broadcast_read,
+    epilogue_fusions,
+    row_fusions,
+    stage_broadcast_compute,
+    stage_recomputed,
+    stage_rows,
+    stage_shared_chains,
+)
 from uopc.schedule.plan import Copy, Out, Ref, RefKind, Schedule, ScheduleItem, Temp
-from uopc.uop import ALU, MOVEMENT, Ops, ParamArg, UOp, base_buffer
+from uopc.uop import ALU, Ops, ParamArg, UOp, base_buffer
 from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 
 __all__ = [
@@ -35,8 +48,10 @@ __all__ = [
     "kernel_name",
     "kernel_op",
     "moved_bytes",
+    "row_fusions",
     "schedule",
     "stage_broadcast_compute",
+    "stage_rows",
     "stage_recomputed",
     "stage_shared_chains",
     "strip_detach",
@@ -58,71 +73,6 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozense
     return points
 
 
-def _region(body: UOp) -> list[UOp]:
-    """The nodes a kernel computing `body` evaluates: its graph down to the materialized nodes it reads (included,
-    not entered)."""
-    out, seen, stack = [], set(), [body]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        out.append(u)
-        if u is body or u.op not in _MATERIALIZED:
-            stack.extend(u.src)
-    return out
-
-
-def _at_own_index(body: UOp, r: UOp) -> bool:
-    """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
-    index (r's elements are each computed once, by the output element that uses it)?"""
-    found, seen, stack = False, set(), [body]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u is r:
-            found = True
-        elif u.op in ALU and u.shape == r.shape:
-            stack.extend(u.src)
-        elif u.op not in _MATERIALIZED and r in _region(u):  # read through a view or at another shape
-            return False
-    return found
-
-
-def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> frozenset[UOp]:
-    """The REDUCEs that are computed by the one kernel that reads them, as the reduce of that kernel followed by its
-    elementwise ops (an epilogue: a matmul's bias, activation, residual add applied while the tile is in registers).
-
-    The cost rule: fusing saves writing r and reading it back (2 x its bytes) and recomputes nothing, when exactly
-    one kernel reads r, only through elementwise ops at r's own index, and that kernel computes no other fused
-    reduce. `accepts(r, reader_body)` is the optimizer's say (it fuses only what its kernels keep fast: the GEMM
-    microkernel takes an epilogue); without an optimizer nothing is fused, so OPT=0 keeps Chapter 7's kernels."""
-    if accepts is None:
-        return frozenset()
-    rootset = set(roots)
-    readers: dict[UOp, list[UOp]] = {}
-    for p in points:
-        body = p.src[0] if p.op is Ops.STAGE else p
-        for u in _region(body):
-            if u.op is Ops.REDUCE and u is not body:
-                readers.setdefault(u, []).append(p)
-    fused: dict[UOp, UOp] = {}  # kernel -> the reduce it takes in
-    taken: set[UOp] = set()
-    for r, ks in readers.items():
-        if r in rootset or len(ks) != 1 or ks[0].op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM):
-            continue
-        k = ks[0]
-        body = k.src[0] if k.op is Ops.STAGE else k
-        if body.shape == r.shape and _at_own_index(body, r) and accepts(r, body):
-            if k in fused:  # two matmuls in one kernel: neither gets the microkernel, so neither fuses
-                taken.add(k)
-            else:
-                fused[k] = r
-    return frozenset(r for k, r in fused.items() if k not in taken)
-
-
 # Tensor.detach() wraps a node in STAGE("detach"): autodiff stops there, execution ignores it; a CUSTOM_GRAD marker
 # only tells autodiff which rule differentiates its value: execution computes the value
 strip_detach = PatternMatcher(
@@ -133,147 +83,13 @@ strip_detach = PatternMatcher(
 )
 
 
-# a node's kernel reads what it was computed from: buffers and other kernels' results
-_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM)
-
-
-def _fused_work(u: UOp) -> int:
-    """ALU ops times elements that recomputing `u` would cost (stopping at materialized nodes)."""
-    n, seen, stack = 0, set(), [u]
-    while stack:
-        x = stack.pop()
-        if x in seen or x.op in _MATERIALIZED:
-            continue
-        seen.add(x)
-        n += x.op in ALU
-        stack.extend(x.src)
-    return n * prod(u.shape)
-
-
-def stage_broadcast_compute(roots: list[UOp], factor: int = 4, min_work: int = 4096) -> list[UOp]:
-    """Materialize a computed value that an EXPAND copies `factor`+ times, when recomputing it is expensive.
-
-    Fusion is free only if nothing is recomputed: a LayerNorm output feeding a matmul would otherwise be
-    recomputed for every output column. Tiny values (softmax's 1/sum) and bare CASTs are left fused.
-    """
-    todo: set[UOp] = set()
-    for u in UOp(Ops.SINK, tuple(roots)).toposort():
-        if u.op is not Ops.EXPAND or prod(u.shape) < factor * prod(u.src[0].shape):
-            continue
-        src = u.src[0]
-        while src.op in MOVEMENT:
-            src = src.src[0]
-        if src.op in ALU and src.op is not Ops.CAST and src.shape and _fused_work(src) >= min_work:
-            todo.add(src)
-    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
-
-
-def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
-    """Materialize an elementwise value that two or more kernels would each recompute from `min_reads` or more
-    materialized inputs of its own size (buffers, reductions, staged values; a broadcast bias or statistic is not
-    counted: re-reading it is cheap).
-
-    Fusion recomputes an unmaterialized value in every kernel that reads it. That is free for a short chain, but a
-    transformer's residual stream x + attn_1 + mlp_1 + ... + mlp_L, read by layer L's LayerNorm reductions, grew by
-    two full-size reads per layer: GPT-2's 12 layers had 49 distinct LayerNorm kernels (6.5 KB to 12.7 KB of C each,
-    none shared between layers, quadratic work to lower, compile and run). Staged once it reaches `min_reads`, the
-    stream restarts from one buffer and every layer schedules to the same kernels. Bottom-up, a staged value counts
-    as one read for the values built on it. Counting only full-size reads leaves alone the many-input but
-    non-growing elementwise chains of a BatchNorm backward (staging those measured 10% slower on the CNN step)."""
-    order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
-    kernels = _computing_kernels(order, set(roots))
-    # per node: the materialized inputs its recomputation reads, with their element counts
-    reads: dict[UOp, frozenset[tuple[UOp, int]]] = {}
-    todo: set[UOp] = set()
-    for u in order:
-        if u.op in _MATERIALIZED:
-            reads[u] = frozenset(((u, prod(u.shape)),))
-            continue
-        r = frozenset().union(*(reads[x] for x in u.src))
-        if u.op in ALU and u.op is not Ops.CAST and u.shape and len(kernels.get(u, ())) >= 2:
-            n = prod(u.shape)
-            if sum(size >= n for _, size in r) >= min_reads:
-                todo.add(u)
-                r = frozenset(((u, n),))
-        reads[u] = r
-    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
-
-
-def _computing_kernels(order: list[UOp], rootset: set[UOp]) -> dict[UOp, set[UOp]]:
-    """The kernels that would compute each node of `order` (topological): a materialized consumer is one kernel,
-    other consumers pass theirs on (stage_recomputed walks the same way, deciding as it goes)."""
-    kernels: dict[UOp, set[UOp]] = {}
-    for u in reversed(order):
-        if u in rootset:
-            kernels.setdefault(u, set()).add(u)
-        mine = kernels.get(u, set())
-        for x in u.src:
-            if x.op in _MATERIALIZED or x.op is Ops.CONST:
-                continue
-            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
-    return kernels
-
-
-# ALU ops per element that recomputing a value costs, by op: a square root, a division or a transcendental takes
-# the time of several adds (their throughput on x86 vectors is a fraction of an add's)
-_OP_COST = {Ops.SQRT: 8, Ops.RECIP: 8, Ops.EXP2: 8, Ops.LOG2: 8, Ops.SIN: 16, Ops.IDIV: 8, Ops.MOD: 8}
-# staging a value writes it once and reads it back once (8 bytes per float32 element) in place of recomputing it:
-# worth it when the kernels besides the first would together spend more than RECOMPUTE_OPS_PER_BYTE ALU ops per
-# byte that adds (elementwise code runs at a few ops per byte of memory traffic on the CPUs we target)
-RECOMPUTE_OPS_PER_BYTE = 2
-# ...and when the ops it saves in all come to more than a kernel launch costs (a few microseconds: stage_broadcast_
-# compute's 4096): a scalar that 40 kernels recompute per element is not worth a kernel of its own
-RECOMPUTE_MIN_GAIN = 4096
-
-
-def stage_recomputed(roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYTE) -> list[UOp]:
-    """Materialize an elementwise value that several kernels would each recompute when, by the cost rule, the
-    recomputation costs more than one write and one read of it (Chapter 7, exercise 9: ALU ops against bytes, at a
-    machine balance of `ops_per_byte`).
-
-    A CNN's activation relu(batchnorm(conv)) is read by the max-pool, by its backward (where the maximum is) and by
-    BatchNorm's backward reductions: five kernels each recomputing the normalization (a square root and a division
-    per element) measured 1.5x slower than the step with it staged. Weighed from the consumers down, so a chain's
-    top is staged first and the values under it are then computed once, by its kernel."""
-    order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
-    rootset, todo = set(roots), set()
-    # per node, bottom-up: ALU ops per element to compute it, and the materialized nodes computing it reads
-    work: dict[UOp, int] = {}
-    reads: dict[UOp, frozenset] = {}
-    for u in order:
-        if u.op in _MATERIALIZED or u.op is Ops.CONST:
-            work[u], reads[u] = 0, frozenset((u,)) if u.op is not Ops.CONST else frozenset()
-        else:
-            work[u] = sum(work[x] for x in u.src) + (_OP_COST.get(u.op, 1) if u.op in ALU else 0)
-            reads[u] = frozenset().union(*(reads[x] for x in u.src))
-    # top-down, consumers first: the kernels that compute each node, given what was staged above it; a staged value
-    # is computed once, by its own kernel, so the values under it are weighed with that
-    kernels: dict[UOp, set[UOp]] = {}
-    for u in reversed(order):
-        if u in rootset:
-            kernels.setdefault(u, set()).add(u)
-        k = len(kernels.get(u, ()))
-        if u.op in ALU and u.op is not Ops.CAST and u.shape and k >= 2:
-            n, size = prod(u.shape), u.dtype.itemsize
-            # bytes per element of u that computing it reads (a broadcast input: its share)
-            in_bytes = sum(x.dtype.itemsize * min(1.0, prod(x.shape) / n) for x in reads[u])
-            # k kernels recomputing u: (k-1) extra computations and reads of its inputs; staged: its inputs read
-            # once, u written once and read k times
-            gain = (k - 1) * work[u] + ops_per_byte * ((k - 1) * in_bytes - (k + 1) * size)
-            if gain * n > RECOMPUTE_MIN_GAIN:  # and it pays for the staging kernel's own launch
-                todo.add(u)
-        mine = {u} if u in todo else kernels.get(u, set())
-        for x in u.src:
-            if x.op in _MATERIALIZED or x.op is Ops.CONST:
-                continue
-            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
-    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
-
-
 def kernel_name(body: UOp) -> str:
     """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8)."""
     red = any(u.op is Ops.REDUCE for u in body.toposort())
     return ("r_" if red else "e_") + "_".join(map(str, body.shape or (1,)))
+
+
+_REDUCE_NAMES = {Ops.ADD: "sum", Ops.MAX: "max"}
 
 
 def kernel_op(body: UOp) -> str:
@@ -284,20 +100,17 @@ def kernel_op(body: UOp) -> str:
     if not red:
         return "elementwise " + " ".join(alu[:4]) + (" ..." if len(alu) > 4 else "") if alu else "copy"
     r = red[-1]
+    # a row kernel (uopc.schedule.fusion.row_fusions) computes several reduces per row: each is named, in order
+    rows = [_REDUCE_NAMES.get(x.arg[0], str(x.arg[0])) for x in red[:-1]]
     src = r.src[0]
     while src.op is Ops.CAST:
         src = src.src[0]
     # a sum of products of two broadcast operands is a contraction: the matmul of Tensor.__matmul__ / dot
-    contraction = r.arg[0] is Ops.ADD and src.op is Ops.MUL and all(_broadcast(s) for s in src.src)
-    what = "matmul" if contraction else {Ops.ADD: "sum", Ops.MAX: "max"}.get(r.arg[0], str(r.arg[0]))
+    contraction = r.arg[0] is Ops.ADD and src.op is Ops.MUL and all(broadcast_read(s) for s in src.src)
+    what = "matmul" if contraction else _REDUCE_NAMES.get(r.arg[0], str(r.arg[0]))
     inner = [a for a in alu if not (contraction and a in ("mul", "add"))]
+    what = ", ".join(list(dict.fromkeys(rows)) + [what])
     return what + (f" ({' '.join(inner[:3])}{' ...' if len(inner) > 3 else ''})" if inner else "")
-
-
-def _broadcast(u: UOp) -> bool:
-    """Whether `u` reads buffers and every one is smaller than `u`: its values are broadcast (a matmul operand)."""
-    sizes = [prod(b.arg.shape) for b in u.toposort() if b.op is Ops.BUFFER]
-    return bool(sizes) and max(sizes) < prod(u.shape)
 
 
 def _flops(body: UOp) -> int:
@@ -333,6 +146,7 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     points = _materialize_points(roots, fuse_reduce)
     if not fuse_reduce:
         fused = epilogue_fusions(roots, points, getattr(opt, "epilogue", None))
+        fused |= row_fusions(roots, points, getattr(opt, "row_fusion", None), fused)
         if fused:
             points = _materialize_points(roots, fuse_reduce, fused)
     ref, temps, outs = _assign_refs(points, roots, in_idx)
@@ -363,6 +177,8 @@ def _item(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
+    if body.op not in (Ops.SCATTER, Ops.SETITEM):
+        body = stage_rows(body)
     work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]
     checks = checks_of(work)

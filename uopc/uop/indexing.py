@@ -19,13 +19,14 @@ __all__ = ["and_", "flat_index", "ravel", "reshape_index", "through"]
 
 def ravel(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
     """The row-major flat index of `idx` in `shape`."""
-    out: UOp = UOp.const(0, idx[0].dtype if idx else dtypes.int32)
+    out: UOp | None = None  # no "+ 0": the same element reached by two paths gets the same index UOp (memo hits)
     stride = 1
     for i, s in reversed(list(zip(idx, shape))):
         if s != 1:
-            out = i * stride + out if stride != 1 else i + out
+            term = i * stride if stride != 1 else i
+            out = term if out is None else term + out
         stride *= s
-    return out
+    return UOp.const(0, idx[0].dtype if idx else dtypes.int32) if out is None else out
 
 
 def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[UOp, ...]:

@@ -1,0 +1,137 @@
+"""Transformers against PyTorch, in one run: the rows of issue 25's table.
+
+    python bench/bench_transformer.py [--rounds 5] [--sections gpt2,chargpt,rows] [--no-compile] [--threads N]
+
+gpt2: GPT-2 small forward (bench/models.py: 12 layers, 768 wide, vocab 50257), batch 1, 128 tokens. chargpt:
+examples/gpt.py's training step (3 layers, 64 wide, context 64, batch 32, AdamW). rows: softmax 4096x4096,
+LayerNorm 8192x1024 (uopc's nn.LayerNorm), softmax 512x512 and their backward passes (the gradient of sum(out * g)).
+
+uopc runs under TinyJit (a replay with the same input buffers, outputs and temporaries from its plans and pool);
+PyTorch eager and torch.compile (unless --no-compile) run the same model with copied weights, each call allocating
+its outputs through glibc. First-touch page faults are very expensive on this project's VMs, so glibc is told to keep
+freed memory (MALLOC_MMAP_MAX_=0, a large MALLOC_TRIM_THRESHOLD_; the script re-executes itself with those set):
+PyTorch's allocations then reuse warm pages instead of faulting every call. Each round
+times every side back to back (interleaved), the table gives medians and ratios (below 1: uopc is faster). OpenBLAS
+is on no side's path. Each model's outputs are compared once before timing (max |diff| / max |out|).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+MALLOC = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+if any(os.environ.get(k) != v for k, v in MALLOC.items()):  # glibc reads these at start-up: re-exec with them set
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC})
+
+import models  # noqa: E402  (bench/models.py: run as a script, bench/ is on sys.path)
+import numpy as np  # noqa: E402
+
+from uopc import nn  # noqa: E402
+from uopc.engine.jit import TinyJit  # noqa: E402
+from uopc.runtime import compiler as runtime  # noqa: E402
+from uopc.tensor import Tensor  # noqa: E402
+from uopc.tools.harness import interleave, medians, timed  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # the benchmark still times uopc alone
+    torch = None
+
+
+def table(title: str, runners: dict, rounds: int) -> None:
+    med = medians(interleave(runners, rounds))
+    line = f"{title:44s}" + "".join(f" {k} {v * 1e3:8.3f} ms" for k, v in med.items())
+    print(line + "".join(f"  /{k} {med['uopc'] / v:.2f}" for k, v in med.items() if k != "uopc"), flush=True)
+
+
+def model(name: str, title: str, args) -> None:
+    w = models.build(name, "uopc")
+    xs = [Tensor(a) for a in w.inputs]
+    run = TinyJit(lambda *a: w.call(*a).realize())
+    runners = {"uopc": timed(lambda: run(*xs))}
+    if torch is not None:
+        for side, compiled in (("torch", False), ("torch.compile", True))[: 1 if args.no_compile else 2]:
+            t = models.build(name, "torch", compile=compiled)
+            models.copy_weights(t.model, w.model)
+            tin = tuple(map(torch.from_numpy, t.inputs))
+            if side == "torch" and name not in models.TRAINED:
+                ref, ours = t.call(*tin).numpy(), run(*xs).numpy()
+                print(f"  ({name}: uopc against torch, max |diff| / max |out| = "
+                      f"{np.abs(ours - ref).max() / np.abs(ref).max():.1e})")  # fmt: skip
+            runners[side] = timed(lambda t=t, tin=tin: t.call(*tin))
+    table(title, runners, args.rounds)
+
+
+def rows(args) -> None:
+    g = np.random.default_rng(0)
+    ln_u = nn.LayerNorm(1024)
+    cases = [
+        ("softmax 4096x4096", (4096, 4096), lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1)),
+        ("LayerNorm 8192x1024", (8192, 1024), ln_u, None),
+        ("softmax 512x512", (512, 512), lambda t: t.softmax(-1), lambda t: torch.softmax(t, -1)),
+    ]
+    for title, shape, fu, ft in cases:
+        x, dy = g.standard_normal(shape, dtype=np.float32), g.standard_normal(shape, dtype=np.float32)
+        if ft is None:  # LayerNorm with the same weights on both sides
+            ln_t = torch.nn.LayerNorm(shape[-1]) if torch is not None else None
+            if ln_t is not None:
+                with torch.no_grad():
+                    ln_t.weight.copy_(torch.from_numpy(ln_u.weight.numpy()))
+                    ln_t.bias.copy_(torch.from_numpy(ln_u.bias.numpy()))
+            ft = ln_t
+        xu, gu = Tensor(x).realize(), Tensor(dy).realize()
+        fwd = TinyJit(lambda a, fu=fu: fu(a).realize())
+
+        def grad(a: Tensor, gy: Tensor, fu=fu) -> Tensor:
+            a = a.detach().requires_grad_()  # a fresh leaf per call: the replay reads it as an input
+            (fu(a) * gy).sum().backward()
+            return a.grad.realize()
+
+        bwd = TinyJit(grad)
+        runners = {"uopc": timed(lambda fwd=fwd, xu=xu: fwd(xu))}
+        brunners = {"uopc": timed(lambda bwd=bwd, xu=xu, gu=gu: bwd(xu, gu))}
+        if torch is not None:
+            xt, gt = torch.from_numpy(x), torch.from_numpy(dy)
+            with torch.no_grad():
+                ref = ft(xt).numpy()
+            print(f"  ({title}: max |uopc - torch| = {np.abs(fwd(xu).numpy() - ref).max():.1e})")
+            runners["torch"] = timed(lambda ft=ft, xt=xt: torch.no_grad()(ft)(xt))
+
+            def tgrad(ft=ft, xt=xt, gt=gt):
+                a = xt.clone().requires_grad_()
+                (ft(a) * gt).sum().backward()
+                return a.grad
+
+            brunners["torch"] = timed(tgrad)
+        table(f"{title} forward", runners, args.rounds)
+        table(f"{title} backward", brunners, args.rounds)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0, help="threads for both sides (default: uopc's default)")
+    ap.add_argument("--sections", default="gpt2,chargpt,rows", help="which sections to run")
+    ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compiles take minutes)")
+    args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    if unknown := sections - {"gpt2", "chargpt", "rows"}:
+        ap.error(f"unknown sections {sorted(unknown)}")
+    if args.threads:
+        runtime.set_num_threads(args.threads)
+    if torch is not None:
+        torch.set_num_threads(runtime.get_num_threads())
+    print(f"uopc {runtime.get_num_threads()} threads" + (f", torch {torch.__version__}" if torch else "")
+          + f"; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    if "rows" in sections:
+        rows(args)
+    if "chargpt" in sections:
+        model("chargpt", "char-GPT training step, batch 32", args)
+    if "gpt2" in sections:
+        model("gpt2", "GPT-2 small forward, 1 x 128 tokens", args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Per-row reduce fusion (uopc.schedule.fusion.row_fusions, Chapter 7 exercise 8): a reduce read per row by one
+kernel is computed inside it, before the loops over the row, when the optimizer says a row fits its machine's cache.
+
+Kernel counts hold for the optimizer of the run (OPT=1 or OPT=2); the hand heuristic's own choices (threads, row
+buffers) are asserted with HandOpt. Expected counts follow from the Machine record (its L2 size and cores), never
+from the machine the test was written on. Values: PyTorch and NumPy, at the stated tolerances.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from uopc import nn
+from uopc.engine.realize import default_opt
+from uopc.kernelize import make_plan
+from uopc.machine import Machine
+from uopc.opt import HandOpt
+from uopc.runtime import machine
+from uopc.tensor import Tensor
+from uopc.uop import Ops
+
+rng = np.random.default_rng(0)
+
+
+def r(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def kernels(*ts: Tensor) -> list[str]:
+    plan, _ = make_plan([t.uop for t in ts], opt=default_opt())
+    return [k.name for k in plan.kernels]
+
+
+@pytest.mark.parametrize(
+    "name,fn,ref",
+    [
+        ("softmax", lambda t: t.softmax(-1), lambda t: t.softmax(-1)),
+        ("log_softmax", lambda t: t.log_softmax(-1), lambda t: t.log_softmax(-1)),
+        ("layernorm", lambda t: t.layernorm(-1), lambda t: torch.nn.functional.layer_norm(t, t.shape[-1:])),
+        (
+            "rmsnorm",
+            lambda t: t * (t.square().mean(-1, keepdim=True) + 1e-6).rsqrt(),
+            lambda t: t * torch.rsqrt(t.square().mean(-1, keepdim=True) + 1e-6),
+        ),
+    ],
+)
+def test_row_kernels_are_one_kernel(name, fn, ref):
+    # every reduce of the row is computed in the kernel that writes the result: one kernel, no temporaries
+    x = r(64, 96)
+    plan, _ = make_plan([fn(Tensor(x)).uop], opt=default_opt())
+    assert [k.name for k in plan.kernels] == ["r_64_96"] and plan.temps == ()
+    np.testing.assert_allclose(fn(Tensor(x)).numpy(), ref(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_each_reduce_is_computed_once():
+    # softmax's max is read by the sum and by the output: one accumulator for it, one for the sum (the two reads'
+    # index expressions are the same UOp, so lowering computes it once), and the row buffer of exp(x - max), which
+    # the sum and the output both read (stage_rows)
+    plan, _ = make_plan([Tensor(r(64, 96)).softmax(-1).uop], opt=HandOpt(machine()))  # one thread per row
+    (k,) = plan.kernels
+    assert sorted(u.arg[1] for u in k.ast.toposort() if u.op is Ops.ALLOC) == [1, 1, 96]
+    assert sum(u.op is Ops.EXP2 for u in k.ast.toposort()) == 1
+
+
+def test_a_cheap_shared_value_is_recomputed():
+    # LayerNorm's x - mean is one subtraction: both passes recompute it rather than go through a row buffer
+    plan, _ = make_plan([Tensor(r(64, 96)).layernorm(-1).uop], opt=HandOpt(machine()))
+    (k,) = plan.kernels
+    assert sorted(u.arg[1] for u in k.ast.toposort() if u.op is Ops.ALLOC) == [1, 1]
+
+
+def test_without_an_optimizer_every_reduce_is_cut():
+    # OPT=0 keeps Chapter 7's cuts
+    plan, _ = make_plan([Tensor(r(64, 96)).softmax(-1).uop])
+    assert len(plan.kernels) == 3
+
+
+def test_matmul_chain_stays_two_kernels():
+    # (A @ B) @ C: the first product is read through an EXPAND inside the second one's reduce loop (the recompute
+    # disaster of Chapter 7): it stays its own kernel
+    a, b, c = Tensor(r(32, 48)), Tensor(r(48, 40)), Tensor(r(40, 24))
+    ks = kernels((a @ b) @ c)
+    assert sum(k.startswith("r_") for k in ks) == 2, ks
+    np.testing.assert_allclose(((a @ b) @ c).numpy(), (a.numpy() @ b.numpy()) @ c.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_statistics_over_a_leading_axis_stay_cut():
+    # a normalization over axis 0 reads its statistic per column, inside the loop over rows: recomputed per row if
+    # fused, so it stays a kernel of its own
+    x = r(256, 64)
+    t = Tensor(x)
+    y = t - t.mean(0, keepdim=True)
+    assert len(kernels(y)) == 2
+    np.testing.assert_allclose(y.numpy(), x - x.mean(0, keepdims=True), rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_into_matmul_keeps_the_matmul_apart():
+    # softmax(S) @ V: the row sum fuses into the probabilities, which the matmul reads through an EXPAND: the
+    # probabilities are their own kernel, the matmul another
+    s, v = r(64, 64), r(64, 32)
+    out = Tensor(s).softmax(-1) @ Tensor(v)
+    ks = kernels(out)
+    assert len(ks) == 2, ks
+    ref = torch.tensor(s).softmax(-1) @ torch.tensor(v)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_row_larger_than_the_cache_is_not_fused():
+    # a row of twice the L2 size cannot stay in cache between the passes: three kernels, as cut at every reduce
+    m: Machine = machine()
+    cols = m.l2_bytes // 2  # float32: 2 x L2 bytes per row
+    ks = kernels(Tensor.empty(2, cols).softmax(-1))
+    assert len(ks) >= 3 and ks[-1] == f"e_2_{cols}", ks  # the reduces (split among threads or not), then the output
+
+
+def test_rows_fewer_than_cores_are_not_fused():
+    # one long row: fused, the row's reduce would run on one core; cut, the reduce kernel splits it among the
+    # cores. Fused only where the machine has one core (or the work is too small to thread anyway).
+    ks = kernels(Tensor(r(1, 1 << 15)).softmax(-1))
+    if machine().cores == 1:
+        assert ks == ["r_1_32768"]
+    else:
+        assert len(ks) >= 3 and ks[-1] == "e_1_32768", ks
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "layernorm"])
+def test_row_kernel_gradients_match_torch(op):
+    x, g = r(48, 80), r(48, 80)
+    t = Tensor(x, requires_grad=True)
+    tt = torch.tensor(x, requires_grad=True)
+    if op == "layernorm":
+        ln, tln = nn.LayerNorm(80), torch.nn.LayerNorm(80)
+        with torch.no_grad():
+            tln.weight.copy_(torch.tensor(ln.weight.numpy()))
+            tln.bias.copy_(torch.tensor(ln.bias.numpy()))
+        y, ty = ln(t), tln(tt)
+    else:
+        y, ty = getattr(t, op)(-1), getattr(tt, op)(-1)
+    (y * Tensor(g)).sum().backward()
+    (ty * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(y.numpy(), ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_rows_are_shared_among_threads_along_a_row_axis():
+    # GPT-2 at batch 1: LayerNorm over (1, 64, 256) threads its 64 rows (axis 1), never an axis along the row
+    plan, _ = make_plan([Tensor(r(1, 64, 256)).layernorm(-1).uop], opt=HandOpt(machine()))
+    (k,) = plan.kernels
+    assert k.opts.thread == (1 if machine().cores > 1 else None)

@@ -1,0 +1,416 @@
+"""Fusion and staging decisions of the scheduler, on the shape graph before it is cut: what to materialize that no
+rule of Chapter 7 cuts (values several kernels would recompute: stage_broadcast_compute, stage_shared_chains,
+stage_recomputed), and which REDUCEs a kernel that reads them computes itself (epilogue_fusions: a matmul's
+elementwise tail; row_fusions: the reduces of a row read per row). stage_rows, after the cut, keeps in a row buffer
+a value two passes over a row would each compute. uopc.schedule.cut applies them; each weighs bytes against work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uopc.helpers import prod
+from uopc.uop import ALU, MOVEMENT, Ops, UOp
+
+__all__ = [
+    "broadcast_read",
+    "epilogue_fusions",
+    "row_fusions",
+    "stage_broadcast_compute",
+    "stage_recomputed",
+    "stage_rows",
+    "stage_shared_chains",
+]
+
+
+def _region(body: UOp) -> list[UOp]:
+    """The nodes a kernel computing `body` evaluates: its graph down to the materialized nodes it reads (included,
+    not entered)."""
+    out, seen, stack = [], set(), [body]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        out.append(u)
+        if u is body or u.op not in _MATERIALIZED:
+            stack.extend(u.src)
+    return out
+
+
+def _at_own_index(body: UOp, r: UOp) -> bool:
+    """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
+    index (r's elements are each computed once, by the output element that uses it)?"""
+    found, seen, stack = False, set(), [body]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u is r:
+            found = True
+        elif u.op in ALU and u.shape == r.shape:
+            stack.extend(u.src)
+        elif u.op not in _MATERIALIZED and r in _region(u):  # read through a view or at another shape
+            return False
+    return found
+
+
+def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> frozenset[UOp]:
+    """The REDUCEs that are computed by the one kernel that reads them, as the reduce of that kernel followed by its
+    elementwise ops (an epilogue: a matmul's bias, activation, residual add applied while the tile is in registers).
+
+    The cost rule: fusing saves writing r and reading it back (2 x its bytes) and recomputes nothing, when exactly
+    one kernel reads r, only through elementwise ops at r's own index, and that kernel computes no other fused
+    reduce. `accepts(r, reader_body)` is the optimizer's say (it fuses only what its kernels keep fast: the GEMM
+    microkernel takes an epilogue); without an optimizer nothing is fused, so OPT=0 keeps Chapter 7's kernels."""
+    if accepts is None:
+        return frozenset()
+    rootset = set(roots)
+    readers: dict[UOp, list[UOp]] = {}
+    for p in points:
+        body = p.src[0] if p.op is Ops.STAGE else p
+        for u in _region(body):
+            if u.op is Ops.REDUCE and u is not body:
+                readers.setdefault(u, []).append(p)
+    fused: dict[UOp, UOp] = {}  # kernel -> the reduce it takes in
+    taken: set[UOp] = set()
+    for r, ks in readers.items():
+        if r in rootset or len(ks) != 1 or ks[0].op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM):
+            continue
+        k = ks[0]
+        body = k.src[0] if k.op is Ops.STAGE else k
+        if body.shape == r.shape and _at_own_index(body, r) and accepts(r, body):
+            if k in fused:  # two matmuls in one kernel: neither gets the microkernel, so neither fuses
+                taken.add(k)
+            else:
+                fused[k] = r
+    return frozenset(r for k, r in fused.items() if k not in taken)
+
+
+def row_fusions(
+    roots: list[UOp], points: list[UOp], accepts: Any, taken: frozenset[UOp] = frozenset()
+) -> frozenset[UOp]:
+    """The REDUCEs computed inside the one kernel that reads them per row (Chapter 7, exercise 8): softmax's max and
+    sum, LayerNorm's mean and variance, and their backward sums run as sibling loops over each row of the kernel
+    that writes the result, which reads the row while it is in cache.
+
+    r (over the last n axes of a source of shape S, rows = S[:-n]) fuses into its reader k when nothing is then
+    computed twice: exactly one kernel reads r, and every path from r up to k's output reads it per row, through
+    ALU ops at the row's shape or at S, reshapes to keepdim, an EXPAND back along the n reduced axes, and REDUCEs
+    over those same n axes of shape S. Each of r's values then depends on the row loops only, which are k's
+    outermost loops, so it is computed once per row, before the loops over the row. An EXPAND along another axis
+    or a reduce over other axes on the way ((A @ B) @ C, a normalization over a non-trailing axis, softmax(QK^T) V)
+    would put r inside a loop it does not depend on: those stay cut. A contraction (a matmul: its source is
+    larger than every buffer it reads) is never a row reduce.
+
+    What it saves is bytes: k's second and third reads of the row come from cache instead of memory, and r is not
+    written and read back. That holds while a row fits in cache, and rows must be enough to share among the
+    cores: the optimizer's `accepts(r, k_body)` weighs both for its machine. Decided consumers first, so a
+    reduce read only by a reduce fused above it (softmax's max, read by the fused sum) is weighed against the one
+    kernel that then reads it. `taken`: reduces already fused as epilogues. Without an optimizer nothing fuses."""
+    if accepts is None:
+        return frozenset()
+    order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
+    pointset, rootset, parents = set(points), set(roots), _parents(order)
+    fused: set[UOp] = set()
+    kernels: dict[UOp, set[UOp]] = {}  # the kernels computing each node, given the decisions above it
+    for u in reversed(order):
+        if u in rootset:
+            kernels.setdefault(u, set()).add(u)
+        mine = kernels.get(u, set())
+        if u in pointset and u.op is Ops.REDUCE and u not in rootset and u not in taken and len(mine) == 1:
+            (k,) = mine
+            body = k.src[0] if k.op is Ops.STAGE else k
+            if _row_read(u, k, parents) and not _contraction(u) and accepts(u, body):
+                fused.add(u)
+        own = u in pointset and u not in fused and u not in taken
+        for x in u.src:
+            if x.op is Ops.CONST or (x in pointset and x.op is not Ops.REDUCE):
+                continue
+            kernels.setdefault(x, set()).update({u} if own else mine)
+    return frozenset(fused)
+
+
+def _parents(order: list[UOp]) -> dict[UOp, list[UOp]]:
+    """The consumers of each node of `order` (a topological order)."""
+    parents: dict[UOp, list[UOp]] = {}
+    for u in order:
+        for x in u.src:
+            parents.setdefault(x, []).append(u)
+    return parents
+
+
+def _row_read(r: UOp, k: UOp, parents: dict[UOp, list[UOp]]) -> bool:
+    """Does kernel point `k` read REDUCE `r` only per row (see row_fusions)? Walks up from r to k, each node at the
+    row's shape (a value per row) or at r's source shape S (a value per element of the row)."""
+    src_shape, n = r.src[0].shape, r.arg[1]
+    rows = src_shape[: len(src_shape) - n]
+    per_row = {rows, rows + (1,) * n}
+    if prod(src_shape[len(src_shape) - n :]) < 2:  # a reduce over size-1 axes: S is a per-row shape too
+        return False
+    seen, stack = set(), [r]
+    while stack:
+        u = stack.pop()
+        if u in seen or u is k:
+            continue
+        seen.add(u)
+        row = u.shape in per_row
+        for c in parents.get(u, ()):
+            if c.op is Ops.STAGE and c is k:
+                continue
+            if c.op in ALU and c.shape in (per_row if row else {src_shape}):
+                pass
+            elif row and c.op is Ops.RESHAPE and c.shape in per_row:
+                pass
+            elif row and c.op is Ops.EXPAND and u.shape == rows + (1,) * n and c.shape == src_shape:
+                pass
+            elif not row and c.op is Ops.REDUCE and c.arg[1] == n and c.src[0].shape == src_shape:
+                pass
+            else:
+                return False
+            stack.append(c)
+    return k in seen or any(k in parents.get(u, ()) for u in seen)
+
+
+def _contraction(r: UOp) -> bool:
+    """Is REDUCE `r` a contraction: is its source larger than every buffer it reads (a matmul's broadcast product)?"""
+    return broadcast_read(r.src[0])
+
+
+# a value the passes over a row share is kept in a row buffer (a local array of the kernel) once it costs this many
+# ALU ops per element (an exp2 or a division: _OP_COST), where storing and loading it back costs about two...
+ROW_STAGE_MIN_WORK = 8
+# ...for rows up to this many elements (64 KiB of float32 on each thread's stack)
+ROW_STAGE_MAX = 1 << 14
+
+
+def stage_rows(body: UOp) -> UOp:
+    """In a kernel with reduces fused per row (row_fusions), keep a value that two passes over the row would each
+    compute in a row buffer: STAGE(value, ("row", n)), filled once per row and read by both passes.
+
+    softmax's exp(x - max) is computed in the row-sum's loop and again for the output: at 4096 columns the second
+    exp2 cost as much as the whole pass. A cheap value (LayerNorm's x - mean) is recomputed (ROW_STAGE_MIN_WORK);
+    a value over a row longer than ROW_STAGE_MAX too. Only the topmost shared value of a chain is staged."""
+    reds = [u for u in body.toposort() if u.op is Ops.REDUCE and not _contraction(u)]
+    if not reds or reds == [body]:
+        return body
+    tops = [r.src[0] for r in reds] + ([] if body.op is Ops.REDUCE else [body])
+    uses: dict[UOp, int] = {}  # per node, how many passes compute it
+    parents: dict[UOp, set[UOp]] = {}
+    for top in tops:
+        seen, stack = set(), [top]
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            uses[u] = uses.get(u, 0) + 1
+            if u.op is not Ops.REDUCE:
+                for x in u.src:
+                    parents.setdefault(x, set()).add(u)
+                    stack.append(x)
+    rows = {r.src[0].shape: r.arg[1] for r in reds}
+    shared = {u for u, k in uses.items() if k >= 2 and u.op in ALU and u.op is not Ops.CAST and u.shape in rows}
+    todo = set()
+    for u in shared:
+        if parents.get(u, set()) <= shared or prod(u.shape[len(u.shape) - rows[u.shape] :]) > ROW_STAGE_MAX:
+            continue  # a value under a staged one is computed once by its fill loop anyway
+        if _row_work(u) >= ROW_STAGE_MIN_WORK:
+            todo.add(u)
+    return UOp.wrap([body], todo, lambda u: UOp(Ops.STAGE, (u,), ("row", rows[u.shape])))[0] if todo else body
+
+
+def _row_work(u: UOp) -> int:
+    """ALU ops per element computing `u` takes, weighted as the cost rule weighs them (_OP_COST), up to loads and
+    reduces."""
+    n, seen, stack = 0, set(), [u]
+    while stack:
+        x = stack.pop()
+        if x in seen or x.op in (Ops.REDUCE, Ops.BUFFER):
+            continue
+        seen.add(x)
+        n += _OP_COST.get(x.op, 1) if x.op in ALU and x.op is not Ops.CAST else 0
+        stack.extend(x.src)
+    return n
+
+
+# a node's kernel reads what it was computed from: buffers and other kernels' results
+_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM)
+
+
+def _fused_work(u: UOp) -> int:
+    """ALU ops times elements that recomputing `u` would cost (stopping at materialized nodes)."""
+    n, seen, stack = 0, set(), [u]
+    while stack:
+        x = stack.pop()
+        if x in seen or x.op in _MATERIALIZED:
+            continue
+        seen.add(x)
+        n += x.op in ALU
+        stack.extend(x.src)
+    return n * prod(u.shape)
+
+
+def stage_broadcast_compute(roots: list[UOp], factor: int = 4, min_work: int = 4096) -> list[UOp]:
+    """Materialize a computed value that an EXPAND copies `factor`+ times, when recomputing it is expensive.
+
+    Fusion is free only if nothing is recomputed: a LayerNorm output feeding a matmul would otherwise be
+    recomputed for every output column. Tiny values (softmax's 1/sum) and bare CASTs are left fused.
+    """
+    order = UOp(Ops.SINK, tuple(roots)).toposort()
+    found: dict[UOp, list[UOp]] = {}  # value -> the EXPANDs that copy it
+    for u in order:
+        if u.op is not Ops.EXPAND or prod(u.shape) < factor * prod(u.src[0].shape):
+            continue
+        src = u.src[0]
+        while src.op in MOVEMENT:
+            src = src.src[0]
+        if src.op in ALU and src.op is not Ops.CAST and src.shape and _fused_work(src) >= min_work:
+            found.setdefault(src, []).append(u)
+    # a per-row value (LayerNorm's 1/std) copied along the row's trailing axes into values read per row is computed
+    # once per row by the kernel that reads it (its loops over the row nest inside the row's): not staged
+    parents = _parents(order)
+    staged = {v for v, es in found.items() if not all(_trailing(e) for e in es)}
+    stops = staged | set(roots)
+    todo = {v for v, es in found.items() if v in staged or not all(_read_per_row(e, parents, stops) for e in es)}
+    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def _trailing(e: UOp) -> bool:
+    """Does EXPAND `e` copy its source along trailing axes only (a per-row value across its row)?"""
+    src, first = e.src[0].shape, None
+    for i, (a, b) in enumerate(zip(src, e.shape, strict=True)):
+        if a != b and first is None:
+            first = i
+        if first is not None and a != 1:
+            return False
+    return first is not None
+
+
+def _read_per_row(e: UOp, parents: dict[UOp, list[UOp]], stops: set[UOp]) -> bool:
+    """Is the row-wide copy `e` (of shape S) read only per element of S up to a reduce over the copied axes, a
+    staged value or a root? Then each kernel computes the copied value once per row (see _trailing)."""
+    n = sum(a != b for a, b in zip(e.src[0].shape, e.shape, strict=True))
+    seen, stack = set(), [e]
+    while stack:
+        u = stack.pop()
+        if u in seen or u in stops:
+            continue
+        seen.add(u)
+        for c in parents.get(u, ()):
+            if c.op is Ops.REDUCE and c.src[0].shape == e.shape and c.arg[1] >= n:
+                continue  # per row again: the reduce's own reader is weighed by row_fusions
+            if c.op in ALU and c.shape == e.shape or c.op is Ops.STAGE:
+                stack.append(c)
+            elif c.op is not Ops.SINK:
+                return False
+    return True
+
+
+def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
+    """Materialize an elementwise value that two or more kernels would each recompute from `min_reads` or more
+    materialized inputs of its own size (buffers, reductions, staged values; a broadcast bias or statistic is not
+    counted: re-reading it is cheap).
+
+    Fusion recomputes an unmaterialized value in every kernel that reads it. That is free for a short chain, but a
+    transformer's residual stream x + attn_1 + mlp_1 + ... + mlp_L, read by layer L's LayerNorm reductions, grew by
+    two full-size reads per layer: GPT-2's 12 layers had 49 distinct LayerNorm kernels (6.5 KB to 12.7 KB of C each,
+    none shared between layers, quadratic work to lower, compile and run). Staged once it reaches `min_reads`, the
+    stream restarts from one buffer and every layer schedules to the same kernels. Bottom-up, a staged value counts
+    as one read for the values built on it. Counting only full-size reads leaves alone the many-input but
+    non-growing elementwise chains of a BatchNorm backward (staging those measured 10% slower on the CNN step)."""
+    order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
+    kernels = _computing_kernels(order, set(roots))
+    # per node: the materialized inputs its recomputation reads, with their element counts
+    reads: dict[UOp, frozenset[tuple[UOp, int]]] = {}
+    todo: set[UOp] = set()
+    for u in order:
+        if u.op in _MATERIALIZED:
+            reads[u] = frozenset(((u, prod(u.shape)),))
+            continue
+        r = frozenset().union(*(reads[x] for x in u.src))
+        if u.op in ALU and u.op is not Ops.CAST and u.shape and len(kernels.get(u, ())) >= 2:
+            n = prod(u.shape)
+            if sum(size >= n for _, size in r) >= min_reads:
+                todo.add(u)
+                r = frozenset(((u, n),))
+        reads[u] = r
+    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def _computing_kernels(order: list[UOp], rootset: set[UOp]) -> dict[UOp, set[UOp]]:
+    """The kernels that would compute each node of `order` (topological): a materialized consumer is one kernel,
+    other consumers pass theirs on (stage_recomputed walks the same way, deciding as it goes)."""
+    kernels: dict[UOp, set[UOp]] = {}
+    for u in reversed(order):
+        if u in rootset:
+            kernels.setdefault(u, set()).add(u)
+        mine = kernels.get(u, set())
+        for x in u.src:
+            if x.op in _MATERIALIZED or x.op is Ops.CONST:
+                continue
+            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
+    return kernels
+
+
+# ALU ops per element that recomputing a value costs, by op: a square root, a division or a transcendental takes
+# the time of several adds (their throughput on x86 vectors is a fraction of an add's)
+_OP_COST = {Ops.SQRT: 8, Ops.RECIP: 8, Ops.EXP2: 8, Ops.LOG2: 8, Ops.SIN: 16, Ops.IDIV: 8, Ops.MOD: 8}
+# staging a value writes it once and reads it back once (8 bytes per float32 element) in place of recomputing it:
+# worth it when the kernels besides the first would together spend more than RECOMPUTE_OPS_PER_BYTE ALU ops per
+# byte that adds (elementwise code runs at a few ops per byte of memory traffic on the CPUs we target)
+RECOMPUTE_OPS_PER_BYTE = 2
+# ...and when the ops it saves in all come to more than a kernel launch costs (a few microseconds: stage_broadcast_
+# compute's 4096): a scalar that 40 kernels recompute per element is not worth a kernel of its own
+RECOMPUTE_MIN_GAIN = 4096
+
+
+def stage_recomputed(roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYTE) -> list[UOp]:
+    """Materialize an elementwise value that several kernels would each recompute when, by the cost rule, the
+    recomputation costs more than one write and one read of it (Chapter 7, exercise 9: ALU ops against bytes, at a
+    machine balance of `ops_per_byte`).
+
+    A CNN's activation relu(batchnorm(conv)) is read by the max-pool, by its backward (where the maximum is) and by
+    BatchNorm's backward reductions: five kernels each recomputing the normalization (a square root and a division
+    per element) measured 1.5x slower than the step with it staged. Weighed from the consumers down, so a chain's
+    top is staged first and the values under it are then computed once, by its kernel."""
+    order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
+    rootset, todo = set(roots), set()
+    # per node, bottom-up: ALU ops per element to compute it, and the materialized nodes computing it reads
+    work: dict[UOp, int] = {}
+    reads: dict[UOp, frozenset] = {}
+    for u in order:
+        if u.op in _MATERIALIZED or u.op is Ops.CONST:
+            work[u], reads[u] = 0, frozenset((u,)) if u.op is not Ops.CONST else frozenset()
+        else:
+            work[u] = sum(work[x] for x in u.src) + (_OP_COST.get(u.op, 1) if u.op in ALU else 0)
+            reads[u] = frozenset().union(*(reads[x] for x in u.src))
+    # top-down, consumers first: the kernels that compute each node, given what was staged above it; a staged value
+    # is computed once, by its own kernel, so the values under it are weighed with that
+    kernels: dict[UOp, set[UOp]] = {}
+    for u in reversed(order):
+        if u in rootset:
+            kernels.setdefault(u, set()).add(u)
+        k = len(kernels.get(u, ()))
+        if u.op in ALU and u.op is not Ops.CAST and u.shape and k >= 2:
+            n, size = prod(u.shape), u.dtype.itemsize
+            # bytes per element of u that computing it reads (a broadcast input: its share)
+            in_bytes = sum(x.dtype.itemsize * min(1.0, prod(x.shape) / n) for x in reads[u])
+            # k kernels recomputing u: (k-1) extra computations and reads of its inputs; staged: its inputs read
+            # once, u written once and read k times
+            gain = (k - 1) * work[u] + ops_per_byte * ((k - 1) * in_bytes - (k + 1) * size)
+            if gain * n > RECOMPUTE_MIN_GAIN:  # and it pays for the staging kernel's own launch
+                todo.add(u)
+        mine = {u} if u in todo else kernels.get(u, set())
+        for x in u.src:
+            if x.op in _MATERIALIZED or x.op is Ops.CONST:
+                continue
+            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
+    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def broadcast_read(u: UOp) -> bool:
+    """Whether `u` reads buffers and every one is smaller than `u`: its values are broadcast (a matmul operand)."""
+    sizes = [prod(b.arg.shape) for b in u.toposort() if b.op is Ops.BUFFER]
+    return bool(sizes) and max(sizes) < prod(u.shape)
