@@ -35,7 +35,7 @@ from uopc.helpers import atomic_write
 __all__ = ["VECTOR_WIDTH_RULE", "Machine", "available_cpus", "cpu_fingerprint", "cpu_model", "probe"]
 
 # bump when what the probe records (or how) changes: old records on disk are then never read again
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: l3_bytes
 
 # Auto-vectorized loops (gcc's own vectorizer, not uopc's explicit vector types) use the full AVX-512 width on every
 # AVX-512 machine. Measured on a Zen 4 (bench/bench_vector_width.py, 9 interleaved rounds, medians, 512 vs 256-bit):
@@ -87,6 +87,7 @@ class Machine:
     cores: int = 1  # CPUs this process may run on (its affinity mask); OpenMP's default thread count
     l1d_bytes: int = 32 << 10  # per core
     l2_bytes: int = 1 << 20  # per core
+    l3_bytes: int = 8 << 20  # the last level, shared by the cores (as the machine reports it; a VM's share may be less)
     extra_flags: tuple[str, ...] = ()  # what uopc adds to CFLAGS for this machine (part of every compile key)
     notes: tuple[str, ...] = field(default=(), compare=False)  # why: printed at DEBUG=1 when a flag was added
 
@@ -102,7 +103,7 @@ class Machine:
         h = self.__dict__.get("_hash")
         if h is None:
             h = hash((self.model, self.isa, self.vector_bytes, self.auto_vector_bytes, self.vector_registers))
-            h = hash((h, self.cores, self.l1d_bytes, self.l2_bytes, self.extra_flags))
+            h = hash((h, self.cores, self.l1d_bytes, self.l2_bytes, self.l3_bytes, self.extra_flags))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -238,6 +239,7 @@ def _probe_compiler(cc: str, flags: list[str]) -> Machine:
         cores=available_cpus(),
         l1d_bytes=_cache_size(1, ("Data", "Unified"), 32 << 10),
         l2_bytes=_cache_size(2, ("Unified", "Data"), 1 << 20),
+        l3_bytes=_cache_size(3, ("Unified",), 8 << 20),
         extra_flags=tuple(extra),
         notes=tuple(notes),
     )

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from tests.helpers import buf, gemm_graph
+from tests.helpers import buf, gemm_graph, run
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
@@ -148,16 +148,18 @@ def test_gemm_opts_shape():
     assert [k.name[:2] for k in plan.kernels] == ["e_", "r_"]
 
 
-def test_wide_products_share_columns_among_threads(context):
-    # an LM head (few rows, very many columns): threads take blocks of columns and run every row over them, so B is
-    # streamed once; a square product keeps its threads over rows
-    wide = gemm_opts(layout_pass([gemm_graph(8 * MR, 64 * NR, 256, bt=True)], MACHINE)[0], MACHINE)
-    square = gemm_opts(layout_pass([gemm_graph(1024)], MACHINE)[0], MACHINE)
-    assert (wide.thread, square.thread) == ((1, 0) if MACHINE.cores > 1 else (None, None))
-    context(OPT=1)
-    a, w = rng.standard_normal((8 * MR + 1, 256)).astype(np.float32), rng.standard_normal((64 * NR + 3, 256))
-    w = w.astype(np.float32)
-    _check_matmul(a, w.T, (Tensor(a) @ Tensor(w).T).numpy())
+def test_wide_products_share_columns_among_threads():
+    # few rows against a B larger than the last-level cache (an LM head): threads take blocks of columns and run
+    # every row over them, so B is streamed once; where B fits in L3, and for a square product, threads stay on rows
+    small_l3 = replace(MACHINE, l3_bytes=256 << 10)
+    wide = layout_pass([gemm_graph(8 * MR, 64 * NR, 256, bt=True)], small_l3)[0]
+    threads = [gemm_opts(wide, small_l3).thread, gemm_opts(wide, replace(MACHINE, l3_bytes=64 << 20)).thread]
+    threads.append(gemm_opts(layout_pass([gemm_graph(1024)], small_l3)[0], small_l3).thread)
+    assert threads == ([1, 0, 0] if MACHINE.cores > 1 else [None, None, None])
+    # and the column-threaded kernel computes the product
+    a = rng.standard_normal((8 * MR, 256)).astype(np.float32)
+    w = rng.standard_normal((64 * NR, 256)).astype(np.float32)
+    _check_matmul(a, w.T, run(wide, [a, w], gemm_opts(wide, small_l3)))
 
 
 # ------------------------------------------------------------------ correctness of every path against NumPy
