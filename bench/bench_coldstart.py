@@ -59,7 +59,7 @@ ROWS = {
     ),
     "resnet18": Row("ResNet-18 inference, batch 1", "resnet18", quick=dict(seq=32), target=(2.0, 0.5)),
     "cnn": Row("CNN training step, batch 128", "cnn", quick=dict(batch=16), target=(2.0, 0.3)),
-    "softmax": Row("softmax 512x512 (3 kernels)", "softmax"),
+    "softmax": Row("softmax 512x512", "softmax"),
 }
 
 SOFTMAX_C = """

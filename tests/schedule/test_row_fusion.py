@@ -149,3 +149,17 @@ def test_rows_are_shared_among_threads_along_a_row_axis():
     plan, _ = make_plan([Tensor(r(1, 64, 256)).layernorm(-1).uop], opt=HandOpt(machine()))
     (k,) = plan.kernels
     assert k.opts.thread == (1 if machine().cores > 1 else None)
+
+
+def test_a_computed_row_is_fused_and_computed_once_per_pass():
+    # softmax of a random normal drawn in the same graph: the draw (a few counter words in, not a matmul) is
+    # computed in the row kernel, and kept in a row buffer the passes share; the values are those of the draw
+    # realized first
+    Tensor.manual_seed(3)
+    fused = Tensor.randn(64, 96).softmax(-1)
+    plan, _ = make_plan([fused.uop], opt=HandOpt(machine()))
+    assert [k.name for k in plan.kernels] == ["r_64_96"]
+    Tensor.manual_seed(3)
+    x = Tensor.randn(64, 96).numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(fused.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)

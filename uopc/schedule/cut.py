@@ -30,7 +30,7 @@ from typing import Any
 from uopc import helpers
 from uopc.helpers import prod
 from uopc.schedule.fusion import (
-    broadcast_read,
+    contraction,
     epilogue_fusions,
     row_fusions,
     stage_broadcast_compute,
@@ -102,13 +102,9 @@ def kernel_op(body: UOp) -> str:
     r = red[-1]
     # a row kernel (uopc.schedule.fusion.row_fusions) computes several reduces per row: each is named, in order
     rows = [_REDUCE_NAMES.get(x.arg[0], str(x.arg[0])) for x in red[:-1]]
-    src = r.src[0]
-    while src.op is Ops.CAST:
-        src = src.src[0]
-    # a sum of products of two broadcast operands is a contraction: the matmul of Tensor.__matmul__ / dot
-    contraction = r.arg[0] is Ops.ADD and src.op is Ops.MUL and all(broadcast_read(s) for s in src.src)
-    what = "matmul" if contraction else _REDUCE_NAMES.get(r.arg[0], str(r.arg[0]))
-    inner = [a for a in alu if not (contraction and a in ("mul", "add"))]
+    matmul = contraction(r)  # the matmul of Tensor.__matmul__ / dot
+    what = "matmul" if matmul else _REDUCE_NAMES.get(r.arg[0], str(r.arg[0]))
+    inner = [a for a in alu if not (matmul and a in ("mul", "add"))]
     what = ", ".join(list(dict.fromkeys(rows)) + [what])
     return what + (f" ({' '.join(inner[:3])}{' ...' if len(inner) > 3 else ''})" if inner else "")
 
@@ -136,7 +132,9 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     if not fuse_reduce:
         roots = stage_shared_chains(stage_broadcast_compute(roots))
         if opt is not None:  # the cost rule weighs ops against bytes for optimized kernels (OPT=0: Chapter 7's cuts)
-            roots = stage_recomputed(roots)
+            # it counts the kernels a value is computed in, so it asks which reduces will be computed per row first
+            rowwise = row_fusions(roots, _materialize_points(roots, False), getattr(opt, "row_fusion", None))
+            roots = stage_recomputed(roots, rowwise=rowwise)
     # 3. the optimizer's layout pass may stage transposed operands
     if opt is not None:
         with helpers.phase("layout"):

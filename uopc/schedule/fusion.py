@@ -14,6 +14,7 @@ from uopc.uop import ALU, MOVEMENT, Ops, UOp
 
 __all__ = [
     "broadcast_read",
+    "contraction",
     "epilogue_fusions",
     "row_fusions",
     "stage_broadcast_compute",
@@ -122,7 +123,7 @@ def row_fusions(
         if u in pointset and u.op is Ops.REDUCE and u not in rootset and u not in taken and len(mine) == 1:
             (k,) = mine
             body = k.src[0] if k.op is Ops.STAGE else k
-            if _row_read(u, k, parents) and not _contraction(u) and accepts(u, body):
+            if _row_read(u, k, parents) and not contraction(u) and accepts(u, body):
                 fused.add(u)
         own = u in pointset and u not in fused and u not in taken
         for x in u.src:
@@ -173,9 +174,13 @@ def _row_read(r: UOp, k: UOp, parents: dict[UOp, list[UOp]]) -> bool:
     return k in seen or any(k in parents.get(u, ()) for u in seen)
 
 
-def _contraction(r: UOp) -> bool:
-    """Is REDUCE `r` a contraction: is its source larger than every buffer it reads (a matmul's broadcast product)?"""
-    return broadcast_read(r.src[0])
+def contraction(r: UOp) -> bool:
+    """Is REDUCE `r` a contraction: a sum of products of two broadcast operands (Tensor.matmul, dot, a convolution's
+    GEMM)? A reduce of a value computed in place (a random normal from a few counter words) is not."""
+    src = r.src[0]
+    while src.op is Ops.CAST:
+        src = src.src[0]
+    return r.arg[0] is Ops.ADD and src.op is Ops.MUL and all(broadcast_read(s) for s in src.src)
 
 
 # a value the passes over a row share is kept in a row buffer (a local array of the kernel) once it costs this many
@@ -191,33 +196,31 @@ def stage_rows(body: UOp) -> UOp:
 
     softmax's exp(x - max) is computed in the row-sum's loop and again for the output: at 4096 columns the second
     exp2 cost as much as the whole pass. A cheap value (LayerNorm's x - mean) is recomputed (ROW_STAGE_MIN_WORK);
-    a value over a row longer than ROW_STAGE_MAX too. Only the topmost shared value of a chain is staged."""
-    reds = [u for u in body.toposort() if u.op is Ops.REDUCE and not _contraction(u)]
+    a value over a row longer than ROW_STAGE_MAX too. Decided from the kernel's output down: the loop that fills a
+    staged value is one more pass for what it is computed from (the random normal that softmax(randn(...)) draws
+    in its row kernel is kept once for the max and the exp, and the counter bits under it are computed once)."""
+    reds = [u for u in body.toposort() if u.op is Ops.REDUCE and not contraction(u)]
     if not reds or reds == [body]:
         return body
-    tops = [r.src[0] for r in reds] + ([] if body.op is Ops.REDUCE else [body])
-    uses: dict[UOp, int] = {}  # per node, how many passes compute it
-    parents: dict[UOp, set[UOp]] = {}
-    for top in tops:
-        seen, stack = set(), [top]
-        while stack:
-            u = stack.pop()
-            if u in seen:
-                continue
-            seen.add(u)
-            uses[u] = uses.get(u, 0) + 1
-            if u.op is not Ops.REDUCE:
-                for x in u.src:
-                    parents.setdefault(x, set()).add(u)
-                    stack.append(x)
     rows = {r.src[0].shape: r.arg[1] for r in reds}
-    shared = {u for u, k in uses.items() if k >= 2 and u.op in ALU and u.op is not Ops.CAST and u.shape in rows}
+    order = body.toposort()
+    passes: dict[UOp, set[UOp]] = {body: {body}}  # per node, the loops over the row that compute it
     todo = set()
-    for u in shared:
-        if parents.get(u, set()) <= shared or prod(u.shape[len(u.shape) - rows[u.shape] :]) > ROW_STAGE_MAX:
-            continue  # a value under a staged one is computed once by its fill loop anyway
-        if _row_work(u) >= ROW_STAGE_MIN_WORK:
+    for u in reversed(order):
+        mine = passes.get(u, set())
+        if u.op is Ops.REDUCE:  # its source is computed once per row, in the reduce's own loop
+            passes.setdefault(u.src[0], set()).add(u)
+            continue
+        worth = len(mine) >= 2 and u.op in ALU and u.op is not Ops.CAST and u.shape in rows
+        if (
+            worth
+            and prod(u.shape[len(u.shape) - rows[u.shape] :]) <= ROW_STAGE_MAX
+            and _row_work(u) >= ROW_STAGE_MIN_WORK
+        ):
             todo.add(u)
+            mine = {u}  # computed once, by its fill loop
+        for x in u.src:
+            passes.setdefault(x, set()).update(mine)
     return UOp.wrap([body], todo, lambda u: UOp(Ops.STAGE, (u,), ("row", rows[u.shape])))[0] if todo else body
 
 
@@ -366,7 +369,9 @@ RECOMPUTE_OPS_PER_BYTE = 2
 RECOMPUTE_MIN_GAIN = 4096
 
 
-def stage_recomputed(roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYTE) -> list[UOp]:
+def stage_recomputed(
+    roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYTE, rowwise: frozenset[UOp] = frozenset()
+) -> list[UOp]:
     """Materialize an elementwise value that several kernels would each recompute when, by the cost rule, the
     recomputation costs more than one write and one read of it (Chapter 7, exercise 9: ALU ops against bytes, at a
     machine balance of `ops_per_byte`).
@@ -374,7 +379,9 @@ def stage_recomputed(roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYT
     A CNN's activation relu(batchnorm(conv)) is read by the max-pool, by its backward (where the maximum is) and by
     BatchNorm's backward reductions: five kernels each recomputing the normalization (a square root and a division
     per element) measured 1.5x slower than the step with it staged. Weighed from the consumers down, so a chain's
-    top is staged first and the values under it are then computed once, by its kernel."""
+    top is staged first and the values under it are then computed once, by its kernel. `rowwise`: the reduces
+    row_fusions would compute inside their reader, which are then no kernels of their own (softmax's exp(x - max),
+    read by its row sum and its output, is one kernel's, and stage_rows gives it a row buffer there)."""
     order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
     rootset, todo = set(roots), set()
     # per node, bottom-up: ALU ops per element to compute it, and the materialized nodes computing it reads
@@ -404,9 +411,9 @@ def stage_recomputed(roots: list[UOp], ops_per_byte: int = RECOMPUTE_OPS_PER_BYT
                 todo.add(u)
         mine = {u} if u in todo else kernels.get(u, set())
         for x in u.src:
-            if x.op in _MATERIALIZED or x.op is Ops.CONST:
+            if (x.op in _MATERIALIZED and x not in rowwise) or x.op is Ops.CONST:
                 continue
-            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
+            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED and u not in rowwise else mine)
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
 
 
