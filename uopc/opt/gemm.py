@@ -73,6 +73,15 @@ def _rereads(x: UOp) -> bool:
     return True
 
 
+def _stored_bytes(r: UOp) -> int:
+    """The bytes matmul `r`'s B operand reads from memory: its buffers (a convolution's input read in place is its
+    own size, not K x N)."""
+    ops = matmul_operands(r)
+    if ops is None:
+        return 0
+    return sum(prod(base.shape) * base.dtype.itemsize for _, base in operand_views(ops[1]))
+
+
 def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, int, int]:
     """(MR, NR, W): the register tile of an (m, n) output, and the vector width in elements, for `machine`'s
     vector registers.
@@ -189,7 +198,7 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
         thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
         few_rows = shape[am] * kc * size <= machine.l2_bytes // 2 or shape[an] >= WIDE_N * shape[am]
-        if thread == am and few_rows and k * shape[an] * size > machine.l3_bytes // 2 and blocks[an] >= cores:
+        if thread == am and few_rows and _stored_bytes(r) > machine.l3_bytes // 2 and blocks[an] >= cores:
             # B larger than the last-level cache, against few rows (A's chunk in L2) or a very wide output: threads
             # over blocks of columns, each running every row over its block of B while that stays in L2. Over rows,
             # every block of MR rows streamed all of B from memory again (GPT-2's LM head, 154 MB of B: 48 GFLOP/s
