@@ -147,7 +147,7 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
 
 
 def _row_staged(u: UOp, idx: tuple[UOp, ...], ctx: Ctx) -> UOp:
-    """STAGE(value, ("row", n)) at idx (uopc.schedule.cut.stage_rows): the value over the row's last n axes is
+    """STAGE(value, ("row", n)) at idx (uopc.schedule.fusion.stage_rows): the value over the row's last n axes is
     computed once per row into a local array, in a loop of its own, and every pass over the row loads it."""
     n = u.arg[1]
     row, cols, shape = idx[: len(idx) - n], idx[len(idx) - n :], u.shape[len(idx) - n :]

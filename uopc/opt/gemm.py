@@ -29,7 +29,8 @@ SPLITK_MAX_OUT = 4096
 SPLITK_MIN_K = 8192
 # the chunk of K one pass of the microkernel runs over (from the divisors of K in this range)
 KC_MIN, KC_MAX = 96, 384
-# an output this many times wider than tall shares its columns among threads, not its rows (gemm_opts)
+# where B outgrows the last-level cache, an output this many times wider than tall (or one whose A fits in L2)
+# shares its columns among threads, not its rows (gemm_opts)
 WIDE_N = 8
 
 

@@ -34,7 +34,7 @@ def reduce_size(body: UOp) -> int:
 
 
 def row_fits(r: UOp, machine: Machine) -> bool:
-    """Is REDUCE `r` worth computing inside the kernel that reads it per row (uopc.schedule.cut.row_fusions) on
+    """Is REDUCE `r` worth computing inside the kernel that reads it per row (uopc.schedule.fusion.row_fusions) on
     `machine`? When the row's inputs fit in half of L2, so the passes after the first read it from cache, and there
     are rows enough to share among the cores (or too little work to thread at all: then one kernel in place of
     several is all gain)."""
@@ -151,12 +151,12 @@ class HandOpt:
 
     def epilogue(self, r: UOp, reader: UOp) -> bool:
         """May REDUCE `r` take the elementwise ops of `reader` (the kernel body that reads it) as an epilogue
-        (uopc.schedule.cut.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when the
+        (uopc.schedule.fusion.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when the
         epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
         output of a float32 sum would round them)."""
         return uses_microkernel(r, self.machine) and reader.dtype is r.dtype
 
     def row_fusion(self, r: UOp, reader: UOp) -> bool:
-        """May REDUCE `r` be computed per row inside `reader`, the kernel that reads it (uopc.schedule.cut.
+        """May REDUCE `r` be computed per row inside `reader`, the kernel that reads it (uopc.schedule.fusion.
         row_fusions decides that nothing is computed twice)? When a row fits in this machine's cache: row_fits."""
         return row_fits(r, self.machine)

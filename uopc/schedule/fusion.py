@@ -102,8 +102,8 @@ def row_fusions(
     over those same n axes of shape S. Each of r's values then depends on the row loops only, which are k's
     outermost loops, so it is computed once per row, before the loops over the row. An EXPAND along another axis
     or a reduce over other axes on the way ((A @ B) @ C, a normalization over a non-trailing axis, softmax(QK^T) V)
-    would put r inside a loop it does not depend on: those stay cut. A contraction (a matmul: its source is
-    larger than every buffer it reads) is never a row reduce.
+    would put r inside a loop it does not depend on: those stay cut. A contraction (a matmul: see contraction) is
+    never a row reduce: it is an epilogue's, if anything's.
 
     What it saves is bytes: k's second and third reads of the row come from cache instead of memory, and r is not
     written and read back. That holds while a row fits in cache, and rows must be enough to share among the
