@@ -1,4 +1,5 @@
-"""Test-session setup: keep compiled kernels out of the user's cache; the `context` fixture for settings.
+"""Test-session setup: keep compiled kernels out of the user's cache; the `context` fixture for settings; the
+`single_pass` marker on the tests make test runs in its first pass only.
 
 UOPC_CACHE is set (unless the caller already set it) at import time, before any test imports uopc, to a temporary
 directory created for this session and removed when the session ends.
@@ -36,3 +37,15 @@ def pytest_addoption(parser):
         default="",
         help="comma-separated input dtypes (f16,bf16,...): the torch sweep builds only the cases that take one",
     )
+
+
+# Tests of tooling, caches, keys and processes rather than of the code uopc generates: make test's second pass
+# (OPT=0 with every index checked) would run exactly what its first pass ran, so it skips them (-m "not single_pass")
+SINGLE_PASS = ("tests/tools/", "tests/backend/test_distributed.py", "tests/backend/test_plan_store.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if path.startswith(SINGLE_PASS):
+            item.add_marker(pytest.mark.single_pass)

@@ -184,6 +184,7 @@ def test_every_candidate_matches_opt0(name):
         np.testing.assert_allclose(run(o), ref, rtol=1e-4, atol=1e-5, err_msg=str(o))
 
 
+@pytest.mark.single_pass  # the search cache's keys: nothing here depends on OPT or index checks
 def test_search_result_is_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("UOPC_CACHE", str(tmp_path / "cache"))
     g = gemm_graph(32, 32, 32, bt=True)
@@ -197,6 +198,7 @@ def test_search_result_is_cached_on_disk(tmp_path, monkeypatch):
     assert o1.key() == o2.key()
 
 
+@pytest.mark.single_pass  # the search cache's keys: nothing here depends on OPT or index checks
 @pytest.mark.parametrize("change", ["cflags", "compiler_version", "cpu", "threads"])
 def test_search_result_not_reused_under_other_code_or_machine(change, tmp_path, monkeypatch):
     # regression: the search key once left out CFLAGS and the compiler version, so a choice timed under one set of

@@ -160,7 +160,7 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
         body = u.src[0] if u.op is Ops.STAGE else u
         body = body.substitute({p: v for p, v in place.items() if p is not u})
         for piece in (body.src[0], body) if body.op in (Ops.SCATTER, Ops.SETITEM) else (body,):
-            item = _item(piece, ref[u], ph_ref, in_idx, n_err)
+            item = _item(piece, ref[u], ph_ref, in_idx, n_err, row_buffers=opt is not None)
             if piece is not body and base_buffer(piece) in in_idx:  # the base copied as it is
                 item = replace(item, copy=Copy(Ref(RefKind.IN, in_idx[base_buffer(piece)]), ref[u]))
             n_err += bool(item.checks)
@@ -168,14 +168,17 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     return Schedule(tuple(items), tuple(temps), tuple(outs), n_err), inputs
 
 
-def _item(body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], n_err: int) -> ScheduleItem:
-    """One piece of the graph, writing `out_ref`: its buffers renumbered, its parameters bound to refs."""
+def _item(
+    body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], n_err: int, row_buffers: bool
+) -> ScheduleItem:
+    """One piece of the graph, writing `out_ref`: its buffers renumbered, its parameters bound to refs; with
+    `row_buffers` (an optimizer's plan), values its passes over a row share kept in row buffers (stage_rows)."""
     # renumber buffers 0..n-1 in topological order (output last): identical kernels are one body
     bufs = [b for b in body.toposort() if b.op is Ops.BUFFER]
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
-    if body.op not in (Ops.SCATTER, Ops.SETITEM):
+    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM):
         body = stage_rows(body)
     work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]
