@@ -1,0 +1,280 @@
+"""GPT-2 from Hugging Face checkpoints (uopc.models.gpt2) against transformers on the same weights.
+
+A small random GPT-2 (2 layers, 64 wide, 4 heads, vocabulary 1000, context 64) is built with transformers, saved with
+save_pretrained and loaded by uopc. Tolerances: float32 logits within atol 1e-4 + rtol 1e-4 of transformers' (the
+weights are initialized with std 0.4 rather than GPT-2's 0.02, so logits reach ~10 and greedy decoding does not just
+repeat one token; the smallest top-2 gap along the compared sequences is ~1e-2, far above the error). The error tests
+use a checkpoint written by uopc's own safe_save and need no transformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from uopc import Tensor, dtypes
+from uopc.engine import realize
+from uopc.models import GPT2, GPT2Config, load_tokenizer
+from uopc.models.gpt2 import weight_shapes
+from uopc.models.sampling import pick, probabilities
+from uopc.nn import get_state_dict, safe_save
+from uopc.runtime import compiler
+
+try:  # the tests that use it need transformers too, and skip through pytest.importorskip("transformers")
+    import torch
+except ImportError:
+    torch = None
+
+HF_CONFIG = dict(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=64)
+ATOL = RTOL = 1e-4
+
+
+def _ids(shape: tuple[int, int], seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, HF_CONFIG["vocab_size"], shape)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    """(transformers model in eval mode, the directory save_pretrained wrote it to)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(**HF_CONFIG, initializer_range=0.4, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    d = str(tmp_path_factory.mktemp("gpt2"))
+    model.save_pretrained(d, safe_serialization=True)
+    return model, d
+
+
+def _hf_logits(model, ids: np.ndarray, **kw) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.from_numpy(ids), **kw).logits.numpy()
+
+
+def _hf_greedy(model, ids: np.ndarray, n: int) -> np.ndarray:
+    x = torch.from_numpy(ids)
+    with torch.no_grad():
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, pad_token_id=0)
+    return out.numpy()
+
+
+# --------------------------------------------------------------------------------------------------- transformers
+
+
+def test_prefill_logits_match_transformers(hf):
+    model, d = hf
+    m = GPT2.from_pretrained(d)
+    assert set(get_state_dict(m)) == {k.removeprefix("transformer.") for k in model.state_dict()} - {"lm_head.weight"}
+    ids = _ids((2, 16))
+    got = m(ids)
+    assert isinstance(got, Tensor) and got.shape == (2, 16, HF_CONFIG["vocab_size"])
+    np.testing.assert_allclose(got.numpy(), _hf_logits(model, ids), atol=ATOL, rtol=RTOL)
+    # a Tensor of ids, and positions starting at an offset (what a KV cache will feed): transformers' position_ids
+    pos = torch.arange(5, 21).expand(2, 16)
+    got = m(Tensor(ids.astype(np.int32)), start_pos=5).numpy()
+    np.testing.assert_allclose(got, _hf_logits(model, ids, position_ids=pos), atol=ATOL, rtol=RTOL)
+
+
+def test_greedy_matches_transformers_generate(hf):
+    model, d = hf
+    m = GPT2.from_pretrained(d)
+    ids = _ids((2, 8), seed=1)
+    want = _hf_greedy(model, ids, 20)
+    got = m.generate(ids, 20)
+    assert got.shape == (2, 28) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, want)
+    assert all(len(set(row[8:])) > 5 for row in got)  # the weights' scale makes real decoding, not one repeated token
+    # the logits behind every decode step: the whole generated sequence at once
+    np.testing.assert_allclose(m(got).numpy(), _hf_logits(model, got), atol=ATOL, rtol=RTOL)
+    # one plan serves every step: a second run of the same shapes compiles nothing and adds no plan
+    plans, compiles = len(realize._plans), compiler.stats["compiles"]
+    np.testing.assert_array_equal(m.generate(Tensor(ids.astype(np.int32)), 20), want)
+    assert (len(realize._plans), compiler.stats["compiles"]) == (plans, compiles)
+
+
+def test_untied_head_and_sharded_checkpoint(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.GPT2Config(**HF_CONFIG, initializer_range=0.4, tie_word_embeddings=False)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    assert not torch.equal(model.lm_head.weight, model.transformer.wte.weight)
+    d = str(tmp_path)
+    model.save_pretrained(d, safe_serialization=True, max_shard_size="100KB")
+    assert os.path.exists(os.path.join(d, "model.safetensors.index.json"))
+    ids = _ids((2, 16), seed=2)
+    np.testing.assert_allclose(GPT2.from_pretrained(d)(ids).numpy(), _hf_logits(model, ids), atol=ATOL, rtol=RTOL)
+
+
+def test_sampling_filters_match_transformers():
+    transformers = pytest.importorskip("transformers")
+    logits = np.random.default_rng(3).standard_normal((4, 50)).astype(np.float32) * 3
+    logits[0, :5] = logits[0, 5]  # ties at the k-th largest stay
+    for t, k, p in [(0.7, None, None), (1.0, 5, None), (1.3, None, 0.6), (0.8, 10, 0.9), (1.0, 50, 1.0)]:
+        z = transformers.TemperatureLogitsWarper(t)(None, torch.from_numpy(logits.astype(np.float64)))
+        z = transformers.TopKLogitsWarper(k)(None, z) if k is not None else z
+        z = transformers.TopPLogitsWarper(p)(None, z) if p is not None else z
+        want = torch.softmax(z, -1).numpy()
+        got = probabilities(logits, t, k, p)
+        np.testing.assert_allclose(got / got.sum(-1, keepdims=True), want, atol=1e-12, err_msg=f"{t=} {k=} {p=}")
+
+
+def test_pick_draws_in_proportion():
+    logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4]]))
+    u = np.array([0.0, 0.09, 0.11, 0.29, 0.31, 0.59, 0.61, 0.999])
+    got = [int(pick(logits, u[i : i + 1], 1.0)[0]) for i in range(len(u))]
+    assert got == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert pick(logits, np.array([0.99]), 1.0, top_k=2)[0] == 3 and pick(logits, np.array([0.0]), 1.0, top_k=2)[0] == 2
+    assert pick(np.array([[1.0, 3.0, 3.0]]))[0] == 1  # greedy: the first of tied maxima, as torch.argmax
+
+
+def test_sampling_reproduces_with_a_seed(hf):
+    _, d = hf
+    m = GPT2.from_pretrained(d)
+    ids = _ids((2, 8), seed=1)
+    kw = dict(temperature=1.0, top_k=50, top_p=0.9)
+    a, b = m.generate(ids, 20, seed=7, **kw), m.generate(ids, 20, seed=7, **kw)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, m.generate(ids, 20, seed=8, **kw))
+    assert not np.array_equal(a[0, 8:], a[1, 8:])  # rows draw their own numbers
+    # top_k=1 leaves one token: sampling is greedy then
+    np.testing.assert_array_equal(m.generate(ids, 20, temperature=1.0, top_k=1, seed=0), m.generate(ids, 20))
+
+
+def test_stop_tokens_fill_the_stopped_row(hf):
+    _, d = hf
+    m = GPT2.from_pretrained(d)
+    ids = _ids((2, 8), seed=1)
+    greedy = m.generate(ids, 20)
+    # a token row 0 produces at its 4th new position and row 1 never produces
+    stop = next(int(t) for t in greedy[0, 11:] if t not in greedy[1, 8:] and t not in greedy[0, 8:11])
+    at = 8 + list(greedy[0, 8:]).index(stop)
+    got = m.generate(ids, 20, stop_tokens=[stop])
+    np.testing.assert_array_equal(got[0, : at + 1], greedy[0, : at + 1])
+    assert (got[0, at:] == stop).all()
+    np.testing.assert_array_equal(got[1], greedy[1])
+    # every row stopped: generation ends early, the rows filled with their own stop token
+    both = (int(greedy[0, 9]), int(greedy[1, 9]))
+    got = m.generate(ids, 20, stop_tokens=both)
+    assert got.shape == (2, 28) and (got[:, 9:] == np.array(both)[:, None]).all()
+
+
+def test_tokenizer_matches_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    # a toy byte-level BPE in GPT-2's file format: the 256 byte symbols, a few merges, <|endoftext|>
+    sym = _byte_symbols()
+    merges = [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o"), ("\u0120", "w"), ("\u0120w", "o"), ("r", "l")]
+    vocab = {s: i for i, s in enumerate(sym)}
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    vocab["<|endoftext|>"] = len(vocab)
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    tok = load_tokenizer(tmp_path)
+    ref = transformers.GPT2Tokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    for text in ["hello world", "hello<|endoftext|> héllo\n  wo", ""]:
+        assert tok.encode(text) == ref.encode(text), text
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.eos_id == vocab["<|endoftext|>"] and tok.vocab_size == len(vocab)
+    # a tokenizer's own save_pretrained (transformers 5) writes tokenizer.json alone
+    fast = transformers.GPT2TokenizerFast(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
+    fast.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved" / "vocab.json").exists()
+    tok = load_tokenizer(tmp_path / "saved")
+    assert tok.encode("hello<|endoftext|> world") == fast.encode("hello<|endoftext|> world")
+
+
+def _byte_symbols() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes: printable Latin-1 bytes stand for themselves, the others for
+    the code points from 256 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+# --------------------------------------------------------------------------------------------------- errors
+
+
+def _write_checkpoint(d, cfg: dict | None = None, drop: str | None = None, reshape: str | None = None) -> str:
+    """A random GPT-2 checkpoint written by uopc (config.json + model.safetensors, `transformer.` prefixed names)."""
+    cfg = {"model_type": "gpt2", **HF_CONFIG, "n_positions": 16, **(cfg or {})}
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    rng = np.random.default_rng(0)
+    shapes = weight_shapes(GPT2Config(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    state = {}
+    for name, shape in shapes.items():
+        if name != drop:
+            shape = (shape[0] + 1, *shape[1:]) if name == reshape else shape
+            state["transformer." + name] = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    safe_save(state, os.path.join(d, "model.safetensors"))
+    return str(d)
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
+        GPT2.from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GPT2.from_pretrained(tmp_path)
+    d = _write_checkpoint(tmp_path / "m")
+    os.remove(os.path.join(d, "model.safetensors"))
+    (tmp_path / "m" / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="model.safetensors.*safe_serialization=True"):
+        GPT2.from_pretrained(d)
+    with pytest.raises(FileNotFoundError, match="vocab.json and merges.txt"):
+        load_tokenizer(d)
+
+
+def test_missing_tensor_and_bad_shapes(tmp_path):
+    with pytest.raises(KeyError, match=r"missing tensors \['h.1.mlp.c_fc.bias'\]"):
+        GPT2.from_pretrained(_write_checkpoint(tmp_path / "a", drop="h.1.mlp.c_fc.bias"))
+    with pytest.raises(ValueError, match=r"h.0.attn.c_attn.weight has shape \(65, 192\).*implies \(64, 192\)"):
+        GPT2.from_pretrained(_write_checkpoint(tmp_path / "b", reshape="h.0.attn.c_attn.weight"))
+    # the config says 64 wide, the tensors are 32 wide
+    d = _write_checkpoint(tmp_path / "c", cfg={"n_embd": 32})
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump({**HF_CONFIG, "n_positions": 16}, f)
+    with pytest.raises(ValueError, match="wte.weight has shape"):
+        GPT2.from_pretrained(d)
+
+
+def test_unsupported_config_and_dtype(tmp_path):
+    with pytest.raises(ValueError, match="activation_function 'relu' is not supported.*gelu_new"):
+        GPT2.from_pretrained(_write_checkpoint(tmp_path / "a", cfg={"activation_function": "relu"}))
+    with pytest.raises(ValueError, match="model_type is 'llama'"):
+        GPT2Config.from_dict({"model_type": "llama"})
+    with pytest.raises(ValueError, match="multiple of n_head"):
+        GPT2Config(n_embd=10, n_head=4)
+    d = _write_checkpoint(tmp_path / "b", cfg={"activation_function": "gelu"})
+    assert GPT2.from_pretrained(d).h[0].mlp.approximate == "none"  # erf GELU
+    with pytest.raises(NotImplementedError, match="bfloat16"):
+        GPT2.from_pretrained(d, dtype=dtypes.bfloat16)
+
+
+@pytest.mark.parametrize(
+    "ids,kw,match",
+    [
+        (np.zeros((1, 4), np.float32), {}, "int array"),
+        (np.zeros(4, np.int64), {}, "shape \\(batch, T\\)"),
+        (np.full((1, 4), 1000), {}, "ids must be in 0..999"),
+        (np.zeros((1, 4), np.int64), {"max_new_tokens": -1}, "max_new_tokens"),
+        (np.zeros((1, 4), np.int64), {"max_new_tokens": 13}, "exceed the model's context \\(n_positions=16\\)"),
+        (np.zeros((1, 4), np.int64), {"temperature": -0.5}, "temperature"),
+        (np.zeros((1, 4), np.int64), {"temperature": float("nan")}, "temperature"),
+        (np.zeros((1, 4), np.int64), {"top_k": 0}, "top_k"),
+        (np.zeros((1, 4), np.int64), {"top_p": 0.0}, "top_p"),
+        (np.zeros((1, 4), np.int64), {"top_p": 1.5}, "top_p"),
+        (np.zeros((1, 4), np.int64), {"stop_tokens": [1000]}, "stop_tokens"),
+        (np.zeros((1, 4), np.int64), {"stop_tokens": 2.5}, "stop_tokens"),
+        (np.zeros((1, 4), np.int64), {"seed": 1.5}, "seed"),
+    ],
+)
+def test_bad_generate_arguments(tmp_path, ids, kw, match):
+    m = GPT2.from_pretrained(_write_checkpoint(tmp_path))
+    compiles = compiler.stats["compiles"]
+    with pytest.raises(ValueError, match=match):
+        m.generate(ids, **{"max_new_tokens": 2, **kw})
+    assert compiler.stats["compiles"] == compiles  # refused before anything compiled
