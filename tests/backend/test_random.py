@@ -57,6 +57,21 @@ def test_manual_seed_reproduces():
     assert not np.array_equal(Tensor.rand(3, 5).numpy(), a[0])
 
 
+def test_seeded_block_draws_its_own_stream_and_leaves_the_outer_one():
+    Tensor.manual_seed(7)
+    outer = [Tensor.rand(6).numpy(), Tensor.rand(6).numpy()]
+    with Tensor.seeded(11):
+        inner = Tensor.rand(6).numpy()
+    Tensor.manual_seed(11)
+    np.testing.assert_array_equal(inner, Tensor.rand(6).numpy())  # the block's stream is seed 11 from counter 0
+    Tensor.manual_seed(7)
+    first = Tensor.rand(6).numpy()
+    with Tensor.seeded(11):
+        Tensor.rand(100).realize()
+    np.testing.assert_array_equal(first, outer[0])
+    np.testing.assert_array_equal(Tensor.rand(6).numpy(), outer[1])  # as if the block had drawn nothing
+
+
 def test_replayed_plan_draws_fresh_numbers():
     Tensor.manual_seed(5)
     x = Tensor.rand(64) + 1  # realized with the counter's advance, in one plan

@@ -146,6 +146,15 @@ class Node:
     def attr(self, name: str, default: Any = None) -> Any:
         return self.attrs.get(name, default)
 
+    def draw(self, make: Callable[[], Tensor]) -> Tensor:
+        """Random numbers `make()` draws: with a `seed` attribute from a generator of their own (the same numbers on
+        every run), else from uopc's running stream. Either way uopc's Philox numbers, not NumPy's."""
+        seed = self.attr("seed")
+        if seed is None:
+            return make()
+        with Tensor.seeded(int(seed)):  # onnx's seed is a float attribute
+            return make()
+
     def fail(self, msg: str) -> ValueError:
         """A ValueError naming this node."""
         return ValueError(f"ONNX {self.op} node {self.proto.name!r} (opset {self.opset}): {msg}")

@@ -136,8 +136,8 @@ def _bitcast(n: Node, x):
     return n.t(x).bitcast(onnx_dtype(n["to"]))
 
 
-# ---------------------------------------------------------------- random numbers (uopc's Philox stream: the values
-# differ from onnx's NumPy-generated expectations; `seed` is not followed)
+# ---------------------------------------------------------------- random numbers (uopc's Philox stream, Node.draw: the
+# values differ from onnx's NumPy-generated expectations)
 
 
 def _rand_dtype(n: Node, like=None):
@@ -149,13 +149,14 @@ def _rand_dtype(n: Node, like=None):
 
 def _uniform(n: Node, shape, like=None) -> Tensor:
     dt = _rand_dtype(n, like)
-    u = Tensor.uniform(*shape, low=n.attr("low", 0.0), high=n.attr("high", 1.0), dtype=dtypes.float32)
-    return u.cast(dt)
+    lo, hi = n.attr("low", 0.0), n.attr("high", 1.0)
+    return n.draw(lambda: Tensor.uniform(*shape, low=lo, high=hi, dtype=dtypes.float32)).cast(dt)
 
 
 def _normal(n: Node, shape, like=None) -> Tensor:
     dt = _rand_dtype(n, like)
-    return Tensor.normal(*shape, mean=n.attr("mean", 0.0), std=n.attr("scale", 1.0), dtype=dtypes.float32).cast(dt)
+    mean, std = n.attr("mean", 0.0), n.attr("scale", 1.0)
+    return n.draw(lambda: Tensor.normal(*shape, mean=mean, std=std, dtype=dtypes.float32)).cast(dt)
 
 
 op("RandomUniform")(lambda n: _uniform(n, n["shape"]))
@@ -168,4 +169,4 @@ op("RandomNormalLike")(lambda n, x: _normal(n, x.shape, x))
 def _bernoulli(n: Node, p):
     p = n.t(p)
     dt = onnx_dtype(n["dtype"]) if n.attr("dtype") is not None else p.dtype
-    return (Tensor.rand(*p.shape) < p.float()).cast(dt)
+    return (n.draw(lambda: Tensor.rand(*p.shape)) < p.float()).cast(dt)

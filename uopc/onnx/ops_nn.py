@@ -279,7 +279,7 @@ def _dropout(n: Node, x, ratio=None, training=None):
     if train is not None and bool(train.reshape(-1)[0]):
         r = 0.5 if ratio is None else float(n.host(ratio).reshape(-1)[0])
         if r != 0:  # uopc's random stream: not the numbers onnx's NumPy-made expectations hold
-            keep = Tensor.rand(*x.shape) >= r
+            keep = n.draw(lambda: Tensor.rand(*x.shape)) >= r
             return (keep.where(x, 0.0) / (1 - r)).cast(x.dtype), keep
     mask = Tensor.full(x.shape, True, dtype=dtypes.bool) if x.ndim else Tensor(np.array(True))
     return x, mask

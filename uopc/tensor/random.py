@@ -71,6 +71,18 @@ class RandomMixin:
         RandomMixin._rng_counter = cls(np.zeros(1, np.uint64))
 
     @classmethod
+    @contextlib.contextmanager
+    def seeded(cls, seed: int):
+        """`with Tensor.seeded(s):` draws inside the block come from a generator seeded with `s` (key s, counter 0);
+        the generator outside it continues afterwards as if the block had drawn nothing (ONNX's `seed` attribute)."""
+        saved = RandomMixin._rng_key, RandomMixin._rng_counter
+        cls.manual_seed(seed)
+        try:
+            yield
+        finally:
+            RandomMixin._rng_key, RandomMixin._rng_counter = saved
+
+    @classmethod
     def _rng_state(cls) -> tuple[Any, Any]:
         if RandomMixin._rng_key is None:  # unseeded: a key from the OS, as an unseeded NumPy generator
             cls.manual_seed(int.from_bytes(os.urandom(4), "little"))
