@@ -1563,6 +1563,7 @@ EXCLUDED = {
     "numpy",
     "item",
     "tolist",
+    "seeded",  # a context manager around the generator, no op of its own: test_random.py
     "hold",  # rebinds the graph a tensor holds (its `uop` attribute), keeping the reader record: test_assign.py
     "requires_grad_",  # the requires_grad rule has its own tests in test_torch_sweep.py
     "fuse_reduce",
