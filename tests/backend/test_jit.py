@@ -119,6 +119,26 @@ def test_jit_returned_tensors_stay_valid():
         np.testing.assert_allclose(o.numpy(), r, rtol=0, atol=0)
 
 
+def test_jit_replays_an_assign_it_does_not_return():
+    """A step that assigns into a tensor it neither returns nor realizes (a KV cache written at a position given
+    as a tensor): the capture realizes the assign with the step, so every replay writes it."""
+    L, D = 8, 4
+    cache = Tensor(np.zeros((L, D), np.float32)).realize()
+    ref = np.zeros((L, D), np.float32)
+
+    @TinyJit
+    def write(row: Tensor, pos: Tensor) -> Tensor:
+        cache.assign(cache.scatter(0, pos.reshape(1, 1).expand(1, D), row))
+        return cache.sum()
+
+    for p in range(6):
+        row = np.full((1, D), p + 1, np.float32)
+        ref[p] = row[0]
+        total = write(Tensor(row), Tensor(np.array([p], np.int32)))
+        assert total.numpy() == ref.sum()
+        np.testing.assert_array_equal(cache.numpy(), ref)
+
+
 def test_jit_signature_change_raises():
     @TinyJit
     def f(a: Tensor, k: float) -> Tensor:

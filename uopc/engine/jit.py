@@ -10,7 +10,8 @@
     step(x1, y1)   # 2nd call: runs normally and records every realize (plan, buffers read, buffers written)
     step(x2, y2)   # later calls: bind x2, y2 to the recorded plans' inputs and run them, nothing else
 
-Inputs are the Tensors among the arguments, bound by position (keyword arguments by name). Everything else a plan
+Inputs are the Tensors among the arguments, bound by position (keyword arguments by name). The capture realizes
+what the function returns and every assign it made and left lazy, in the function's last realize. Everything else a plan
 read (parameters, optimizer state, constants) is bound by identity: a tensor that was assigned during the step is
 followed to its current buffer, and written in place when the plan allows it (every read of the old value comes
 earlier, or at the element it writes: decided once, at capture) and nothing else reads the storage (no other graph
@@ -204,9 +205,13 @@ class TinyJit:
             return self.fn(*args, **kwargs)
         if self.cnt == 1:
             in_bufs = [base_buffer(t.uop) for t in tensors]
+            before = set(Tensor._pending_assigns.keys())
             with realize.capture() as calls:
                 ret = self.fn(*args, **kwargs)
-                Tensor.realize_all(*[t for t in _flat(ret) if isinstance(t, Tensor)])
+                # with what it returns, every assign the step made and left lazy (a cache written in place): a
+                # replay runs only what the capture realized
+                made = [t for i, t in list(Tensor._pending_assigns.items()) if i not in before]
+                Tensor.realize_all(*[t for t in _flat(ret) if isinstance(t, Tensor)], *made)
             self._build(calls, in_bufs, ret)
             self._key = None if kwargs else _fast_key(args)
             self.cnt = 2

@@ -80,6 +80,8 @@ class Tensor(
     # created from data with requires_grad None ("not decided", as tinygrad: they get a gradient when backward
     # reaches them); id -> tensor, weakly: a WeakSet would compare tensors with __eq__, which builds a Tensor
     _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+    # tensors with an assign not realized yet, id -> tensor (TinyJit's capture realizes those its step made)
+    _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool | None = None):
         self.requires_grad = requires_grad
@@ -221,7 +223,9 @@ class Tensor(
                 break
         bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt(), assigns=assigns)
         for t, buf in zip(todo, bufs, strict=True):
-            t._assigned = None
+            if t._assigned is not None:
+                t._assigned = None
+                Tensor._pending_assigns.pop(id(t), None)
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.hold(buf.reshape(t.shape))  # drop the graph: its intermediates can be freed
 
@@ -236,7 +240,7 @@ class Tensor(
         if self.numel() == 0:
             return np.zeros(self.shape, self.dtype.np)
         self.realize()
-        return storage_view(base_buffer(self.uop)).reshape(self.shape).copy()
+        return storage_view(base_buffer(self.uop), write=False).reshape(self.shape).copy()
 
     def item(self) -> Scalar:
         """The value of a one-element tensor as a Python scalar."""
@@ -278,6 +282,7 @@ class Tensor(
             x = x.contiguous()
         if self._assigned is None:  # the storage this assign replaces (TinyJit writes it in place where it can)
             self._assigned = _Pending(base_buffer(self.uop) if is_contiguous_buffer(self.uop) else None)
+            Tensor._pending_assigns[id(self)] = self
         self.hold(x._broadcast_to(self.shape, keep_const=False).uop)
         self._graph, self._leaf = None, True
         return self
