@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TINY = """
 import numpy as np
 from uopc.tensor import Tensor
-x = Tensor(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32))
-for _ in range(3):
+for i in range(3):  # a new input each time: a kernel of unchanged inputs would be kept, not run again
+    x = Tensor(np.random.default_rng(i).standard_normal((64, 64)).astype(np.float32))
     (x @ x).softmax(-1).realize()
 print("tiny script done")
 """

@@ -547,6 +547,7 @@ def render_plan(
     entry: str = "plan",
     one_unit_below: int = 0,
     copies: dict[int, tuple[int, int]] | None = None,
+    guards: dict[int, int] | None = None,
 ) -> list[str]:
     """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
     digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
@@ -554,7 +555,8 @@ def render_plan(
     kernels come to fewer than `one_unit_below` characters of C is one unit instead (one compiler run: spawning and
     linking several costs more than sharing saves there).
     Each kernel is (ast, its name in the plan, index into bufs of each parameter). `copies` maps kernel i to the
-    (source, destination) bufs of the copy it is: the entry point skips it when both are one storage.
+    (source, destination) bufs of the copy it is: the entry point skips it when both are one storage. `guards` maps
+    kernel i to the bufs slot of its run flag: the entry point skips it when that is NULL (a kept temp, still valid).
 
     `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
     uopc.codegen.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
@@ -573,6 +575,8 @@ def render_plan(
         call = f"{sym}({', '.join(args)});"
         if copies and i in copies:  # a copy onto itself (a write in place) does nothing
             call = f"if (bufs[{copies[i][0]}] != bufs[{copies[i][1]}]) {call}"
+        if guards and i in guards:
+            call = f"if (bufs[{guards[i]}]) {call}"
         calls.append(f"  {call}")
         calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
         if check:

@@ -29,12 +29,14 @@ __all__ = [
     "aligned_empty",
     "buffer_data",
     "buffer_ptr",
+    "bump_version",
     "buffer_from",
     "is_shared",
     "new_buffer",
     "output_buffer",
     "pool",
     "storage_view",
+    "version",
 ]
 
 ALIGN = 64  # bytes: a cache line, and a multiple of every vector width the kernels use
@@ -119,14 +121,16 @@ class _Ref(weakref.ref):
 class _Entry:
     """The storage of one BUFFER: its flat array (None until first asked for), the weak reference whose callback
     drops the entry, the pool block (None for an array taken over by buffer_from), the address of the data (a plan
-    call reads it without going through NumPy), and whether buffer_data has handed a view of it out."""
+    call reads it without going through NumPy), whether buffer_data has handed a view of it out, and its version:
+    a count of the writes uopc made into it after the first (see version)."""
 
-    __slots__ = ("arr", "ref", "block", "addr", "shared")
+    __slots__ = ("arr", "ref", "block", "addr", "shared", "version")
 
     def __init__(self, arr: np.ndarray | None, ref: _Ref, block: Block | None, addr: int):
         self.arr, self.ref, self.block, self.addr = arr, ref, block, addr
         # a NumPy view of it is out there: the pool never reuses it and nothing writes it in place
         self.shared = False
+        self.version = 0
 
 
 # id(BUFFER UOp) -> its entry. Keyed by id, not by the UOp: the entry must not keep the UOp alive, and the callback
@@ -223,10 +227,11 @@ def buffer_data(u: UOp) -> np.ndarray:
     return storage_view(u)
 
 
-def storage_view(u: UOp) -> np.ndarray:
+def storage_view(u: UOp, write: bool = True) -> np.ndarray:
     """The flat array of a BUFFER UOp for uopc's own short use (a copy out, a write in): not handed out, so the
-    caller must not keep it."""
+    caller must not keep it. Unless `write` is False (a copy out), it counts as a write (see version)."""
     entry = _entry(u)
+    entry.version += write
     if entry.arr is None:
         entry.arr = _typed(entry.block, u.arg.shape[0], u.dtype)
     return entry.arr
@@ -253,6 +258,24 @@ def is_shared(u: UOp) -> bool:
     """Whether buffer_data has handed out a view of this BUFFER's storage (see buffer_data)."""
     entry = _storage.get(id(u))
     return entry is not None and entry.shared
+
+
+def version(u: UOp) -> int | None:
+    """Which contents a BUFFER holds: the same number means the same values, as long as the BUFFER lives (its
+    storage is its own). It changes on every write uopc makes after the first: a plan storing into the buffer it was
+    given (bump_version), or a host write through storage_view. None where the storage is handed out (buffer_data):
+    whoever holds the view may change it unseen. Results computed from a buffer are kept across calls on this."""
+    entry = _storage.get(id(u))
+    if entry is None:
+        return 0
+    return None if entry.shared else entry.version
+
+
+def bump_version(u: UOp) -> None:
+    """Record a write into a BUFFER's existing storage (a plan that stored into it; see version)."""
+    entry = _storage.get(id(u))
+    if entry is not None:
+        entry.version += 1
 
 
 def has_data(u: UOp) -> bool:
