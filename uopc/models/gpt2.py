@@ -14,6 +14,7 @@ config unties it.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass, fields
 from numbers import Integral
 from typing import Any
@@ -126,6 +127,19 @@ class Conv1D:
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
+class KVCache:
+    """One layer's keys and values of every position so far, (batch, heads, length, head dim) each, preallocated
+    and written in place: a prefill writes positions 0..T-1, a decode step the one position it is given."""
+
+    def __init__(self, batch: int, heads: int, length: int, head_dim: int):
+        self.k = Tensor.zeros(batch, heads, length, head_dim).contiguous().realize()
+        self.v = Tensor.zeros(batch, heads, length, head_dim).contiguous().realize()
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+
 class Attention:
     """Causal multi-head self-attention over the fused q,k,v projection c_attn, then c_proj."""
 
@@ -136,10 +150,26 @@ class Attention:
         scale = (cfg.n_embd // cfg.n_head) ** -0.5 if cfg.scale_attn_weights else 1.0
         self.scale = scale / (layer + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+        """Without `cache`: attention over x's own tokens. With it and no `pos`: the same (a prefill from position
+        0), and the keys and values fill the cache's first T positions. With `pos` (a (1,) int tensor, x one
+        token): the token's key and value are written at position pos and the query attends to positions 0..pos
+        of the cache, one plan for every position (the rest of the cache is masked out, not skipped)."""
         B, T, C = x.shape
         q, k, v = (t.reshape(B, T, self.heads, -1).permute(0, 2, 1, 3) for t in self.c_attn(x).split(C, dim=2))
-        y = q.scaled_dot_product_attention(k, v, is_causal=True, scale=self.scale)  # (B, heads, T, head dim)
+        if cache is None or pos is None:
+            y = q.scaled_dot_product_attention(k, v, is_causal=True, scale=self.scale)  # (B, heads, T, head dim)
+            if cache is not None:
+                rest = ((0, 0), (0, 0), (0, cache.length - T), (0, 0))
+                cache.k.assign(k.pad(rest))
+                cache.v.assign(v.pad(rest))
+        else:
+            at = Tensor.arange(cache.length).reshape(1, 1, -1, 1)
+            here = at == pos.reshape(1, 1, 1, 1)
+            cache.k.assign(here.where(k, cache.k))  # elementwise, in place under TinyJit
+            cache.v.assign(here.where(v, cache.v))
+            seen = (at <= pos.reshape(1, 1, 1, 1)).reshape(1, 1, 1, -1)
+            y = q.scaled_dot_product_attention(cache.k, cache.v, attn_mask=seen, scale=self.scale)
         return self.c_proj(y.permute(0, 2, 1, 3).reshape(B, T, C))
 
 
@@ -165,8 +195,8 @@ class Block:
         self.ln_2 = _layer_norm(w["ln_2.weight"], w["ln_2.bias"], eps)
         self.mlp = MLP(cfg, {k[4:]: v for k, v in w.items() if k.startswith("mlp.")})
 
-    def __call__(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
@@ -206,6 +236,8 @@ class GPT2:
             self.h.append(Block(config, i, {k[len(p) :]: v for k, v in weights.items() if k.startswith(p)}))
         self.ln_f = _layer_norm(weights["ln_f.weight"], weights["ln_f.bias"], config.layer_norm_epsilon)
         self.lm_head = None if config.tie_word_embeddings else Table(weights["lm_head.weight"])
+        # generate's KV caches and captured plans, reused by the next call of the same shape (see _generator)
+        self._generators: OrderedDict[tuple, _Generator] = OrderedDict()
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: Any = dtypes.float32) -> GPT2:
@@ -248,16 +280,23 @@ class GPT2:
             raise ValueError(f"GPT2: ids must be in 0..{self.config.vocab_size - 1}, got {a.min()}..{a.max()}")
         return a
 
-    def trunk(self, ids: Tensor, start_pos: int = 0) -> Tensor:
-        """The last block's output (batch, T, n_embd), before ln_f; the tokens sit at positions start_pos.. ."""
+    def trunk(
+        self, ids: Tensor, start_pos: int = 0, caches: list[KVCache] | None = None, pos: Tensor | None = None
+    ) -> Tensor:
+        """The last block's output (batch, T, n_embd), before ln_f; the tokens sit at positions start_pos.. .
+        With `caches` (one KVCache per layer) the keys and values are kept: without `pos` ids is a prompt from
+        position 0, with `pos` (a (1,) int tensor) ids is one token per row at that position (see Attention)."""
         T = ids.shape[1]
         if not 0 <= start_pos <= self.config.n_positions - T:
             raise ValueError(
                 f"GPT2: positions {start_pos}..{start_pos + T - 1} exceed n_positions ({self.config.n_positions})"
             )
-        x = self.wte(ids) + self.wpe.weight[start_pos : start_pos + T]
-        for block in self.h:
-            x = block(x)
+        if pos is None:
+            x = self.wte(ids) + self.wpe.weight[start_pos : start_pos + T]
+        else:
+            x = self.wte(ids) + self.wpe(pos.reshape(1, 1))
+        for i, block in enumerate(self.h):
+            x = block(x, caches[i] if caches else None, pos)
         return x
 
     def head(self, x: Tensor) -> Tensor:
@@ -288,8 +327,9 @@ class GPT2:
         temperature 0 is greedy (argmax); otherwise a draw from the temperature-scaled, top-k and top-p filtered
         distribution, with uniform numbers from uopc's generator (seed: Tensor.manual_seed(seed) first, so a seed
         reproduces the tokens). A row that produces a token of stop_tokens keeps producing it, so every row has
-        the same length. No KV cache yet: each token runs the forward over the context padded to a fixed length
-        (a power of two, at most n_positions), one TinyJit-replayed plan for every step."""
+        the same length. The prompt runs as one plan that fills a KV cache per layer (as long as the generation,
+        rounded up to a power of two, at most n_positions); every later token is one TinyJit-replayed plan that
+        writes its key and value at its position and attends to the cache up to it."""
         prompt = self._check_ids(ids).astype(np.int64)
         stops = self._check_generate(prompt, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed)
         B, T = prompt.shape
@@ -300,15 +340,13 @@ class GPT2:
             return out
         if seed is not None:
             Tensor.manual_seed(seed)
-        # the forward sees at most total - 1 tokens; causal attention keeps the padding after them unseen
-        ctx = min(self.config.n_positions, 1 << (total - 2).bit_length())
-        context = np.zeros((B, ctx), np.int32)
-        context[:, :T] = prompt
-        step = TinyJit(self._last_logits(sample=temperature > 0))  # a fresh capture binds the generator's state now
+        gen = self._generator(B, T, total, temperature > 0)
         stopped = np.full(B, -1, np.int64)  # the stop token each row produced, -1 while it runs
         for t in range(T, total):
-            res = step(Tensor(context), Tensor(np.array([t - 1], np.int32)))
-            Tensor.realize_all(*res)  # the first call returns lazy tensors: one plan for all
+            if t == T:
+                res = gen.prefill(Tensor(prompt.astype(np.int32)))
+            else:
+                res = gen.step(Tensor(out[:, t - 1 : t].astype(np.int32)), Tensor(np.array([t - 1], np.int32)))
             u = res[1].numpy() if len(res) > 1 else None
             nxt = pick(res[0].numpy(), u, temperature, top_k, top_p)
             nxt = np.where(stopped >= 0, stopped, nxt)
@@ -317,8 +355,6 @@ class GPT2:
             if (stopped >= 0).all():
                 out[:, t + 1 :] = stopped[:, None]
                 break
-            if t + 1 < total:
-                context[:, t] = nxt
         return out
 
     def _check_generate(
@@ -344,15 +380,46 @@ class GPT2:
             raise ValueError(f"generate: seed must be None or an int, got {seed!r}")
         return stops.astype(np.int64)
 
-    def _last_logits(self, sample: bool) -> Any:
-        """The step generate replays: logits (batch, vocab) at position pos of a padded context (batch, ctx), and
-        when sampling one uniform number per row drawn in the same plan."""
+    def _generator(self, batch: int, prompt: int, total: int, sample: bool) -> _Generator:
+        """The KV caches and the two TinyJit-captured steps (prefill of `prompt` tokens, one decode token) for a
+        generation of `total` tokens; kept for the next call of the same shape (at most GENERATORS of them), so a
+        repeated generate replays from its first token. A sampling one is rebuilt after a new seed: its captured
+        plans read the generator's tensors of the time."""
+        cfg = self.config
+        # positions 0..total-2 go through the model (the last token is only produced)
+        length = min(cfg.n_positions, 1 << (total - 2).bit_length())
+        rng = (id(Tensor._rng_key), id(Tensor._rng_counter)) if sample else None
+        key = (batch, prompt, length, sample, rng)
+        gen = self._generators.get(key)
+        if gen is None:
+            caches = [KVCache(batch, cfg.n_head, length, cfg.n_embd // cfg.n_head) for _ in self.h]
+            gen = self._generators[key] = _Generator(self, caches, sample)
+            while len(self._generators) > GENERATORS:
+                self._generators.popitem(last=False)
+        self._generators.move_to_end(key)
+        return gen
 
-        def step(context: Tensor, pos: Tensor) -> tuple[Tensor, ...]:
-            B, C = context.shape[0], self.config.n_embd
-            x = self.trunk(context)
-            last = x.gather(1, pos.reshape(1, 1, 1).expand(B, 1, C)).reshape(B, C)  # ln_f and the head: one row
-            logits = self.head(last)
-            return (logits, Tensor.rand(B)) if sample else (logits,)
 
-        return step
+GENERATORS = 4  # generate's reusable caches and plans per model, by shape (the least recently used go first)
+
+
+class _Generator:
+    """generate's state for one shape: a KV cache per layer, the prefill step and the decode step (TinyJit each)."""
+
+    def __init__(self, model: GPT2, caches: list[KVCache], sample: bool):
+        self.model, self.caches, self.sample = model, caches, sample
+        self.prefill, self.step = TinyJit(self._prefill), TinyJit(self._decode)
+
+    def _done(self, x: Tensor) -> tuple[Tensor, ...]:
+        """The last position's logits (batch, vocab), with one uniform number per row when sampling, realized in
+        one plan with the caches' writes."""
+        logits = self.model.head(x[:, -1])
+        res = (logits, Tensor.rand(logits.shape[0])) if self.sample else (logits,)
+        Tensor.realize_all(*res, *(c for kv in self.caches for c in (kv.k, kv.v)))
+        return res
+
+    def _prefill(self, ids: Tensor) -> tuple[Tensor, ...]:
+        return self._done(self.model.trunk(ids, caches=self.caches))
+
+    def _decode(self, tok: Tensor, pos: Tensor) -> tuple[Tensor, ...]:
+        return self._done(self.model.trunk(tok, caches=self.caches, pos=pos))
