@@ -94,6 +94,31 @@ def test_greedy_matches_transformers_generate(hf):
     assert (len(realize._plans), compiler.stats["compiles"]) == (plans, compiles)
 
 
+def test_no_plan_and_no_compile_after_the_second_token_over_200_tokens(tmp_path, monkeypatch):
+    """The prompt is one plan, the first decode step runs eagerly and the second is captured: from the third token
+    on every step replays, whatever the position (the KV cache's position is a tensor, not a shape)."""
+    import uopc.models.gpt2 as gpt2
+
+    m = GPT2.from_pretrained(_write_checkpoint(tmp_path / "m", {"n_positions": 256}))
+    seen = []
+    real_pick = gpt2.pick
+
+    def pick_and_count(*a, **kw):
+        seen.append((frozenset(realize._plans), compiler.stats["compiles"]))
+        return real_pick(*a, **kw)
+
+    monkeypatch.setattr(gpt2, "pick", pick_and_count)
+    out = m.generate(_ids((1, 4)), 200)
+    assert out.shape == (1, 204) and len(seen) == 200
+    assert len({s[1] for s in seen[2:]}) == 1, "a compile after the second generated token"
+    assert len({s[0] for s in seen[2:]}) == 1, "a new plan after the second generated token"
+    # each token is the argmax of the forward over the whole sequence (within the float32 error: near-ties may go
+    # either way on another ISA's sums): the cache holds what the forward computes
+    logits = m(out[:, :-1]).numpy()[0, 3:]
+    chosen = np.take_along_axis(logits, out[0, 4:, None], 1)[:, 0]
+    np.testing.assert_allclose(chosen, logits.max(-1), atol=1e-5, rtol=0)
+
+
 def test_untied_head_and_sharded_checkpoint(tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(1)
