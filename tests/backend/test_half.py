@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.helpers import buf
-from uopc import Tensor, dtypes, nn
+from uopc import Tensor, dtypes, helpers, nn
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.renderer.c import render_c, render_plan
@@ -311,3 +311,29 @@ def test_16bit_kernel_c(dtype):
     src = render_c(lower(buf(0, 8, dtype) * 3.0 + 1.0, buf(1, 8, dtype)), "k")
     assert "unsigned short* restrict data0" in src and f"uopc_{tag}_ld(" in src and f"uopc_{tag}_st(" in src
     assert "_Float16" not in src
+
+
+# ---------------------------------------------------------------- bfloat16 weights widened in the matmul
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 768, 3072), (5, 256, 1000), (64, 384, 2304), (3, 96, 40)])
+def test_bfloat16_weight_widened_in_the_matmul(m, k, n):
+    """x (float32) @ W.cast(float32) with W stored in bfloat16 (a GPT-2 weight from_pretrained(dtype=bfloat16)):
+    the float32 product of x with W's bfloat16 values, accumulated in float32 (rtol 1e-5 of the row's scale). Where
+    the microkernel takes it, W's panels are packed in bfloat16 and each vector of them is widened in registers
+    (render_c's uopc_bf16xN_ld), not converted lane by lane."""
+    from uopc.engine import realize
+
+    rng = np.random.default_rng(m + n)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = Tensor(rng.standard_normal((k, n)).astype(np.float32)).cast(dtypes.bfloat16).realize()
+    wf = w.cast(dtypes.float32).numpy()
+    before = set(realize._plans)
+    got = (Tensor(x) @ w.cast(dtypes.float32)).numpy()
+    ref = x.astype(np.float64) @ wf.astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5 * np.abs(x).sum(1, keepdims=True).max() * np.abs(wf).max())
+    srcs = "".join(cp.src for key, cp in realize._plans.items() if key not in before)
+    width = runtime.machine().vector_bytes // 4
+    # the microkernel's case (uopc.opt.gemm.uses_microkernel), with the hand heuristic's Opts (OPT=1)
+    if helpers.settings().OPT == 1 and m * n * k >= 1 << 16 and n >= width:
+        assert f"uopc_bf16x{width}_ld" in srcs

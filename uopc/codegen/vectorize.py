@@ -9,12 +9,14 @@ vector op, and `width` accumulators one vector accumulator. A group holding anyt
 libm call, an integer division) is left scalar: gcc's vector extension has no C form for those. So is a group with a
 float16 or bfloat16: their values are bits converted by integer helpers (render_c's uopc_f16_ld, ...), which gcc
 vectorizes from the scalar loop (a half vector through __builtin_convertvector it converts lane by lane: gcc 12,
-113 instructions for 16 lanes).
+113 instructions for 16 lanes). One exception: bfloat16 loads at consecutive elements widened to float32 (a bf16
+weight in a matmul) become one vector load of the bits and an integer widening and shift (render_c's uopc_bf16xN_ld).
 """
 
 from __future__ import annotations
 
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 from uopc.uop.symbolic import simplify
 
 __all__ = ["VECTOR_ALU", "buffer_of", "vectorize"]
@@ -84,6 +86,8 @@ class _Lanes:
         if any(x.op is not u.op or len(x.src) != len(u.src) for x in lanes):
             raise _Scalar
         n, op = self.width, u.op
+        if op is Ops.CAST and u.dtype is dtypes.float32 and u.src[0].dtype is dtypes.bfloat16:
+            return self._widened(lanes)
         if u.dtype is not None and u.dtype.is_16bit_float:
             raise _Scalar
         if op is Ops.ALLOC:
@@ -111,6 +115,19 @@ class _Lanes:
             srcs = tuple(self.wide(tuple(x.src[k] for x in lanes)) for k in range(len(u.src)))
             return UOp(op, srcs, u.arg, u.dtype.vec(n))
         raise _Scalar
+
+    def _widened(self, lanes: tuple[UOp, ...]) -> UOp:
+        """float32 lanes of bfloat16 loads at consecutive elements: one vector load of the 16-bit patterns, widened
+        in registers (a bfloat16 weight streamed at half the bytes); any other 16-bit source stays scalar."""
+        srcs = tuple(x.src[0] for x in lanes)
+        if any(
+            x.op is not Ops.CAST or x.dtype is not dtypes.float32 or s.op is not Ops.LOAD for x, s in zip(lanes, srcs)
+        ):
+            raise _Scalar
+        idx = self._index(tuple(s.src[0] for s in srcs))
+        if idx is None or buffer_of(idx).op is Ops.ALLOC:
+            raise _Scalar
+        return UOp(Ops.CAST, (UOp(Ops.LOAD, (idx,), None, idx.dtype),), None, dtypes.float32.vec(self.width))
 
     def _index(self, idxs: tuple[UOp, ...]) -> UOp | None:
         """One vector INDEX for these lanes, or None if they are not consecutive elements of one buffer."""

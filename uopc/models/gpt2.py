@@ -102,6 +102,11 @@ def _layer_norm(w: Tensor, b: Tensor, eps: float) -> LayerNorm:
     return ln
 
 
+def _f32(w: Tensor) -> Tensor:
+    """A weight as float32: a bfloat16 one widened where it is read (the packed GEMM keeps it 16-bit)."""
+    return w if w.dtype is dtypes.float32 else w.cast(dtypes.float32)
+
+
 class Table:
     """A (rows, dim) weight whose rows are picked by integer ids (an id outside 0..rows-1 raises IndexError when
     the lookup is computed)."""
@@ -112,7 +117,7 @@ class Table:
     def __call__(self, ids: Tensor) -> Tensor:
         dim = self.weight.shape[1]
         rows = self.weight.gather(0, ids.reshape(-1, 1).expand(ids.numel(), dim))
-        return rows.reshape(*ids.shape, dim)
+        return _f32(rows).reshape(*ids.shape, dim)
 
 
 class Conv1D:
@@ -123,7 +128,7 @@ class Conv1D:
 
     def __call__(self, x: Tensor) -> Tensor:
         # (..., in) as one (rows, in) matrix: a plain GEMM, as nn.Linear does
-        y = x.reshape(-1, x.shape[-1]) @ self.weight + self.bias
+        y = x.reshape(-1, x.shape[-1]) @ _f32(self.weight) + self.bias
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -226,8 +231,12 @@ class GPT2:
                     f"GPT2: {name} has shape {tuple(weights[name].shape)}, but the config (n_embd={config.n_embd}, "
                     f"vocab_size={config.vocab_size}, n_positions={config.n_positions}) implies {shape}"
                 )
-            if weights[name].dtype is not dtypes.float32:
-                raise ValueError(f"GPT2: {name} is {weights[name].dtype.name}; the model computes in float32")
+            dt, matrix = weights[name].dtype, len(shape) == 2
+            if dt is not dtypes.float32 and not (matrix and dt is dtypes.bfloat16):
+                raise ValueError(
+                    f"GPT2: {name} is {dt.name}; the model computes in float32 from float32 or (2-D weights only) "
+                    "bfloat16 tensors"
+                )
         self.config = config
         self.wte, self.wpe = Table(weights["wte.weight"]), Table(weights["wpe.weight"])
         self.h = []
@@ -242,10 +251,16 @@ class GPT2:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: Any = dtypes.float32) -> GPT2:
         """The model in checkpoint directory `path` (config.json + model.safetensors or its shards). Names may carry
-        the `transformer.` prefix; a tied lm_head.weight is ignored, as transformers does. Weights stored as float16,
-        bfloat16 or float64 are converted to float32; dtype float32 is the only one computed in yet."""
-        if to_dtype(dtype) is not dtypes.float32:
-            raise NotImplementedError(f"GPT2.from_pretrained: dtype {to_dtype(dtype).name} is not supported yet")
+        the `transformer.` prefix; a tied lm_head.weight is ignored, as transformers does.
+
+        dtype float32: every tensor is converted to float32 (from float16, bfloat16 or float64). dtype bfloat16: the
+        2-D weights (the projections, the embeddings, the head: all but 0.1% of the bytes) are kept in bfloat16,
+        rounded to nearest even where stored wider, and widened to float32 in registers where they are read; the
+        biases and LayerNorm parameters stay float32, and so do activations and accumulation. A decode step then
+        reads half the bytes."""
+        dt = to_dtype(dtype)
+        if dt not in (dtypes.float32, dtypes.bfloat16):
+            raise ValueError(f"GPT2.from_pretrained: dtype must be float32 or bfloat16, got {dt.name}")
         config = GPT2Config.from_dict(read_config(path))
         weights: dict[str, Tensor] = {}
         for name, t in read_weights(path).items():
@@ -256,7 +271,8 @@ class GPT2:
                 raise ValueError(f"{os.fspath(path)}: {key!r} appears twice (with and without 'transformer.')")
             if not t.dtype.is_float:
                 raise ValueError(f"{os.fspath(path)}: {name} is {t.dtype.name}, not a float tensor")
-            weights[key] = t if t.dtype is dtypes.float32 else t.cast(dtypes.float32)
+            want = dt if t.ndim == 2 else dtypes.float32
+            weights[key] = t if t.dtype is want else t.cast(want)
         Tensor.realize_all(*weights.values())  # converted weights become buffers once, not in every forward
         return cls(config, weights)
 
@@ -292,7 +308,7 @@ class GPT2:
                 f"GPT2: positions {start_pos}..{start_pos + T - 1} exceed n_positions ({self.config.n_positions})"
             )
         if pos is None:
-            x = self.wte(ids) + self.wpe.weight[start_pos : start_pos + T]
+            x = self.wte(ids) + _f32(self.wpe.weight[start_pos : start_pos + T])
         else:
             x = self.wte(ids) + self.wpe(pos.reshape(1, 1))
         for i, block in enumerate(self.h):
@@ -303,7 +319,7 @@ class GPT2:
         """Logits (..., vocab) of final hidden states (..., n_embd): ln_f, then x @ wte.T (or the untied head)."""
         x = self.ln_f(x)
         table = (self.lm_head or self.wte).weight
-        logits = x.reshape(-1, x.shape[-1]) @ table.T  # one (rows, n_embd) @ (n_embd, vocab) GEMM
+        logits = x.reshape(-1, x.shape[-1]) @ _f32(table).T  # one (rows, n_embd) @ (n_embd, vocab) GEMM
         return logits.reshape(*x.shape[:-1], table.shape[0])
 
     def __call__(self, ids: Any, start_pos: int = 0) -> Tensor:

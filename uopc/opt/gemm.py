@@ -20,6 +20,7 @@ from uopc.machine import Machine
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
+from uopc.uop.dtype import dtypes
 from uopc.uop.rewrite import graph_rewrite
 
 # below this many multiply-adds the two packing kernels cost more than the microkernel saves
@@ -128,6 +129,15 @@ def _pack(x: UOp, along: int, tile: int) -> UOp:
     return back.reshape(one).expand(shape)
 
 
+def _pack_narrow(b: UOp, nr: int) -> UOp:
+    """B packed into NR-column panels; a bfloat16 operand widened to float32 (a bf16 weight) is packed as it is
+    stored and widened as the microkernel loads it (half the bytes packed, kept and streamed)."""
+    nb = graph_rewrite(b, push_views)
+    if nb.op is Ops.CAST and nb.dtype is dtypes.float32 and nb.src[0].dtype is dtypes.bfloat16:
+        return _pack(nb.src[0], -3, nr).cast(dtypes.float32)
+    return _pack(b, -3, nr)
+
+
 def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
     """Give every matmul the microkernel handles packed operands: A in MR-row panels, B in NR-column panels."""
     todo = {r for r in UOp(Ops.SINK, tuple(roots)).toposort() if uses_microkernel(r, machine)}
@@ -146,7 +156,7 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         # in place took 13-14 ms against 12 ms packed plus a 15 ms packing copy)
         fits = prod(b.shape[:-3]) * b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
         pa = a if _plain(a, None) else _pack(a, -2, mr)
-        pb = b if (fits or _rereads(b)) and _plain(b, -2) else _pack(b, -3, nr)
+        pb = b if (fits or _rereads(b)) and _plain(b, -2) else _pack_narrow(b, nr)
         return (pa * pb).reduce(Ops.ADD, 1)
 
     return UOp.wrap(roots, todo, repack) if todo else roots

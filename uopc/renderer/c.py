@@ -391,7 +391,19 @@ def _cast(r: CRenderer, u: UOp) -> str:
             tag, code = _CONVERT[dt]
             r.use(f"uopc_{tag}", code)
             return f"uopc_{tag}_{way}({r.expr(x)})"
-    if u.dtype.count > 1:  # vectors of 16-bit floats are never made (uopc.codegen.vectorize)
+    if u.dtype.count > 1 and x.dtype.scalar() is dtypes.bfloat16 and u.dtype.scalar() is dtypes.float32:
+        # bfloat16 lanes widened: each 16-bit pattern zero-extended and shifted into a float's top half (vpmovzxwd,
+        # vpslld), the only vector of 16-bit floats uopc.codegen.vectorize makes
+        n, name = u.dtype.count, f"uopc_bf16x{u.dtype.count}_ld"
+        u32 = f"uopc_u32x{n}"
+        r.use(
+            name,
+            f"typedef unsigned int {u32} __attribute__((vector_size({4 * n})));\n"
+            f"static inline {u.dtype.cname} {name}({x.dtype.cname} v) "
+            f"{{ return ({u.dtype.cname})(__builtin_convertvector(v, {u32}) << 16); }}\n",
+        )
+        return f"{name}({r.expr(x)})"
+    if u.dtype.count > 1:  # other vectors of 16-bit floats are never made (uopc.codegen.vectorize)
         raise NotImplementedError(f"render_c: no C form for a vector cast to {u.dtype!r}")
     return f"(({u.dtype.cname})({r.expr(x)}))"
 
