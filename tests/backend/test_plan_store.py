@@ -88,6 +88,25 @@ def test_every_input_of_the_digest_invalidates_the_entry(change: str, context, m
     assert _digest(x * 2.0) != base
 
 
+def test_uopc_version_covers_every_module_of_the_package(tmp_path: Path):
+    """A change to any of uopc's modules (the optimizer's, not only the engine's) is a new uopc version: it digested
+    uopc/engine alone, so a new GEMM tile rule kept running plans stored with the old one."""
+    import shutil
+
+    import uopc
+
+    pkg = os.path.dirname(os.path.abspath(uopc.__file__))
+    assert plan_store.uopc_version() == plan_store.source_digest(pkg)
+    copy = tmp_path / "uopc"
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    base = plan_store.source_digest(str(copy))
+    for rel in ("opt/gemm.py", "codegen/vectorize.py", "tensor/tensor.py"):
+        with open(copy / rel, "a") as f:
+            f.write("\n# changed\n")
+        assert plan_store.source_digest(str(copy)) != base, rel
+        base = plan_store.source_digest(str(copy))
+
+
 def test_a_damaged_entry_is_rebuilt(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("UOPC_CACHE", str(tmp_path / "c"))
     g = np.random.default_rng(1).standard_normal((7, 9)).astype(np.float32)

@@ -36,8 +36,13 @@ FORMAT = 1  # bump when what a file holds changes
 
 @cache
 def uopc_version() -> str:
-    """A digest of uopc's source files: any change to the compiler invalidates every stored plan."""
-    root = os.path.dirname(os.path.abspath(__file__))
+    """A digest of uopc's source files (every .py under the package): any change to the compiler invalidates every
+    stored plan."""
+    return source_digest(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def source_digest(root: str) -> str:
+    """A digest of the .py files under `root`, by path relative to it and content."""
     h = hashlib.sha256()
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
