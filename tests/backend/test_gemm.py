@@ -133,6 +133,20 @@ def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
     assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
 
 
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_skinny_tiles_use_packed_fma_and_do_not_spill(m):
+    """Fewer than 6 rows (a decode step's products) take all their rows and more vectors per row
+    (gemm.microkernel's SKINNY_VECTORS): those accumulators fit in registers too."""
+    mr, nr, w = microkernel(m, 4096, 4, MACHINE)
+    assert mr == m and nr >= W
+    asm = _asm(_gemm_kernel(m, 2 * nr, 1024))  # at least GEMM_MIN_WORK multiply-adds
+    reg = {64: "zmm", 32: "ymm"}.get(MACHINE.vector_bytes, "xmm")
+    assert len(re.findall(rf"vfmadd\w+ps\s+[^\n]*%{reg}", asm)) >= m * nr // w
+    # a vector register of the tile's width stored to or loaded from the stack (not OpenMP's xmm argument copy)
+    spills = re.findall(rf"vmov\w+\s+(%{reg}\d+, -?\d*\(%r[sb]p\)|-?\d*\(%r[sb]p\), %{reg}\d+)", asm)
+    assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
+
+
 def test_gemm_opts_shape():
     o = gemm_opts(layout_pass([gemm_graph(1024)], MACHINE)[0], MACHINE)
     assert o is not None and o.upcast == {0: MR, 1: NR} and o.vec == W
@@ -174,6 +188,9 @@ SHAPES = [
     (128, 128, 784),
     (16, 32, 784),  # K in chunks (ktile): later chunks load the output; that load must stay inside the chunk loop
     (128, 10, 128),  # the MNIST MLP's second layer
+    (1, 1000, 768),  # skinny: a decode step's matrix-vector product
+    (3, 200, 300),
+    (5, 77, 64),
 ]
 
 

@@ -30,6 +30,8 @@ SPLITK_MAX_OUT = 4096
 SPLITK_MIN_K = 8192
 # the chunk of K one pass of the microkernel runs over (from the divisors of K in this range)
 KC_MIN, KC_MAX = 96, 384
+# the most vectors of accumulators per row of a skinny output (fewer than 6 rows: microkernel)
+SKINNY_VECTORS = 8
 # where B outgrows the last-level cache, an output this many times wider than tall (or one whose A fits in L2)
 # shares its columns among threads, not its rows (gemm_opts)
 WIDE_N = 8
@@ -94,9 +96,17 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, i
     on a Zen 4 at 1024^3, one thread, interleaved: 6x64 30.0 GFLOP/s, 12x32 25.2, 14x32 22.7 (NumPy 25.9). Spill
     check (gcc -S, tests/backend/test_gemm.py): 12x32, 14x32, 6x64 and 8x48 keep every accumulator in a register;
     16x32 (32 accumulators) and 7x64 spill. Narrow outputs use fewer vectors per row and more rows (at most 12).
+
+    Skinny outputs (fewer rows than 6: a decode step's matrix-vector products) take all their rows and spend the
+    accumulators on width instead, at most SKINNY_VECTORS per row: with one row and two vectors, each k waited on
+    the two FMA chains' latency (a bf16 GEMV at 19 GB/s, f32 28, against a 29 GB/s triad); more chains keep the
+    weight streaming at memory bandwidth.
     """
     w = machine.vector_bytes // itemsize
     budget = machine.vector_registers * 3 // 4
+    if 0 < m < 6:  # the m x nv accumulators, the nv operand vectors and the broadcast in the registers
+        nv = max(1, min(SKINNY_VECTORS, budget // m, (machine.vector_registers - 1) // (m + 1), n // w))
+        return m, nv * w, w
     nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
     return min(12, budget // nv), nv * w, w
 
