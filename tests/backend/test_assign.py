@@ -168,3 +168,29 @@ def test_only_assigned_storage_is_tracked():
     lazy = w * 2
     assert not read_only_by(w.uop, w)
     np.testing.assert_array_equal(lazy.numpy(), np.full(4, 4.0))
+
+
+def test_a_masked_update_in_place_writes_only_the_selected_rows_and_is_right_either_way():
+    """p.assign(where(row == r, v, p)) (a KV cache's write at a position): rendered as a store of the selected
+    elements plus a copy of the others that only runs when the output is not the input's storage; correct in place
+    (TinyJit's replays) and out of place (the first calls, and a plan whose output is fresh storage)."""
+    rows, cols = 8, 16
+    p = Tensor(np.zeros((rows, cols), np.float32)).realize()
+    ref = np.zeros((rows, cols), np.float32)
+    at = Tensor(np.arange(rows, dtype=np.int32)).reshape(rows, 1)
+
+    @TinyJit
+    def put(v: Tensor, r: Tensor) -> None:
+        p.assign((at == r.reshape(1, 1)).where(v.reshape(1, cols), p)).realize()
+
+    before = set(realize._plans)
+    ptrs = []
+    for i in range(rows):
+        v = np.full(cols, i + 1, np.float32)
+        ref[i] = v
+        put(Tensor(v), Tensor(np.array([i], np.int32)))
+        np.testing.assert_array_equal(p.numpy(), ref)
+        ptrs.append(_ptr(p))
+    assert len(set(ptrs[2:])) == 1  # the replays write in place
+    src = "".join(cp.src for key, cp in realize._plans.items() if key not in before)
+    assert "else if ((void*)data" in src, "the masked update is not a predicated store"

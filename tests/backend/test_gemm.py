@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph, run
+from uopc import helpers
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
@@ -137,6 +138,8 @@ def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
 def test_skinny_tiles_use_packed_fma_and_do_not_spill(m):
     """Fewer than 6 rows (a decode step's products) take all their rows and more vectors per row
     (gemm.microkernel's SKINNY_VECTORS): those accumulators fit in registers too."""
+    if helpers.settings().CHECK_OOB:
+        pytest.skip("index checks (make test's second pass) add a branch per load to the loop gcc compiles")
     mr, nr, w = microkernel(m, 4096, 4, MACHINE)
     assert mr == m and nr >= W
     asm = _asm(_gemm_kernel(m, 2 * nr, 1024))  # at least GEMM_MIN_WORK multiply-adds

@@ -30,7 +30,10 @@ SPLITK_MAX_OUT = 4096
 SPLITK_MIN_K = 8192
 # the chunk of K one pass of the microkernel runs over (from the divisors of K in this range)
 KC_MIN, KC_MAX = 96, 384
-# the most vectors of accumulators per row of a skinny output (fewer than 6 rows: microkernel)
+# a product with fewer rows than this is skinny (a decode step's): its tile is its rows (microkernel), and a
+# computed B is not packed for it (uses_microkernel)
+SKINNY_ROWS = 6
+# the most vectors of accumulators per row of a skinny output
 SKINNY_VECTORS = 8
 # where B outgrows the last-level cache, an output this many times wider than tall (or one whose A fits in L2)
 # shares its columns among threads, not its rows (gemm_opts)
@@ -104,7 +107,7 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, i
     """
     w = machine.vector_bytes // itemsize
     budget = machine.vector_registers * 3 // 4
-    if 0 < m < 6:  # the m x nv accumulators, the nv operand vectors and the broadcast in the registers
+    if 0 < m < SKINNY_ROWS:  # the m x nv accumulators, the nv operand vectors and the broadcast in the registers
         nv = max(1, min(SKINNY_VECTORS, budget // m, (machine.vector_registers - 1) // (m + 1), n // w))
         return m, nv * w, w
     nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
@@ -113,10 +116,23 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, i
 
 def uses_microkernel(r: UOp, machine: Machine) -> bool:
     """Is `r` a matmul the packed microkernel handles: float, at least one vector wide, and big enough?"""
-    if matmul_operands(r) is None:
+    ops = matmul_operands(r)
+    if ops is None:
         return False
     m, n, k = r.src[0].shape[-3:]
+    if m < SKINNY_ROWS and not _stored(ops[1]):
+        # a skinny product of a computed B (decode attention over a KV cache just written): each element of B is
+        # used by m rows only, so a pack would write and read all of it again for one use, every call (a stored
+        # weight's pack is kept across calls: uopc.engine.kept); the plain reduction reads it once
+        return False
     return n >= machine.vector_bytes // r.dtype.itemsize and prod(r.src[0].shape) >= GEMM_MIN_WORK and k > 1
+
+
+def _stored(x: UOp) -> bool:
+    """Is operand `x` a view of stored data (a buffer, through 16-bit floats widened), nothing computed?"""
+    while x.op in MOVEMENT or (x.op is Ops.CAST and x.src[0].dtype.is_16bit_float):
+        x = x.src[0]
+    return x.op in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE)
 
 
 def _pack(x: UOp, along: int, tile: int) -> UOp:

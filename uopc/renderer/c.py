@@ -172,6 +172,8 @@ class CRenderer:
         self.lines: list[str] = []
         self.helpers: dict[str, Helper] = {}
         self.check_oob = bool(helpers.settings().CHECK_OOB)
+        self.kept_stores = _kept_stores(lin)
+        self.deferred = {ld for ld, _ in self.kept_stores.values()}
 
     def use(self, name: str, code: str, rank: Rank = Rank.FUNCTIONS) -> None:
         """Put helper `code`, which defines `name`, before the kernel."""
@@ -281,9 +283,20 @@ class CRenderer:
             if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
                 self.gated_load(u, ind)
                 return
+            if u in self.deferred:  # read by its store, only where the store needs it (_kept_stores)
+                return
             ref = self.address(idx)
             name = self.var(u, "val")
             self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
+        elif op is Ops.STORE and u in self.kept_stores:
+            ld, new = self.kept_stores[u]
+            cond = self.expr(u.src[1].src[0])
+            if ld is u.src[1].src[1]:
+                cond = f"!{cond}"
+            out, old = self.address(u.src[0]), self.address(ld.src[0])
+            p_out, p_in = (f"data{_base(x.src[0]).arg.slot}" for x in (u.src[0], ld.src[0]))
+            self.lines.append(f"{ind}if ({cond}) {out} = {self.expr(new)};")
+            self.lines.append(f"{ind}else if ((void*){p_out} != (void*){p_in}) {out} = {old};")
         elif op is Ops.STORE:
             val = self.expr(u.src[1])
             self.lines.append(f"{ind}{self.address(u.src[0])} = {val};")
@@ -318,6 +331,29 @@ class CRenderer:
                 self.lines.append(f"{ind}}}")
             else:
                 self.emit(x, ind)
+
+
+def _kept_stores(lin: Linearized) -> dict[UOp, tuple[UOp, UOp]]:
+    """Stores of `where(c, new, in[i])` (or `where(c, in[i], new)`) into out[i], another buffer at the same index,
+    with a condition shared by all lanes: {store: (the load of in[i], new)}. They render as
+    `if (c) out[i] = new; else if (out != in) out[i] = in[i];`, so where the plan writes out in place (out is in:
+    TinyJit's update of a KV cache, a masked fill of a parameter) the unchanged elements are neither read nor
+    written; elsewhere it is the copy it was."""
+    found = {}
+    for u in lin.users:
+        if u.op is not Ops.STORE or (val := u.src[1]).op is not Ops.WHERE or val.src[0].dtype.count != 1:
+            continue
+        out = _base(u.src[0].src[0])
+        for ld, new in ((val.src[2], val.src[1]), (val.src[1], val.src[2])):
+            if ld.op is not Ops.LOAD or len(ld.src[0].src) != 2 or ld.src[0].src[1] is not u.src[0].src[1]:
+                continue
+            src = _base(ld.src[0].src[0])
+            if src.op is not Ops.BUFFER or out.op is not Ops.BUFFER or src is out or ld.dtype != val.dtype:
+                continue
+            if lin.users[ld] == [val] and lin.users[val] == [u] and lin.scope[ld] == lin.scope[u]:
+                found[u] = (ld, new)
+                break
+    return found
 
 
 def _infix(sym: str) -> Callable[[CRenderer, UOp], str]:
