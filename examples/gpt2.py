@@ -3,6 +3,7 @@
     python examples/gpt2.py DIR --prompt-ids 464,2068,7586 --max-new-tokens 20
     python examples/gpt2.py DIR --prompt "Hello" --temperature 0.8 --top-k 40    # needs vocab.json + merges.txt in DIR
     python examples/gpt2.py --random                   # a small random GPT-2 built with transformers, in a temp dir
+    python examples/gpt2.py DIR --bf16                 # weights kept in bfloat16, widened in registers
 
 uopc works in token ids; with the tokenizer files in DIR (and the `tokenizers` package) it also encodes --prompt and
 prints the text. Save a checkpoint with transformers (on a machine with the network):
@@ -19,6 +20,7 @@ import time
 
 import numpy as np
 
+from uopc import dtypes
 from uopc.models import GPT2, load_tokenizer
 
 
@@ -47,6 +49,7 @@ def main() -> None:
     ap.add_argument("--top-k", type=int)
     ap.add_argument("--top-p", type=float)
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--bf16", action="store_true", help="keep the weights in bfloat16 (half the bytes per token)")
     args = ap.parse_args()
     if (args.dir is None) == (not args.random):
         ap.error("give a checkpoint DIR or --random")
@@ -55,7 +58,7 @@ def main() -> None:
         random_checkpoint(path)
 
     t0 = time.perf_counter()
-    model = GPT2.from_pretrained(path)
+    model = GPT2.from_pretrained(path, dtype=dtypes.bfloat16 if args.bf16 else dtypes.float32)
     c = model.config
     print(
         f"{path}: {c.n_layer} layers, {c.n_embd} wide, {c.n_head} heads, vocabulary {c.vocab_size}, "
