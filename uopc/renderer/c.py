@@ -335,10 +335,10 @@ class CRenderer:
 
 def _kept_stores(lin: Linearized) -> dict[UOp, tuple[UOp, UOp]]:
     """Stores of `where(c, new, in[i])` (or `where(c, in[i], new)`) into out[i], another buffer at the same index,
-    with a condition shared by all lanes: {store: (the load of in[i], new)}. They render as
-    `if (c) out[i] = new; else if (out != in) out[i] = in[i];`, so where the plan writes out in place (out is in:
-    TinyJit's update of a KV cache, a masked fill of a parameter) the unchanged elements are neither read nor
-    written; elsewhere it is the copy it was."""
+    with a condition shared by all lanes and computed outside the store's loop: {store: (the load of in[i], new)}.
+    They render as `if (c) out[i] = new; else if (out != in) out[i] = in[i];`, so where the plan writes out in
+    place (out is in: TinyJit's update of a KV cache, a masked fill of a parameter's rows) the unchanged elements
+    are neither read nor written; elsewhere it is the copy it was."""
     found = {}
     for u in lin.users:
         if u.op is not Ops.STORE or (val := u.src[1]).op is not Ops.WHERE or val.src[0].dtype.count != 1:
@@ -350,7 +350,10 @@ def _kept_stores(lin: Linearized) -> dict[UOp, tuple[UOp, UOp]]:
             src = _base(ld.src[0].src[0])
             if src.op is not Ops.BUFFER or out.op is not Ops.BUFFER or src is out or ld.dtype != val.dtype:
                 continue
-            if lin.users[ld] == [val] and lin.users[val] == [u] and lin.scope[ld] == lin.scope[u]:
+            # the condition computed outside the store's loop (a row's, as a KV cache position): a branch per row,
+            # which gcc unswitches; a condition per element stays a select, which vectorizes
+            hoisted = lin.scope[val.src[0]] != lin.scope[u]
+            if hoisted and lin.users[ld] == [val] and lin.users[val] == [u] and lin.scope[ld] == lin.scope[u]:
                 found[u] = (ld, new)
                 break
     return found
