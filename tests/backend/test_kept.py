@@ -67,7 +67,8 @@ def test_a_packed_weight_is_packed_once_and_the_product_stays_right():
         x = _x()
         _check((Tensor(x) @ w.T).relu().numpy(), x, wn)
     assert counts.get("copy") == 1, counts  # the pack ran on the first call only
-    assert counts.get("matmul (cmplt where)") == 4, counts
+    # the product (with or without its relu as an epilogue, as the optimizer decides) ran on every call
+    assert sum(n for op, n in counts.items() if op.startswith("matmul")) == 4, counts
 
 
 def test_a_step_that_updates_its_weight_in_place_packs_it_every_call():
