@@ -73,7 +73,9 @@ class CompiledPlan:
 
     def __post_init__(self) -> None:
         plan = self.plan
-        self.nbufs = self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err
+        # kernels whose temps outlive the call, with a run flag each at the end of bufs (uopc.engine.kept)
+        self.kept = Kept(plan, self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err)
+        self.nbufs = self.kept.first_flag + len(self.kept)
         self.ptr_array = ctypes.c_void_p * self.nbufs
         self.fresh = tuple(r for r, o in enumerate(plan.outs) if o.alias is None)  # roots a kernel writes
         # a kernel stores into one of the plan's inputs: running the plan twice is not running it once (DEBUG=3)
@@ -82,10 +84,6 @@ class CompiledPlan:
         self._in_place: dict[tuple[int, int | None], bool] = {}
         # the kernels with data-dependent index checks and their error records, found once, not on every call
         self.checked = tuple((k, r.i) for k in plan.kernels for r in k.refs if r.kind is RefKind.ERR)
-        # kernels whose temps outlive the call, with a run flag each at the end of bufs (uopc.engine.kept)
-        self.kept = Kept(plan, self.nbufs)
-        self.nbufs += len(self.kept)
-        self.ptr_array = ctypes.c_void_p * self.nbufs
 
     def can_write_in_place(self, r: int, i: int | None) -> bool:
         """Whether root `r` may be written into the storage of input `i` (None: storage the plan does not read),
