@@ -14,6 +14,7 @@ from typing import Any
 
 from uopc.uop import Ops, UOp
 from uopc.uop.symbolic import simplify
+from uopc.uop.variable import Variable
 
 __all__ = [
     "LEAF",
@@ -42,6 +43,8 @@ TILE_LEVELS_MIN = 4096
 
 
 def largest_divisor(s: int, cap: int) -> int:
+    if type(s) is Variable:  # a symbolic size: no divisor is known, the loop stays whole
+        return 1
     return next(d for d in range(min(s, cap), 0, -1) if s % d == 0)
 
 
@@ -75,7 +78,7 @@ def split_loops(ctx: Any, parts: list[tuple[UOp, int]], val: UOp) -> list[tuple[
     the divisors it is divided or taken modulo by, when each divides the next and the loop's size."""
     out, topo = [], simplify(val).toposort()
     for b, f in parts:
-        size = b.src[0].arg if b.op is Ops.RANGE else 1
+        size = b.src[0].arg if b.op is Ops.RANGE and b.src[0].op is Ops.CONST else 1
         cuts = sorted(
             {
                 u.src[1].arg
@@ -124,6 +127,9 @@ def regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> lis
     per_axis: list[list[tuple[int, int, int]]] = []
     for k, s in enumerate(shape):
         f = upcast.get(k, 1)
+        if type(s) is Variable:  # a symbolic axis is one region, never tiled (the optimizer upcasts none)
+            per_axis.append([(0, s, 1)])
+            continue
         parts, start = [], 0
         steps = (f, vec, 1) if k == len(shape) - 1 and 1 < vec < f else (f, 1)
         for step in steps:

@@ -29,6 +29,7 @@ from uopc.uop import ALU, MOVEMENT, AxisType, Ops, ParamArg, RangeArg, UOp, epil
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.indexing import and_, ravel, through
 from uopc.uop.symbolic import simplify
+from uopc.uop.variable import Variable, symbolic
 
 __all__ = [
     "Ctx",
@@ -59,7 +60,9 @@ class Ctx:
 
     def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
         """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
-        r = UOp(Ops.RANGE, (UOp.const(size, self.idx),), RangeArg(self.n_ranges, kind), self.idx)
+        # a symbolic size (uopc.uop.variable) ends its loop at a kernel argument, the value it is bound to
+        end = UOp(Ops.DEFINE_VAR, (), size, self.idx) if type(size) is Variable else UOp.const(size, self.idx)
+        r = UOp(Ops.RANGE, (end,), RangeArg(self.n_ranges, kind), self.idx)
         self.n_ranges += 1
         return r
 
@@ -143,6 +146,9 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         raise NotImplementedError(f"rangeify: a {op.name} is its own kernel (the scheduler materializes it)")
     if op in ALU:
         return u.replace(src=tuple(rangeify(s, idx, ctx, valid) for s in src))
+    if op is Ops.DEFINE_VAR:  # a symbolic size as a value (a mean's count): the kernel argument, at its dtype
+        d = UOp(Ops.DEFINE_VAR, (), u.arg, ctx.idx)
+        return d if d.dtype is u.dtype else d.cast(u.dtype)
     raise NotImplementedError(f"rangeify: {op} is not a shape-graph op")
 
 
@@ -181,7 +187,7 @@ def _checked_index(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = N
 
 def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
     """An axis of `size` as (loop or CONST 0, copies): index = loop * factor + c for c in 0..factor-1."""
-    if factor > 1 and size % factor == 0:
+    if factor > 1 and type(size) is not Variable and size % factor == 0:
         return (ctx.rng(size // factor, kind) if size > factor else UOp.const(0, ctx.idx)), factor
     return (ctx.rng(size, kind) if size > 1 else UOp.const(0, ctx.idx)), 1
 
@@ -254,7 +260,7 @@ def _strategy(u: UOp, o: Opts) -> Callable[..., UOp]:
     # levels win over Opts.unroll (the search may pick it for a long sum): gcc vectorizes the leaf anyway
     if rop is Ops.ADD and u.dtype.is_float and long:
         return _tree_sum
-    lanes_fit = rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
+    lanes_fit = type(rshape[-1]) is not Variable and rshape[-1] % LANES == 0 and rshape[-1] >= 2 * LANES
     if rop is Ops.MAX and u.dtype.is_float and lanes_fit and o.unroll == 1:
         return _lane_max
     return _one_acc
@@ -265,7 +271,7 @@ def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tu
     x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
     if (hit := ctx.reduce_ranges.get(key)) is None:
         # a whole-tensor sum has no output loop to spread over threads: its outermost level becomes one
-        parallel = not key[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN
+        parallel = not key[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN and not symbolic(rshape)
         hit = ctx.reduce_ranges[key] = _level_loops(ctx, rshape, parallel)
     loops, ridx = hit
     val = rangeify(x, idx + ridx, ctx, valid)
@@ -371,7 +377,8 @@ def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[
     tiled = {
         k
         for k, t in o.tile.items()
-        if 0 <= k < len(shape) and 1 < t < shape[k] and shape[k] % t == 0 and t % ups.get(k, 1) == 0
+        if 0 <= k < len(shape) and type(shape[k]) is not Variable and 1 < t < shape[k] and shape[k] % t == 0
+        and t % ups.get(k, 1) == 0
     }
     return {k: ctx.rng(shape[k] // o.tile[k], kind) for k, kind in _axis_order(o, len(shape)) if k in tiled}
 
@@ -553,6 +560,8 @@ def _ktile(root: UOp, o: Opts) -> int:
     if not o.ktile or r is None or r.dtype is not root.dtype or o.unroll > 1:
         return 0
     root = r
+    if type(root.src[0].shape[-1]) is Variable:  # a symbolic axis is never split
+        return 0
     if root.arg[0] is Ops.ADD and root.dtype.is_float and len(o.upcast) < 2:  # a float sum keeps its levels
         return 0
     size = root.src[0].shape[-1]

@@ -20,7 +20,9 @@ written into fresh pool storage and the tensor is rebound. Returned Tensors are 
 buffers of that call, valid after later calls. A call whose Tensor shapes or dtypes, or whose other arguments,
 differ from the captured call raises ValueError naming the argument, as does a change of `Tensor.training` or
 `Tensor.no_grad` (the modes the step's graph depends on); `reset()` captures anew.
-Per-step Python values are frozen by replay: optimizers keep theirs (lr, step count) in state tensors.
+Per-step Python values are frozen by replay: optimizers keep theirs (lr, step count) in state tensors. A size that
+changes from call to call is a Variable (uopc.uop.variable) passed bound, `step(x, pos.bind(n))`: the replay runs the
+same plans with the new value (a Tensor argument's own bindings count too).
 One TinyJit object runs one call at a time: calls from several threads at once would race on the state it updates
 in place (as the same step would without the JIT); captures are per thread.
 """
@@ -36,6 +38,7 @@ from uopc.engine import realize
 from uopc.runtime.buffer import is_shared
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, base_buffer, read_only_by, readers_epoch
+from uopc.uop.variable import Bound, Variable, merge_vars, symbolic
 
 __all__ = ["TinyJit"]
 
@@ -106,11 +109,32 @@ def _signature(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[T
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"argument {k!r}", kwargs[k]) for k in sorted(kwargs)]
     tensors = [a for _, a in named if isinstance(a, Tensor)]
-    sig = {n: (("Tensor", a.shape, a.dtype.name) if isinstance(a, Tensor) else ("value", a)) for n, a in named}
+    sig = {n: _arg_signature(a) for n, a in named}
     # the modes the function reads from the Tensor class: dropout and BatchNorm change their graphs with training,
     # and no_grad what is tracked, so a capture holds for the modes it was made under only
     sig["Tensor.training"], sig["Tensor.no_grad"] = ("value", Tensor.training), ("value", Tensor.no_grad)
     return named, tensors, sig
+
+
+def _arg_signature(a: Any) -> tuple:
+    """What must not change between the captured call and a replay: a Tensor's shape and dtype, a Bound's Variable
+    (its value may change: it is the replay's), any other value itself."""
+    if isinstance(a, Tensor):
+        return ("Tensor", a.shape, a.dtype.name)
+    if isinstance(a, Bound):
+        return ("Variable", a.var)
+    return ("value", a)
+
+
+def _var_vals(args: tuple, kwargs: dict) -> dict[Variable, int] | None:
+    """The values a call binds: its Bound arguments, and those its Tensor arguments carry (None: none)."""
+    found = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Bound):
+            found.append({a.var: a.value})
+        elif isinstance(a, Tensor) and a._vars:
+            found.append(a._vars)
+    return merge_vars(*found) if found else None
 
 
 _SIMPLE = (int, float, str, bool, type(None))
@@ -124,6 +148,8 @@ def _fast_key(args: tuple) -> tuple | None:
             key.append((a.shape, a.dtype))
         elif type(a) in _SIMPLE:
             key.append((type(a), a))
+        elif type(a) is Bound:
+            key.append((Bound, a.var))
         else:
             return None
     return tuple(key)
@@ -142,6 +168,9 @@ def _fast_bufs(args: tuple, key: tuple) -> list[UOp] | None:
                 return None
             b = base_buffer(u)
             bufs.append(b if b.op is Ops.BUFFER else base_buffer(a.realize().uop))
+        elif type(a) is Bound:
+            if k != (Bound, a.var):
+                return None
         elif type(a) not in _SIMPLE or (type(a), a) != k:
             return None
     return bufs
@@ -161,6 +190,8 @@ def _describe(s: Any) -> str:
         return "absent"
     if s[0] == "Tensor":
         return f"Tensor(shape={s[1]}, dtype={s[2]})"
+    if s[0] == "Variable":
+        return f"a bound {s[1]!r}"
     return f"{type(s[1]).__name__} {s[1]!r}"
 
 
@@ -195,7 +226,7 @@ class TinyJit:
         if self.cnt >= 2 and not kwargs and self._key is not None:
             bufs = _fast_bufs(args, self._key)
             if bufs is not None:  # replay fast path: the same simple signature as the captured call
-                return self._replay(bufs)
+                return self._replay(bufs, _var_vals(args, kwargs))
         named, tensors, sig = _signature(args, kwargs)
         if self._sig is not None:
             self._check(sig)
@@ -216,7 +247,7 @@ class TinyJit:
             self._key = None if kwargs else _fast_key(args)
             self.cnt = 2
             return ret
-        return self._replay([base_buffer(t.uop) for t in tensors])
+        return self._replay([base_buffer(t.uop) for t in tensors], _var_vals(args, kwargs))
 
     def _check(self, sig: dict[str, Any]) -> None:
         for name in dict.fromkeys([*self._sig, *sig]):
@@ -272,7 +303,7 @@ class TinyJit:
         self._sole[id(up)] = (epoch, ok)
         return ok
 
-    def _replay(self, args: list[UOp]) -> Any:
+    def _replay(self, args: list[UOp], var_vals: dict[Variable, int] | None = None) -> Any:
         results: list[list[UOp]] = []
         for call in self._calls:
             outs: list[UOp | None] = [None] * len(call.cp.plan.outs)
@@ -280,13 +311,14 @@ class TinyJit:
                 if up.in_place and self._sole_reader(up):
                     outs[up.root] = base_buffer(up.tensor.uop)
             fresh = tuple(up.root for up in call.updates if outs[up.root] is None) if call.updates else ()
-            res = realize.run_plan(call.cp, [b.get(args, results) for b in call.inputs], outs, tracked=fresh)
+            binds = [b.get(args, results) for b in call.inputs]
+            res = realize.run_plan(call.cp, binds, outs, tracked=fresh, var_vals=var_vals)
             for up in call.updates:
                 if outs[up.root] is None:  # written into fresh storage: the tensor follows it
                     t, u = up.tensor, res[up.root]
                     t.hold(u if u.shape == t.shape else u.reshape(t.shape))
             results.append(res)
-        return _map(self._ret, lambda b: b.value(results, args))
+        return _map(self._ret, lambda b: b.value(results, args, var_vals))
 
 
 def _flat(x: Any) -> list[Any]:
@@ -313,9 +345,10 @@ class _Returned:  # not a tuple: _map walks into tuples
     src: _Arg | _Out
     shape: tuple[int, ...]
 
-    def value(self, results: list[list[UOp]], args: list[UOp]) -> Tensor:
+    def value(self, results: list[list[UOp]], args: list[UOp], var_vals: dict[Variable, int] | None) -> Tensor:
         u = self.src.get(args, results)
-        return Tensor(u if u.shape == self.shape else u.reshape(self.shape))
+        t = Tensor(u if u.shape == self.shape else u.reshape(self.shape))
+        return t._bound(var_vals) if var_vals and symbolic(self.shape) else t
 
 
 @dataclass(frozen=True)
@@ -324,7 +357,7 @@ class _Value:
 
     captured: Any
 
-    def value(self, results: list[list[UOp]], args: list[UOp]) -> Any:
+    def value(self, results: list[list[UOp]], args: list[UOp], var_vals: dict[Variable, int] | None) -> Any:
         return self.captured
 
 

@@ -30,7 +30,7 @@ __all__ = ["Kept", "invariant_kernels"]
 
 def invariant_kernels(plan: Plan) -> tuple[int, ...]:
     """The kernels a plan can keep from call to call: each computes a temp (no other kernel writes it) only from
-    plan inputs that no kernel of the plan writes, checks no index, and makes at most twice the bytes it reads (a
+    plan inputs that no kernel of the plan writes, checks no index, loops over no symbolic size, and makes at most twice the bytes it reads (a
     copy in another layout, not an expansion)."""
     written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
     writers: dict[Ref, int] = {}
@@ -39,7 +39,8 @@ def invariant_kernels(plan: Plan) -> tuple[int, ...]:
     kept = []
     for i, k in enumerate(plan.kernels):
         out, ins = k.refs[-1], k.refs[:-1]
-        if out.kind is not RefKind.TMP or writers[out] != 1 or k.copy is not None or not ins:
+        # (a kernel over a symbolic size computes something else for each value bound: never kept)
+        if out.kind is not RefKind.TMP or writers[out] != 1 or k.copy is not None or not ins or k.vars:
             continue
         if any(r.kind is not RefKind.IN or r.i in written_inputs for r in ins):
             continue

@@ -47,7 +47,8 @@ def lower_schedule(sched: Schedule, opt: Any, on_kernel: Callable[[Kernel], None
     names = _unique_names([k.name for k in kernels], [k.ast for k in kernels])
     kernels = [k if k.name == n else replace(k, name=n) for k, n in zip(kernels, names, strict=True)]
     arena = plan_memory(kernels, list(sched.temps))
-    return Plan(tuple(kernels), sched.temps, sched.outs, sched.n_err, arena.offsets, arena.nbytes)
+    plan_vars = tuple(sorted({v for k in kernels for v in k.vars}, key=lambda v: (v.name, v.vmin, v.vmax)))
+    return Plan(tuple(kernels), sched.temps, sched.outs, sched.n_err, arena.offsets, arena.nbytes, plan_vars)
 
 
 def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
@@ -59,9 +60,13 @@ def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
         ast, opts = lowered(item.body, item.out, opt)
     # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
-    alive = sorted({b.arg.slot for b in ast.toposort() if b.op is Ops.BUFFER})
+    topo = ast.toposort()
+    alive = sorted({b.arg.slot for b in topo if b.op is Ops.BUFFER})
     refs = tuple(item.refs[s] for s in alive)
-    return Kernel(item.name, ast, refs, item.flops, opts, item.checks, moved_bytes(item, alive), item.op, item.copy)
+    kvars = tuple(sorted({u.arg for u in topo if u.op is Ops.DEFINE_VAR}, key=lambda v: v.name))
+    return Kernel(
+        item.name, ast, refs, item.flops, opts, item.checks, moved_bytes(item, alive), item.op, item.copy, kvars
+    )
 
 
 # a region write moves its elements once, as an elementwise kernel does: threads pay off from the same size

@@ -37,6 +37,7 @@ from uopc.runtime.compiler import Program, cancel_prefetches, compiler_identity,
 from uopc.runtime.threads import ensure_threads
 from uopc.schedule import Copy, Kernel, Plan, Ref, RefKind
 from uopc.uop import Ops, UOp, structure_key, track
+from uopc.uop.variable import Variable
 
 __all__ = [
     "Captured",
@@ -60,7 +61,8 @@ class CompiledPlan:
 
     `bufs` holds the inputs, then one slot per root, then the temps (at their offsets in one per-call arena), then
     the error records of data-dependent index checks (per call, so concurrent realizes never see each other's), then
-    one flag per kept kernel (`kept`): NULL skips the kernel, its temp still holding what it computed last time.
+    one flag per kept kernel (`kept`): NULL skips the kernel, its temp still holding what it computed last time;
+    last, for a plan over symbolic sizes, the values of its Variables (`plan.vars`, long longs), per call.
     """
 
     plan: Plan
@@ -76,6 +78,8 @@ class CompiledPlan:
         # kernels whose temps outlive the call, with a run flag each at the end of bufs (uopc.engine.kept)
         self.kept = Kept(plan, self.n_in + len(plan.outs) + len(plan.temps) + plan.n_err)
         self.nbufs = self.kept.first_flag + len(self.kept)
+        self.var_slot = self.nbufs if plan.vars else None
+        self.nbufs += 1 if plan.vars else 0
         self.ptr_array = ctypes.c_void_p * self.nbufs
         self.fresh = tuple(r for r, o in enumerate(plan.outs) if o.alias is None)  # roots a kernel writes
         # a kernel stores into one of the plan's inputs: running the plan twice is not running it once (DEBUG=3)
@@ -266,7 +270,14 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
         kernels = [(k.ast, nm, [cp.where(r) for r in k.refs]) for k, nm in zip(plan.kernels, names, strict=True)]
         copies = {i: (cp.where(k.copy.src), cp.where(k.copy.dst)) for i, k in enumerate(plan.kernels) if k.copy}
         guards = {i: cp.kept.flag(n) for n, i in enumerate(cp.kept.kernels)}
-        srcs = render_plan(kernels, one_unit_below=ONE_UNIT_CHARS, copies=copies, guards=guards)
+        srcs = render_plan(
+            kernels,
+            one_unit_below=ONE_UNIT_CHARS,
+            copies=copies,
+            guards=guards,
+            var_slot=cp.var_slot,
+            plan_vars=plan.vars,
+        )
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:
         print(cp.src)
@@ -356,10 +367,15 @@ def built_line(plan: Plan, before: dict[str, float], after: dict[str, float]) ->
 
 
 def realize(
-    roots: list[UOp], fuse_reduce: bool = False, opt: Any = None, assigns: list[Assign | None] | None = None
+    roots: list[UOp],
+    fuse_reduce: bool = False,
+    opt: Any = None,
+    assigns: list[Assign | None] | None = None,
+    var_vals: dict[Variable, int] | None = None,
 ) -> list[UOp]:
     """Compute each root. Returns, per root, a BUFFER UOp holding the result. `assigns` (per root; None: no root is
-    an assign) says which roots are assigns. Under a TinyJit capture their fresh buffers are tracked from birth
+    an assign) says which roots are assigns; `var_vals` gives the values of the Variables the graph's shapes use
+    (uopc.uop.variable): they are not part of the plan's key, only of this call. Under a TinyJit capture their fresh buffers are tracked from birth
     (uopc.uop.track: a replay may write them in place) and the capture records them; outside one nothing consults
     the readers of storage, so nothing is tracked and building on the result records nothing (an eager training
     loop pays no bookkeeping; its tensors move to tracked storage at the capture, which rebinds them).
@@ -373,14 +389,14 @@ def realize(
     t1 = time.perf_counter()
     calls = _capture.calls
     if calls is None:  # nothing consults the readers of storage outside a capture: nothing is tracked
-        outs = run_plan(cp, inputs, debug=s.DEBUG)
+        outs = run_plan(cp, inputs, debug=s.DEBUG, var_vals=var_vals)
     else:
         first: dict[UOp, Assign | None] = {}
         for r, a in zip(roots, assigns or (), strict=False):
             if first.get(r) is None:  # a root realized for several tensors: the first one assigned to it
                 first[r] = a
         tracked = tuple(i for i, r in enumerate(uniq) if first.get(r) is not None)
-        outs = run_plan(cp, inputs, debug=s.DEBUG, tracked=tracked)
+        outs = run_plan(cp, inputs, debug=s.DEBUG, tracked=tracked, var_vals=var_vals)
         calls.append(Captured(cp, list(inputs), list(outs), [first.get(r) for r in uniq]))
     if s.DEBUG >= 1:
         t2 = time.perf_counter()
@@ -401,8 +417,10 @@ def run_plan(
     outs: list[UOp | None] | None = None,
     debug: int | None = None,
     tracked: tuple[int, ...] = (),
+    var_vals: dict[Variable, int] | None = None,
 ) -> list[UOp]:
-    """Run a compiled plan on `inputs` (BUFFERs bound by position). Returns a BUFFER per root: fresh ones from the
+    """Run a compiled plan on `inputs` (BUFFERs bound by position) and `var_vals`, a value for each of its
+    Variables. Returns a BUFFER per root: fresh ones from the
     pool, or the given `outs[r]` where not None (the plan writes into that storage); the fresh buffers of the roots
     in `tracked` are tracked from birth (uopc.uop.track). `debug` is the DEBUG level (default: the current setting);
     whether index checks are read is what the plan was built with."""
@@ -410,6 +428,7 @@ def run_plan(
         debug = helpers.settings().DEBUG
     plan = cp.plan
     n_in = cp.n_in
+    values = _var_values(plan.vars, var_vals) if plan.vars else None  # checked before anything is allocated
     ptrs = cp.ptr_array()
     for i, b in enumerate(inputs):
         ptrs[i] = buffer_ptr(b)
@@ -438,6 +457,8 @@ def run_plan(
         for j, off in enumerate(plan.temp_offsets):
             ptrs[t + j] = base + off
     computed = cp.kept.bind(inputs, ptrs, cp.where) if cp.kept else None
+    if values is not None:
+        ptrs[cp.var_slot] = ctypes.addressof(values)
     records = np.zeros((plan.n_err, ERROR_RECORD), np.int64) if plan.n_err else None
     if records is not None:
         base, t = records.ctypes.data, n_in + len(plan.outs) + len(plan.temps)
@@ -484,6 +505,21 @@ def run_plan(
     if computed:  # the run completed: the kept kernels that ran hold their new temps
         cp.kept.commit(computed)
     return res
+
+
+def _var_values(plan_vars: tuple[Variable, ...], var_vals: dict[Variable, int] | None) -> Any:
+    """The values of a plan's Variables as the long long array its entry point reads; ValueError (before anything
+    runs) for one not bound or bound outside its range."""
+    var_vals = var_vals or {}
+    values = (ctypes.c_longlong * len(plan_vars))()
+    for j, v in enumerate(plan_vars):
+        n = var_vals.get(v)
+        if n is None:
+            raise ValueError(f"{v!r} is in the computation's shapes but bound to no value: use {v.name}.bind(n)")
+        if not v.vmin <= n <= v.vmax:
+            raise ValueError(f"{v!r} is bound to {n}, outside [{v.vmin}, {v.vmax}]")
+        values[j] = n
+    return values
 
 
 def inplace_ok(cp: CompiledPlan, r: int, i: int | None) -> bool:

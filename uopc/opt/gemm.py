@@ -22,6 +22,7 @@ from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
 from uopc.uop.rewrite import graph_rewrite
+from uopc.uop.variable import symbolic
 
 # below this many multiply-adds the two packing kernels cost more than the microkernel saves
 GEMM_MIN_WORK = 1 << 16
@@ -45,7 +46,7 @@ def matmul_operands(r: UOp) -> tuple[UOp, UOp] | None:
     if r.op is not Ops.REDUCE or r.arg != (Ops.ADD, 1) or not r.dtype.is_float or r.dtype.itemsize < 4:
         return None
     x = r.src[0]
-    if x.op is not Ops.MUL or len(x.shape) < 3:
+    if x.op is not Ops.MUL or len(x.shape) < 3 or symbolic(x.shape):  # panels split every axis
         return None
     for a, b in (x.src, x.src[::-1]):
         if _constant_along(a, -2) and _constant_along(b, -3):
@@ -196,7 +197,7 @@ def split_k(roots: list[UOp], machine: Machine) -> list[UOp]:
     for r in UOp(Ops.SINK, tuple(roots)).toposort():
         if r.op is Ops.REDUCE and r.arg[1] == 1 and threads > 1 and prod(r.shape) <= SPLITK_MAX_OUT:
             k = r.src[0].shape[-1]
-            if k >= SPLITK_MIN_K and k % (2 * threads) == 0 and r.dtype.is_float:
+            if k >= SPLITK_MIN_K and k % (2 * threads) == 0 and r.dtype.is_float and not symbolic(r.src[0].shape):
                 todo.add(r)
 
     def split(r: UOp) -> UOp:

@@ -16,6 +16,7 @@ from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views
 from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
+from uopc.uop.variable import Variable, symbolic
 
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;
 # measured on a 2-core Zen 4: an elementwise kernel of 2^15 floats runs in ~5 us, a parallel region ~3 us
@@ -114,6 +115,30 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
     return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile)
 
 
+def symbolic_kernel(body: UOp) -> bool:
+    """Does the kernel loop over a symbolic axis (uopc.uop.variable): in its output, or in a reduce?"""
+    return symbolic(body.shape) or any(u.op is Ops.REDUCE and symbolic(u.src[0].shape) for u in body.toposort())
+
+
+def fit_symbolic(o: Opts, body: UOp) -> Opts:
+    """`o` without what would split a symbolic axis, whose size is known to divide nothing: no register tile or
+    cache block on a symbolic output axis, no unroll or K chunks of a reduce over one. Threads may run over it."""
+    if not symbolic_kernel(body):
+        return o
+    shape = body.shape
+    keep = {k for k in range(len(shape)) if type(shape[k]) is not Variable}
+    upcast = {k: f for k, f in o.upcast.items() if k in keep}
+    sym_reduce = any(u.op is Ops.REDUCE and symbolic(u.src[0].shape) for u in body.toposort())
+    return Opts(
+        upcast=upcast,
+        thread=o.thread,
+        unroll=1 if sym_reduce else o.unroll,
+        tile={k: t for k, t in o.tile.items() if k in keep},
+        ktile=0 if sym_reduce else o.ktile,
+        vec=o.vec if upcast == o.upcast else 0,
+    )
+
+
 def _block(shape: tuple[int, ...], row_bytes: int, l2_bytes: int) -> dict[int, int]:
     """The largest square output block whose operand rows (block rows + block cols, each `row_bytes` long)
     fill at most half of L2, leaving room for a second hardware thread and the output."""
@@ -147,7 +172,7 @@ class HandOpt:
 
     def choose(self, body: UOp, out: UOp) -> Opts:
         """The Opts to lower one kernel body with (the engine lowers it)."""
-        return hand_opt_choice(body, self.machine)
+        return fit_symbolic(hand_opt_choice(body, self.machine), body)
 
     def epilogue(self, r: UOp, reader: UOp) -> bool:
         """May REDUCE `r` take the elementwise ops of `reader` (the kernel body that reads it) as an epilogue

@@ -20,7 +20,7 @@ from uopc import helpers
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
 from uopc.opt.gemm import uses_microkernel
-from uopc.opt.heuristic import hand_opt_choice, reduce_size, row_fits
+from uopc.opt.heuristic import fit_symbolic, hand_opt_choice, reduce_size, row_fits, symbolic_kernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.uop import UOp, epilogue_reduce, structure_key
@@ -109,7 +109,10 @@ class SearchOpt:
         return layout_pass(roots, self.machine)
 
     def choose(self, body: UOp, out: UOp) -> Opts:
-        """The fastest candidate Opts for one kernel body (the engine lowers it)."""
+        """The fastest candidate Opts for one kernel body (the engine lowers it); a kernel over a symbolic axis
+        takes the hand choice (its time depends on the value bound, and its axes are not split anyway)."""
+        if symbolic_kernel(body):
+            return fit_symbolic(hand_opt_choice(body, self.machine), body)
         return search_opt(body, out, self.machine, self.timer)
 
     def epilogue(self, r: UOp, reader: UOp) -> bool:

@@ -32,6 +32,7 @@ from uopc.renderer.c_math import F32_BITS, F32_MATH
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.uop import ALU, AxisType, Ops, UOp
 from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits
+from uopc.uop.variable import Variable
 
 # No #include: <math.h> and <stdint.h> were a third of gcc's time on a small kernel (measured: 81 vs 48 ms for a
 # 64-element loop, -O3). The integer types come from gcc's predefined macros, inf and NaN and libm from its builtins.
@@ -447,6 +448,7 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     # SIMD (gcc vector extension): pack lanes, read one lane
     Ops.VECTORIZE: lambda r, u: f"(({u.dtype.cname}){{{', '.join(r.expr(s) for s in u.src)}}})",
     Ops.GEP: lambda r, u: f"({r.expr(u.src[0])}[{u.arg}])",
+    Ops.DEFINE_VAR: lambda r, u: u.arg.cname,
 }
 CRenderer.code_for_op = code_for_op
 
@@ -455,9 +457,10 @@ class CFunction(NamedTuple):
     """One rendered kernel, under whatever name the caller gives it: its helpers, parameters and statements."""
 
     helpers: dict[str, Helper]
-    params: tuple[str, ...]  # `float* restrict data0`, ...
+    params: tuple[str, ...]  # `float* restrict data0`, ..., then `int var_pos`, ...
     body: str  # the statements, indented
     bufs: list[UOp]  # its BUFFERs, by slot
+    vars: tuple[Variable, ...] = ()  # the symbolic sizes its loops run to (uopc.uop.variable), by name
 
     def declaration(self, name: str) -> str:
         return f"void {name}({', '.join(self.params)})"
@@ -476,11 +479,15 @@ def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     r.helpers.update(_vector_typedefs(ast))
     params = [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs]
+    defs = sorted({u for u in ast.toposort() if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg.name)
+    if len({u.arg.name for u in defs}) != len(defs):
+        raise ValueError(f"render_c: two Variables of one kernel share a name: {[u.arg for u in defs]}")
+    params += [f"{u.dtype.cname} {u.arg.cname}" for u in defs]
     if r.check_oob and oob_param:
         params.append("long long* restrict uopc_oob")
     elif r.check_oob:  # standalone: the runtime reads the global after each call
         r.use("uopc_oob", _OOB_RECORD)
-    return CFunction(r.helpers, tuple(params), "\n".join(r.lines), bufs)
+    return CFunction(r.helpers, tuple(params), "\n".join(r.lines), bufs, tuple(u.arg for u in defs))
 
 
 def render_c(ast: UOp, name: str) -> str:
@@ -542,6 +549,8 @@ def render_plan(
     one_unit_below: int = 0,
     copies: dict[int, tuple[int, int]] | None = None,
     guards: dict[int, int] | None = None,
+    var_slot: int | None = None,
+    plan_vars: tuple[Variable, ...] = (),
 ) -> list[str]:
     """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
     digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
@@ -551,6 +560,7 @@ def render_plan(
     Each kernel is (ast, its name in the plan, index into bufs of each parameter). `copies` maps kernel i to the
     (source, destination) bufs of the copy it is: the entry point skips it when both are one storage. `guards` maps
     kernel i to the bufs slot of its run flag: the entry point skips it when that is NULL (a kept temp, still valid).
+    `bufs[var_slot]` holds the values of `plan_vars` (long longs): kernels get those they use as arguments.
 
     `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
     uopc.codegen.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
@@ -565,7 +575,9 @@ def render_plan(
             done[ast] = unit = kernel_unit(ast, name)
             units[unit.sym] = unit
         sym, bufs = done[ast].sym, done[ast].fn.bufs
-        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)] + (["err"] * check)
+        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)]
+        args += [f"((long long*)bufs[{var_slot}])[{plan_vars.index(v)}]" for v in done[ast].fn.vars]
+        args += ["err"] * check
         call = f"{sym}({', '.join(args)});"
         if copies and i in copies:  # a copy onto itself (a write in place) does nothing
             call = f"if (bufs[{copies[i][0]}] != bufs[{copies[i][1]}]) {call}"

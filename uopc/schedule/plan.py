@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from uopc.uop import UOp
 from uopc.uop.dtype import DType
+from uopc.uop.variable import Variable
 
 __all__ = [
     "Arena",
@@ -77,6 +78,7 @@ class Kernel:
     nbytes: int = 0  # bytes it must move: every buffer it reads, once, plus its output
     op: str = ""  # the Tensor-level operation it computes, derived from the graph ("sum", "matmul", "exp2 mul ...")
     copy: Copy | None = None  # it copies an input unchanged: nothing to do when the output is that input's storage
+    vars: tuple[Variable, ...] = ()  # the symbolic sizes its loops run to (uopc.uop.variable), by name
 
 
 class Copy(NamedTuple):
@@ -97,6 +99,7 @@ class Plan:
     n_err: int = 0  # error records (one per kernel with index checks), zeroed before each run, read after
     temp_offsets: tuple[int, ...] = ()  # byte offset of each temp in the one arena the temps share
     arena_bytes: int = 0  # size of that arena (the memory planner's result)
+    vars: tuple[Variable, ...] = ()  # the symbolic sizes its loops run to (uopc.uop.variable), by name: per call
 
     @property
     def temp_bytes(self) -> int:

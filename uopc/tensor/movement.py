@@ -34,6 +34,7 @@ from uopc.tensor.shape import (
 )
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes, promote
+from uopc.uop.variable import unbind
 
 
 class View(NamedTuple):
@@ -51,8 +52,9 @@ class MovementMixin:
 
     def reshape(self, *shape: Any) -> Self:
         """Same data, new shape; one dim may be -1 (inferred)."""
-        shape = reshape_shape(self.shape, varargs(shape))
-        return self if shape == self.shape else self._new(self.uop.reshape(shape))
+        shape, binds = unbind(varargs(shape))
+        shape = reshape_shape(self.shape, shape)
+        return (self if shape == self.shape else self._new(self.uop.reshape(shape)))._bound(binds)
 
     view = reshape
 
@@ -71,9 +73,10 @@ class MovementMixin:
 
     def expand(self, *shape: Any) -> Self:
         """Broadcast size-1 dims (and new leading dims) to `shape`; -1 keeps a dim."""
-        shape = expand_shape(self.shape, varargs(shape))
+        shape, binds = unbind(varargs(shape))
+        shape = expand_shape(self.shape, shape)
         x = self.reshape((1,) * (len(shape) - self.ndim) + self.shape)
-        return x if shape == x.shape else x._new(x.uop.expand(shape))
+        return (x if shape == x.shape else x._new(x.uop.expand(shape)))._bound(binds)
 
     def pad(self, padding: Sequence, mode: Any = "constant", value: float = 0.0) -> Self:
         """Pad with `value` (±inf too): ((before, after) or None) per dim, or PyTorch's flat form; negative pads cut.
@@ -112,8 +115,9 @@ class MovementMixin:
 
     def shrink(self, bounds: Sequence) -> Self:
         """Keep [lo, hi) of each dim; None keeps a dim whole."""
+        bounds, binds = unbind(tuple(bounds))
         b = shrink_bounds(self.shape, bounds)
-        return self._new(self.uop.shrink(b)) if b != tuple((0, s) for s in self.shape) else self
+        return (self._new(self.uop.shrink(b)) if b != tuple((0, s) for s in self.shape) else self)._bound(binds)
 
     def flip(self, *axis: Any) -> Self:
         """Reverse the order along `axis` (an int or a tuple of ints)."""

@@ -15,8 +15,9 @@ from uopc.helpers import prod
 from uopc.tensor.creation import full_uop
 from uopc.tensor.elementwise import broadcast_uop, opmath
 from uopc.tensor.shape import Axis, broadcast_shape, norm_axes, norm_dim, reduced_shape
-from uopc.uop import Ops, identity_element
+from uopc.uop import Ops, UOp, identity_element
 from uopc.uop.dtype import dtypes, promote, to_dtype
+from uopc.uop.variable import Variable, symbolic
 
 
 class ReduceMixin:
@@ -38,7 +39,7 @@ class ReduceMixin:
                     "the reduced dims have size 0 and max has no identity"
                 )
             return self._new(full_uop(identity_element(op, self.dtype), self.dtype, out_shape))
-        if axis is None:  # everything: flatten to one axis first
+        if axis is None and not symbolic(self.shape):  # everything: flatten to one axis first
             return self._new(self.reshape(-1).uop.reduce(op, 1)).reshape(out_shape)
         x = self.permute(*kept, *axes)
         return x._new(x.uop.reduce(op, len(axes))).reshape(out_shape)
@@ -71,18 +72,32 @@ class ReduceMixin:
     def _count(self, axis: Axis) -> int:
         return prod(self.shape[i] for i in norm_axes(axis, self.shape))
 
+    def _inverse_count(self, axis: Axis, correction: int, empty: float) -> Any:
+        """1 / (the number of elements over `axis` - correction), `empty` where that is <= 0: a Python float, or a
+        0-d float32 tensor when a symbolic dim (uopc.uop.variable) makes it a value of the call."""
+        dims = [self.shape[i] for i in norm_axes(axis, self.shape)]
+        if not symbolic(dims):
+            d = max(0, prod(dims) - correction)
+            return 1 / d if d else empty
+        n = UOp.const(prod(s for s in dims if type(s) is not Variable), dtypes.int32)
+        for s in dims:
+            if type(s) is Variable:
+                n = n * UOp(Ops.DEFINE_VAR, (), s, dtypes.int32)
+        d = (n - correction).cast(dtypes.float32)
+        return type(self)((d < 0.5).where(UOp.const(empty, dtypes.float32), d.alu(Ops.RECIP)))
+
     @opmath
     def mean(self, axis: Axis = None, keepdim: bool = False) -> Self:
         """sum * (1/n); ints give float32, an empty reduction NaN."""
-        n = self._count(axis)
-        return self._to_float().sum(axis, keepdim) * (1 / n if n else math.nan)
+        return self._to_float().sum(axis, keepdim) * self._inverse_count(axis, 0, math.nan)
 
     @opmath
     def var(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:
         """Variance with PyTorch's `correction` (1: unbiased): sum((x - mean)^2) / (n - correction)."""
         x = self._to_float()
-        d = max(0, self._count(axis) - correction)
-        return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) * (1 / d if d else math.inf)
+        return (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim) * self._inverse_count(
+            axis, correction, math.inf
+        )
 
     @opmath
     def std(self, axis: Axis = None, keepdim: bool = False, correction: int = 1) -> Self:

@@ -18,6 +18,7 @@ import numpy as np
 
 from uopc.helpers import prod
 from uopc.uop import Span
+from uopc.uop.variable import Bound, Variable, as_dim
 from uopc.uop.dtype import DType, dtypes
 
 Scalar = bool | int | float
@@ -52,7 +53,7 @@ def shape_arg(shape: tuple) -> tuple[int, ...]:
     """A creation shape from varargs: ints >= 0."""
     shape = varargs(shape)
     for s in shape:
-        if isinstance(s, (bool, np.bool_)) or not isinstance(s, (int, np.integer)):
+        if isinstance(s, (bool, np.bool_, Bound, Variable)) or not isinstance(s, (int, np.integer)):
             raise TypeError(f"a shape must be ints, got {type(s).__name__} {s!r} in {shape}")
     if any(s < 0 for s in shape):
         raise ValueError(f"negative dimensions are not allowed, got shape {shape}")
@@ -103,7 +104,7 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 
 def reshape_shape(shape: tuple[int, ...], new: tuple) -> tuple[int, ...]:
     """The target of a reshape of `shape` to `new`, with its one -1 (if any) inferred."""
-    new = tuple(int(s) for s in new)
+    new = tuple(as_dim(s) for s in new)
     size = prod(shape)
     if new.count(-1) > 1 or any(s < -1 for s in new):
         raise ValueError(f"cannot reshape {shape} to {new}: sizes must be >= 0, with at most one -1")
@@ -136,7 +137,7 @@ def expand_shape(shape: tuple[int, ...], target: tuple) -> tuple[int, ...]:
     for i, (s, t) in enumerate(zip((1,) * new + shape, target, strict=True)):
         if t == -1 and i < new:
             raise ValueError(f"cannot expand shape {shape} to {target}: -1 is not allowed for a new leading dim")
-        t = s if t == -1 else int(t)
+        t = s if t == -1 else as_dim(t)
         if s != t and s != 1:
             raise ValueError(
                 f"cannot expand shape {shape} to {target}: "
@@ -150,7 +151,7 @@ def shrink_bounds(shape: tuple[int, ...], bounds: Sequence) -> tuple[tuple[int, 
     """Per-dim [lo, hi) (None keeps a dim whole), checked against `shape`."""
     if len(bounds) != len(shape):
         raise ValueError(f"shrink {tuple(bounds)} has {len(bounds)} entries but shape {shape} has {len(shape)} dims")
-    out = tuple((0, s) if b is None else (int(b[0]), int(b[1])) for b, s in zip(bounds, shape, strict=True))
+    out = tuple((0, s) if b is None else (int(b[0]), as_dim(b[1])) for b, s in zip(bounds, shape, strict=True))
     if not all(0 <= lo <= hi <= s for (lo, hi), s in zip(out, shape, strict=True)):
         raise ValueError(f"shrink {tuple(bounds)} does not fit shape {shape}: need 0 <= lo <= hi <= size")
     return out

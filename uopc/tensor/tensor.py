@@ -45,6 +45,7 @@ from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, Span, UOp, add_reader, base_buffer, forget_reader
 from uopc.uop.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
+from uopc.uop.variable import Variable, merge_vars, symbolic
 
 # repr shows the values of a realized tensor with at most this many elements
 REPR_MAX_VALUES = 64
@@ -82,6 +83,9 @@ class Tensor(
     _grad_tensors: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
     # tensors with an assign not realized yet, id -> tensor (TinyJit's capture realizes those its step made)
     _pending_assigns: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+    # the values of the Variables in this tensor's graph (uopc.uop.variable): set by ops that take a Bound, merged by
+    # every op into its result; shared empty until then (never changed in place: a new dict replaces it)
+    _vars: dict[Variable, int] = {}
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool | None = None):
         self.requires_grad = requires_grad
@@ -126,7 +130,15 @@ class Tensor(
         grad = not Tensor.no_grad and (self.requires_grad or any(o.requires_grad for o in others))
         out.requires_grad = True if grad else None
         out._leaf = False
+        if self._vars or any(o._vars for o in others):
+            out._vars = merge_vars(self._vars, *(o._vars for o in others))
         return out
+
+    def _bound(self, binds: dict[Variable, int]) -> Tensor:
+        """Record the values of Variables an op of this tensor took bound (Variable.bind); returns self."""
+        if binds:
+            self._vars = merge_vars(self._vars, binds)
+        return self
 
     def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         """Mark this tensor as one whose gradient backward() computes (False: never; returns self)."""
@@ -221,7 +233,10 @@ class Tensor(
             if t._assigned is not None:
                 assigns = [realize.Assign(t, t._assigned.replaces) if t._assigned is not None else None for t in todo]
                 break
-        bufs = realize.realize(roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt(), assigns=assigns)
+        var_vals = merge_vars(*(t._vars for t in todo if t._vars)) if any(t._vars for t in todo) else None
+        bufs = realize.realize(
+            roots, fuse_reduce=Tensor.fuse_reduce, opt=realize.default_opt(), assigns=assigns, var_vals=var_vals
+        )
         for t, buf in zip(todo, bufs, strict=True):
             if t._assigned is not None:
                 t._assigned = None
@@ -232,7 +247,8 @@ class Tensor(
     def numpy(self) -> np.ndarray:
         """A fresh NumPy copy of the data (realizes)."""
         if self.dtype is dtypes.bfloat16:  # NumPy has no bfloat16: the values come back as float32 (exact)
-            return bf16_bits_to_float(self._bits()).reshape(self.shape)
+            bits = self._bits()
+            return bf16_bits_to_float(bits).reshape(bits.shape)
         return self._bits()
 
     def _bits(self) -> np.ndarray:
@@ -240,7 +256,15 @@ class Tensor(
         if self.numel() == 0:
             return np.zeros(self.shape, self.dtype.np)
         self.realize()
-        return storage_view(base_buffer(self.uop), write=False).reshape(self.shape).copy()
+        arr = storage_view(base_buffer(self.uop), write=False).reshape(self.shape)
+        if symbolic(self.shape):  # stored at the Variables' maxima: the first `value` along each symbolic dim
+            arr = arr[tuple(slice(0, self._value_of(s)) if type(s) is Variable else slice(None) for s in self.shape)]
+        return arr.copy()
+
+    def _value_of(self, v: Variable) -> int:
+        if v not in self._vars:
+            raise ValueError(f"{v!r} is in this tensor's shape {self.shape} but bound to no value: use {v.name}.bind(n)")
+        return self._vars[v]
 
     def item(self) -> Scalar:
         """The value of a one-element tensor as a Python scalar."""
@@ -258,7 +282,7 @@ class Tensor(
 
     def detach(self) -> Tensor:
         """The same values with gradients stopped (a STAGE("detach") that execution ignores); requires_grad False."""
-        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"), requires_grad=False)
+        return Tensor(UOp(Ops.STAGE, (self.uop,), "detach"), requires_grad=False)._bound(self._vars)
 
     def assign(self, x: Any) -> Tensor:
         """Give this tensor x's value (lazily): x must broadcast to self's shape and have self's dtype. On a view made

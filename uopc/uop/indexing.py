@@ -40,7 +40,7 @@ def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: tu
         pi = out_shape[i] if i < len(out_shape) else 1
         pj = in_shape[j] if j < len(in_shape) else 1
         i, j = i + 1, j + 1
-        while pi != pj:
+        while int(pi) != int(pj):  # as ints: a Variable (its maximum) never equals an int
             if pi < pj:
                 gi.append(i)
                 pi *= out_shape[i]

@@ -90,6 +90,8 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # SIMD vectors (made after lowering by uopc.codegen.vectorize): pack n scalars, take lane i of a vector
     VECTORIZE = auto()
     GEP = auto()
+    # a symbolic size (arg: its uopc.uop.variable.Variable) as a kernel argument: the end of a loop over a symbolic axis
+    DEFINE_VAR = auto()
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"

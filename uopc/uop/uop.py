@@ -27,6 +27,7 @@ from uopc.helpers import in_forked_child, prod
 from uopc.uop.dtype import DType, dtypes, truncate
 from uopc.uop.ops import ALU, COMPARE, REDUCE_OPS, Ops, ParamArg, Span
 from uopc.uop.readers import add_reader
+from uopc.uop.variable import Variable, as_dim, symbolic
 
 _PLAIN = (type(None), int, str)
 
@@ -209,13 +210,20 @@ class UOp:
             )
 
     def reshape(self, shape: tuple[int, ...]) -> UOp:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(as_dim(s) for s in shape)
         if any(s < 0 for s in shape) or prod(shape) != prod(self.shape):
             raise ValueError(f"cannot reshape {self.shape} ({prod(self.shape)} elements) to {shape}")
+        # storage (a BUFFER, laid out for the variables' maxima) takes any symbolic shape; a value keeps its
+        # symbolic dims as they are
+        if self.op is not Ops.BUFFER and not symbolic_reshape_ok(self.shape, shape):
+            raise ValueError(
+                f"cannot reshape {self.shape} to {shape}: a symbolic dim must stay a dim of its own, with the same "
+                "number of elements before it"
+            )
         return self if shape == self.shape else UOp(Ops.RESHAPE, (self,), shape)
 
     def expand(self, shape: tuple[int, ...]) -> UOp:
-        shape = tuple(int(s) for s in shape)
+        shape = tuple(as_dim(s) for s in shape)
         if len(shape) != len(self.shape) or any(a != b and a != 1 for a, b in zip(self.shape, shape)):
             raise ValueError(f"cannot expand {self.shape} to {shape}: only size-1 dims can grow")
         return self if shape == self.shape else UOp(Ops.EXPAND, (self,), shape)
@@ -229,18 +237,26 @@ class UOp:
         return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, (self,), order)
 
     def pad(self, pads: tuple[tuple[int, int], ...]) -> UOp:
+        if any(type(p) is Variable for pair in pads for p in pair):
+            raise ValueError(f"pad {pads}: a pad amount must be an int, not a Variable")
         pads = tuple((int(lo), int(hi)) for lo, hi in pads)
         self._check_ndim("pad", len(pads), pads)
         if any(lo < 0 or hi < 0 for lo, hi in pads):
             raise ValueError(f"pad {pads} of shape {self.shape}: pads must be >= 0 (shrink to cut)")
+        if any(type(s) is Variable and p != (0, 0) for s, p in zip(self.shape, pads)):
+            raise ValueError(f"pad {pads} of shape {self.shape}: a symbolic dim cannot be padded")
         return self if all(p == (0, 0) for p in pads) else UOp(Ops.PAD, (self,), pads)
 
     def shrink(self, bounds: tuple[tuple[int, int], ...]) -> UOp:
-        bounds = tuple((int(lo), int(hi)) for lo, hi in bounds)
+        bounds = tuple((int(lo), as_dim(hi)) for lo, hi in bounds)
         self._check_ndim("shrink", len(bounds), bounds)
         for (lo, hi), s in zip(bounds, self.shape):
             if not 0 <= lo <= hi <= s:
                 raise ValueError(f"shrink {bounds} does not fit shape {self.shape}: need 0 <= lo <= hi <= size")
+            if type(hi) is Variable and lo != 0:
+                raise ValueError(f"shrink {bounds}: a symbolic end needs the start 0")
+            if type(s) is Variable and hi != s and hi > s.vmin:
+                raise ValueError(f"shrink {bounds} of shape {self.shape}: {s!r} may be as small as {s.vmin}")
         if all(b == (0, s) for b, s in zip(bounds, self.shape)):
             return self
         return UOp(Ops.SHRINK, (self,), bounds)
@@ -424,10 +440,10 @@ def _shape(self: UOp) -> tuple[int, ...]:
         return tuple(arg)
     if op is Ops.PERMUTE:
         return tuple(self.src[0].shape[i] for i in arg)
-    if op is Ops.PAD:
-        return tuple(s + lo + hi for s, (lo, hi) in zip(self.src[0].shape, arg))
+    if op is Ops.PAD:  # (a symbolic dim is never padded: it keeps its Variable)
+        return tuple(s + lo + hi if lo or hi else s for s, (lo, hi) in zip(self.src[0].shape, arg))
     if op is Ops.SHRINK:
-        return tuple(hi - lo for lo, hi in arg)
+        return tuple(hi - lo if lo else hi for lo, hi in arg)
     if op in (Ops.FLIP, Ops.STAGE, Ops.CUSTOM_GRAD):
         return self.src[0].shape
     if op is Ops.GATHER:
@@ -440,6 +456,26 @@ def _shape(self: UOp) -> tuple[int, ...]:
     if op in ALU:
         return next((s.shape for s in self.src if s.shape), ())
     return ()
+
+
+def symbolic_reshape_ok(old: tuple[int, ...], new: tuple[int, ...]) -> bool:
+    """Does a reshape keep every symbolic dim a dim of its own, in order, with as many elements before it? Then its
+    index map is the same for every value of the variables (the storage keeps the maxima's layout)."""
+    if not (symbolic(old) or symbolic(new)):
+        return True
+
+    def parts(shape: tuple[int, ...]) -> tuple[list[Variable], list[int]]:
+        vs, sizes, n = [], [], 1
+        for s in shape:
+            if type(s) is Variable:
+                vs.append(s)
+                sizes.append(n)
+                n = 1
+            else:
+                n *= s
+        return vs, [*sizes, n]
+
+    return parts(old) == parts(new)
 
 
 def _span_fits(sp: Span, n: int) -> bool:
@@ -457,7 +493,9 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
     if op is Ops.CONST:
         return u.arg, u.arg
     if op is Ops.RANGE:
-        return 0, s[0].arg - 1
+        return 0, s[0].vmax - 1
+    if op is Ops.DEFINE_VAR:
+        return u.arg.vmin, u.arg.vmax
     if op is Ops.CHECK:  # a checked index is always in range (a bad one is recorded and replaced by 0)
         return 0, u.arg[0] - 1
     if u.dtype is not None and u.dtype.is_bool:
