@@ -9,6 +9,7 @@ Importing uopc loads only the Tensor front end; the compiler stages load on the 
 from uopc.runtime.threads import get_num_threads, set_num_threads
 from uopc.tensor import Tensor, no_grad
 from uopc.uop.dtype import dtypes
+from uopc.uop.variable import Variable
 
 
 def __getattr__(name: str):
@@ -20,4 +21,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'uopc' has no attribute {name!r}")
 
 
-__all__ = ["Tensor", "TinyJit", "dtypes", "no_grad", "set_num_threads", "get_num_threads"]
+__all__ = ["Tensor", "TinyJit", "Variable", "dtypes", "no_grad", "set_num_threads", "get_num_threads"]

@@ -19,8 +19,9 @@ from tests.helpers import buf
 from uopc import Tensor, dtypes, helpers, nn
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
-from uopc.renderer.c import render_c, render_plan
+from uopc.renderer.c import render_c
 from uopc.renderer.half import compute_in_float
+from uopc.renderer.plan import render_plan
 from uopc.runtime import compiler as runtime
 from uopc.uop import ALU, Ops
 

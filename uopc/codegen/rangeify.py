@@ -181,8 +181,11 @@ def _checked_index(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = N
         raise RuntimeError(f"rangeify: a {u.op.name} needs the error record that lower() sets up")
     j = rangeify(index, idx, ctx, valid)
     j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
-    lo = -x.shape[dim] if wrap else 0  # wrap: negative indices count from the end, as in NumPy
-    return UOp(Ops.CHECK, (j, ctx.err), (x.shape[dim], ctx.checks[u], lo))
+    n = x.shape[dim]
+    lo = -n if wrap else 0  # wrap: negative indices count from the end, as in NumPy
+    # a symbolic axis is checked against the value bound in the call (its third source), not its maximum
+    size = (UOp(Ops.DEFINE_VAR, (), n, ctx.idx),) if type(n) is Variable else ()
+    return UOp(Ops.CHECK, (j, ctx.err, *size), (n, ctx.checks[u], lo))
 
 
 def _axis_parts(ctx: Ctx, size: int, factor: int, kind: AxisType) -> tuple[UOp, int]:
@@ -377,7 +380,10 @@ def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[
     tiled = {
         k
         for k, t in o.tile.items()
-        if 0 <= k < len(shape) and type(shape[k]) is not Variable and 1 < t < shape[k] and shape[k] % t == 0
+        if 0 <= k < len(shape)
+        and type(shape[k]) is not Variable
+        and 1 < t < shape[k]
+        and shape[k] % t == 0
         and t % ups.get(k, 1) == 0
     }
     return {k: ctx.rng(shape[k] // o.tile[k], kind) for k, kind in _axis_order(o, len(shape)) if k in tiled}

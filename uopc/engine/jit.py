@@ -235,6 +235,8 @@ class TinyJit:
             self._sig, self.cnt = sig, 1
             return self.fn(*args, **kwargs)
         if self.cnt == 1:
+            # assigns left lazy before this call (by the first one, say) are not the step's: done before the capture
+            Tensor.realize_all(*Tensor._pending_assigns.values())
             in_bufs = [base_buffer(t.uop) for t in tensors]
             before = set(Tensor._pending_assigns.keys())
             with realize.capture() as calls:

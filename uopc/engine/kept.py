@@ -30,8 +30,8 @@ __all__ = ["Kept", "invariant_kernels"]
 
 def invariant_kernels(plan: Plan) -> tuple[int, ...]:
     """The kernels a plan can keep from call to call: each computes a temp (no other kernel writes it) only from
-    plan inputs that no kernel of the plan writes, checks no index, loops over no symbolic size, and makes at most twice the bytes it reads (a
-    copy in another layout, not an expansion)."""
+    plan inputs that no kernel of the plan writes, checks no index, loops over no symbolic size, and makes at most
+    twice the bytes it reads (a copy in another layout, not an expansion)."""
     written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
     writers: dict[Ref, int] = {}
     for k in plan.kernels:

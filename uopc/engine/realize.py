@@ -31,7 +31,7 @@ from uopc.engine.lower import make_plan
 from uopc.engine.tune import KernelTimer
 from uopc.machine import Machine
 from uopc.opt import HandOpt, SearchOpt
-from uopc.renderer.c import kernel_unit, render_plan
+from uopc.renderer.plan import kernel_unit, render_plan
 from uopc.runtime.buffer import buffer_ptr, bump_version, output_buffer, pool
 from uopc.runtime.compiler import Program, cancel_prefetches, compiler_identity, machine, prefetch
 from uopc.runtime.threads import ensure_threads
@@ -232,7 +232,7 @@ class _EarlyCompile:
     of C (so the plan will compile a unit per kernel), every one of them is handed to gcc in the background
     (uopc.runtime.compiler.prefetch), and each later one as soon as it is lowered. gcc then runs on the other cores
     while Python lowers the rest of the plan; compile_plan's link finds the objects made or waits for them. The units
-    are the ones render_plan makes (uopc.renderer.c.kernel_unit, memoized: rendered once)."""
+    are the ones render_plan makes (uopc.renderer.plan.kernel_unit, memoized: rendered once)."""
 
     def __init__(self) -> None:
         self.units: dict[str, str] = {}  # function name -> unit source
@@ -373,12 +373,12 @@ def realize(
     assigns: list[Assign | None] | None = None,
     var_vals: dict[Variable, int] | None = None,
 ) -> list[UOp]:
-    """Compute each root. Returns, per root, a BUFFER UOp holding the result. `assigns` (per root; None: no root is
-    an assign) says which roots are assigns; `var_vals` gives the values of the Variables the graph's shapes use
-    (uopc.uop.variable): they are not part of the plan's key, only of this call. Under a TinyJit capture their fresh buffers are tracked from birth
-    (uopc.uop.track: a replay may write them in place) and the capture records them; outside one nothing consults
-    the readers of storage, so nothing is tracked and building on the result records nothing (an eager training
-    loop pays no bookkeeping; its tensors move to tracked storage at the capture, which rebinds them).
+    """Compute each root. Returns, per root, a BUFFER UOp holding the result. `var_vals` gives the values of the
+    Variables in the graph (uopc.uop.variable): not part of the plan's key, only of this call. `assigns` (per root;
+    None: no root is an assign) says which roots are assigns. Under a TinyJit capture their fresh buffers are tracked
+    from birth (uopc.uop.track: a replay may write them in place) and the capture records them; outside one nothing
+    consults the readers of storage, so nothing is tracked and building on the result records nothing (an eager
+    training loop pays no bookkeeping; its tensors move to tracked storage at the capture, which rebinds them).
 
     The settings are read once, here, into a snapshot that keys the plan and travels with it."""
     s = helpers.settings()

@@ -28,6 +28,7 @@ from uopc.nn.kv_cache import KVCache
 from uopc.nn.layers import LayerNorm
 from uopc.tensor import Tensor
 from uopc.uop.dtype import dtypes, to_dtype
+from uopc.uop.variable import Bound
 
 # config.json's activation_function -> Tensor.gelu's `approximate`; gelu_new, gelu_pytorch_tanh and gelu_fast are
 # three spellings of one tanh formula (GPT-2's own is gelu_new), gelu is the exact erf form
@@ -143,7 +144,7 @@ class Attention:
         scale = (cfg.n_embd // cfg.n_head) ** -0.5 if cfg.scale_attn_weights else 1.0
         self.scale = scale / (layer + 1) if cfg.scale_attn_by_inverse_layer_idx else scale
 
-    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | Bound | None = None) -> Tensor:
         """Causal attention over x's own tokens; with `cache` through it (KVCache.attend: without `pos` a prompt from
         position 0 that fills it, with `pos` one token per row at that position)."""
         B, T, C = x.shape
@@ -177,7 +178,7 @@ class Block:
         self.ln_2 = _layer_norm(w["ln_2.weight"], w["ln_2.bias"], eps)
         self.mlp = MLP(cfg, {k[4:]: v for k, v in w.items() if k.startswith("mlp.")})
 
-    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | Bound | None = None) -> Tensor:
         x = x + self.attn(self.ln_1(x), cache, pos)
         return x + self.mlp(self.ln_2(x))
 
@@ -274,11 +275,12 @@ class GPT2:
         return a
 
     def trunk(
-        self, ids: Tensor, start_pos: int = 0, caches: list[KVCache] | None = None, pos: Tensor | None = None
+        self, ids: Tensor, start_pos: int = 0, caches: list[KVCache] | None = None, pos: Tensor | Bound | None = None
     ) -> Tensor:
         """The last block's output (batch, T, n_embd), before ln_f; the tokens sit at positions start_pos.. .
         With `caches` (one KVCache per layer) the keys and values are kept: without `pos` ids is a prompt from
-        position 0, with `pos` (a (1,) int tensor) ids is one token per row at that position (see Attention)."""
+        position 0, with `pos` ids is one token per row at that position: `caches[0].at(p)` (attention over positions
+        0..p, symbolic) or p as a (1,) int tensor (over the whole cache, masked; see KVCache.attend)."""
         T = ids.shape[1]
         if not 0 <= start_pos <= self.config.n_positions - T:
             raise ValueError(
@@ -287,7 +289,8 @@ class GPT2:
         if pos is None:
             x = self.wte(ids) + _f32(self.wpe.weight[start_pos : start_pos + T])
         else:
-            x = self.wte(ids) + self.wpe(pos.reshape(1, 1))
+            at = Tensor(pos) - 1 if isinstance(pos, Bound) else pos  # a Bound counts the positions seen
+            x = self.wte(ids) + self.wpe(at.reshape(1, 1))
         for i, block in enumerate(self.h):
             x = block(x, caches[i] if caches else None, pos)
         return x
@@ -322,7 +325,8 @@ class GPT2:
         reproduces the tokens). A row that produces a token of stop_tokens keeps producing it, so every row has
         the same length. The prompt runs as one plan that fills a KV cache per layer (as long as the generation,
         rounded up to a power of two, at most n_positions); every later token is one TinyJit-replayed plan that
-        writes its key and value at its position and attends to the cache up to it."""
+        writes its key and value at its position and attends to the cache up to it (a symbolic length, the
+        Variable KVCache.seen: one plan for every position, its attention work growing with the position)."""
         prompt = self._check_ids(ids).astype(np.int64)
         stops = self._check_generate(prompt, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed)
         B, T = prompt.shape
@@ -339,7 +343,7 @@ class GPT2:
             if t == T:
                 res = gen.prefill(Tensor(prompt.astype(np.int32)))
             else:
-                res = gen.step(Tensor(out[:, t - 1 : t].astype(np.int32)), Tensor(np.array([t - 1], np.int32)))
+                res = gen.step(Tensor(out[:, t - 1 : t].astype(np.int32)), gen.caches[0].at(t - 1))
             u = res[1].numpy() if len(res) > 1 else None
             nxt = pick(res[0].numpy(), u, temperature, top_k, top_p)
             nxt = np.where(stopped >= 0, stopped, nxt)
@@ -414,5 +418,5 @@ class _Generator:
     def _prefill(self, ids: Tensor) -> tuple[Tensor, ...]:
         return self._done(self.model.trunk(ids, caches=self.caches))
 
-    def _decode(self, tok: Tensor, pos: Tensor) -> tuple[Tensor, ...]:
+    def _decode(self, tok: Tensor, pos: Bound) -> tuple[Tensor, ...]:
         return self._done(self.model.trunk(tok, caches=self.caches, pos=pos))

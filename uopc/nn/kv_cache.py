@@ -2,13 +2,16 @@
 
     >>> cache = KVCache(batch=1, heads=12, length=256, head_dim=64)
     >>> y = cache.attend(q, k, v)                  # a prompt (T tokens from position 0): causal, fills 0..T-1
-    >>> y = cache.attend(q1, k1, v1, pos=Tensor(np.array([T], np.int32)))   # one token at position T
+    >>> y = cache.attend(q1, k1, v1, pos=cache.at(T))      # one token at position T, over positions 0..T
+    >>> y = cache.attend(q1, k1, v1, pos=Tensor(np.array([T], np.int32)))   # the same, over the whole cache, masked
 
-A decode step takes its position as a (1,) int tensor, not as a shape: the step's graph is the same for every
-position, so TinyJit replays one plan for the whole generation. Its key and value are written at `pos` by an
-elementwise select over the cache (in place under TinyJit), and the query attends to the whole cache with the
-positions after `pos` masked out: attention costs the cache's length, not the position, until symbolic shapes. A
-position outside the cache raises IndexError when the step runs (a checked gather of it), never a silent no-write.
+A decode step's position is not a shape of its graph, so TinyJit replays one plan for the whole generation. It is
+either a bound Variable (`cache.at(T)`: the number of positions seen, T + 1, bound to the cache's `seen` Variable,
+uopc.uop.variable) or a (1,) int tensor. With the Variable the query attends to the first T + 1 positions of the
+cache, a symbolic view: the work grows with the position. With the tensor it attends to the whole cache with the
+positions after T masked out, and a position outside the cache raises IndexError when the step runs (a checked
+gather of it). Either way the key and value are written at T by an elementwise select over the cache (in place under
+TinyJit).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from uopc.tensor import Tensor
 from uopc.uop.dtype import dtypes
+from uopc.uop.variable import Bound, Variable
 
 __all__ = ["KVCache"]
 
@@ -31,16 +35,26 @@ class KVCache:
                 raise ValueError(f"KVCache: {name} must be a positive int, got {v!r}")
         self.k = Tensor.zeros(batch, heads, length, head_dim, dtype=dtype).contiguous().realize()
         self.v = Tensor.zeros(batch, heads, length, head_dim, dtype=dtype).contiguous().realize()
+        # the positions a decode step attends to, itself included (one Variable for every cache of this length)
+        self.seen = Variable("kv_seen", 1, length)
 
     @property
     def length(self) -> int:
         return self.k.shape[2]
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None = None, scale: float | None = None) -> Tensor:
+    def at(self, pos: int) -> Bound:
+        """The decode step at position `pos` (0..length-1), as attend's `pos`: `seen` bound to pos + 1."""
+        if isinstance(pos, bool) or not isinstance(pos, int) or not 0 <= pos < self.length:
+            raise ValueError(f"KVCache.at: position {pos!r} is outside the cache's 0..{self.length - 1}")
+        return self.seen.bind(pos + 1)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, pos: Tensor | Bound | None = None, scale: float | None = None
+    ) -> Tensor:
         """Causal attention of q (batch, heads, T, head_dim) over the tokens seen so far, with k and v (the same
         shape) written into the cache. Without `pos`: a prompt of T tokens at positions 0..T-1 (T <= length), which
-        attend to each other causally and fill the cache's first T positions (the rest become zeros). With `pos` (a
-        (1,) int tensor): one token (T = 1) at that position, written there, attending to positions 0..pos."""
+        attend to each other causally and fill the cache's first T positions (the rest become zeros). With `pos`
+        (`at(p)`, or p as a (1,) int tensor): one token (T = 1) at position p, written there, attending to 0..p."""
         B, H, T, D = q.shape
         if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
             raise ValueError(f"KVCache.attend: q {q.shape}, k {k.shape} and v {v.shape} do not fit together")
@@ -56,6 +70,17 @@ class KVCache:
             return q.scaled_dot_product_attention(k, v, is_causal=True, scale=scale)
         if T != 1:
             raise ValueError(f"KVCache.attend: a decode step (pos given) takes one token, got {T}")
+        if isinstance(pos, Bound):
+            if pos.var != self.seen:
+                raise ValueError(f"KVCache.attend: pos must come from this cache's at(), got {pos!r}")
+            if any(c._vars.get(self.seen, pos.value) != pos.value for c in (self.k, self.v)):
+                Tensor.realize_all(self.k, self.v)  # the last step's write, still lazy, is bound to its own value
+            seen = Tensor(pos)  # its value, for the write
+            here = Tensor.arange(self.length).reshape(1, 1, -1, 1) == seen - 1
+            self.k.assign(here.where(k.cast(self.k.dtype), self.k))
+            self.v.assign(here.where(v.cast(self.v.dtype), self.v))
+            keys, values = self.k[:, :, :pos], self.v[:, :, :pos]  # (B, H, seen, D): a symbolic view
+            return q.scaled_dot_product_attention(keys.cast(q.dtype), values.cast(q.dtype), scale=scale)
         if not isinstance(pos, Tensor) or pos.shape != (1,) or not pos.dtype.is_int:
             raise ValueError(f"KVCache.attend: pos must be a (1,) int tensor, got {pos!r}")
         at = Tensor.arange(self.length)

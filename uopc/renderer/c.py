@@ -14,11 +14,7 @@ Each op's C form is one entry of a table.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from enum import IntEnum
 from typing import NamedTuple
@@ -426,7 +422,10 @@ def _math(r: CRenderer, u: UOp) -> str:
 
 
 def _check(r: CRenderer, u: UOp) -> str:
-    n, which, lo = u.arg  # a data-dependent index: its kernel's error record is src[1]
+    n, which, lo = u.arg  # a data-dependent index: its kernel's error record is src[1], a symbolic size src[2]
+    if len(u.src) > 2:
+        n = r.expr(u.src[2])
+        lo = f"-{n}" if lo else 0
     return f"(({u.dtype.cname}){r.check(f'data{u.src[1].arg.slot}', r.expr(u.src[0]), 1, lo, n, which)})"
 
 
@@ -494,107 +493,3 @@ def render_c(ast: UOp, name: str) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude)."""
     fn = _render_function(ast)
     return PRELUDE + _helper_text(fn.helpers) + "\n" + fn.definition(name)
-
-
-class KernelUnit(NamedTuple):
-    """One kernel of a plan as its own translation unit: the same kernel in any plan is the same unit, so its object
-    compiles once into the object cache (uopc.runtime.compiler)."""
-
-    sym: str  # its function's name: the kernel's shape name and a digest of its C
-    fn: CFunction
-    src: str  # the whole unit: the prelude, the helpers it uses and the (hidden) definition
-
-
-# hidden: a plan's entry point calls each kernel directly, not through the PLT, and no other object can interpose it
-_HIDDEN = '__attribute__((visibility("hidden"))) '
-# (ast, shape name, index checks) -> KernelUnit: the engine renders a big plan's kernels as it lowers them (to start
-# gcc early) and render_plan renders them again. Bounded: the entries keep their ASTs alive.
-_UNITS_MAX = 1024
-_units: OrderedDict[tuple, KernelUnit] = OrderedDict()
-_units_lock = threading.Lock()
-
-
-def kernel_unit(ast: UOp, name: str) -> KernelUnit:
-    """The translation unit of one lowered kernel named `name` in a plan (its k0_ prefix and n1 suffix are not part
-    of the unit), memoized."""
-    base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
-    key = (ast, base, bool(helpers.settings().CHECK_OOB))
-    with _units_lock:
-        if (hit := _units.get(key)) is not None:
-            _units.move_to_end(key)
-            return hit
-    fn = _render_function(ast, oob_param=True)
-    helper_text = _helper_text(fn.helpers)
-    digest = hashlib.sha256((PRELUDE + helper_text + fn.definition("uopc_kernel")).encode()).hexdigest()
-    sym = f"{base}_{digest[:16]}"
-    unit = KernelUnit(sym, fn, PRELUDE + helper_text + "\n" + _HIDDEN + fn.definition(sym))
-    with _units_lock:
-        _units[key] = unit
-        while len(_units) > _UNITS_MAX:
-            _units.popitem(last=False)
-    return unit
-
-
-_PLAN_TIMER = """static inline long long uopc_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-"""
-
-
-def render_plan(
-    kernels: list[tuple[UOp, str, list[int]]],
-    entry: str = "plan",
-    one_unit_below: int = 0,
-    copies: dict[int, tuple[int, int]] | None = None,
-    guards: dict[int, int] | None = None,
-    var_slot: int | None = None,
-    plan_vars: tuple[Variable, ...] = (),
-) -> list[str]:
-    """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
-    digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
-    the unit of `void entry(void** bufs, long long* ns, long long* err)`, which calls them in order. A plan whose
-    kernels come to fewer than `one_unit_below` characters of C is one unit instead (one compiler run: spawning and
-    linking several costs more than sharing saves there).
-    Each kernel is (ast, its name in the plan, index into bufs of each parameter). `copies` maps kernel i to the
-    (source, destination) bufs of the copy it is: the entry point skips it when both are one storage. `guards` maps
-    kernel i to the bufs slot of its run flag: the entry point skips it when that is NULL (a kept temp, still valid).
-    `bufs[var_slot]` holds the values of `plan_vars` (long longs): kernels get those they use as arguments.
-
-    `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
-    uopc.codegen.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
-    first bad index fills it, and the plan records the kernel's number and stops after that kernel.
-    """
-    check = bool(helpers.settings().CHECK_OOB)
-    units: dict[str, KernelUnit] = {}  # by the name of its function
-    done: dict[UOp, KernelUnit] = {}
-    calls = []
-    for i, (ast, name, where) in enumerate(kernels):
-        if ast not in done:
-            done[ast] = unit = kernel_unit(ast, name)
-            units[unit.sym] = unit
-        sym, bufs = done[ast].sym, done[ast].fn.bufs
-        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)]
-        args += [f"((long long*)bufs[{var_slot}])[{plan_vars.index(v)}]" for v in done[ast].fn.vars]
-        args += ["err"] * check
-        call = f"{sym}({', '.join(args)});"
-        if copies and i in copies:  # a copy onto itself (a write in place) does nothing
-            call = f"if (bufs[{copies[i][0]}] != bufs[{copies[i][1]}]) {call}"
-        if guards and i in guards:
-            call = f"if (bufs[{guards[i]}]) {call}"
-        calls.append(f"  {call}")
-        calls.append(f"  if (ns) {{ long long t = uopc_now(); ns[{i}] = t - t0; t0 = t; }}")
-        if check:
-            calls.append(f"  if (err[{ErrorField.FAILED.value}]) {{ err[{ErrorField.KERNEL.value}] = {i}; return; }}")
-    body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
-    body += "\n".join(calls) + "\n}\n"
-    defs = {sym: u.fn.definition(sym) for sym, u in units.items()}
-    if sum(len(d) for d in defs.values()) < one_unit_below:
-        hs: dict[str, Helper] = {}
-        for u in units.values():
-            hs.update(u.fn.helpers)
-        fns = "\n".join("static " + d for d in defs.values())
-        return [PRELUDE + "#include <time.h>\n" + _helper_text(hs) + _PLAN_TIMER + fns + body]
-    protos = "".join(_HIDDEN + u.fn.declaration(sym) + ";\n" for sym, u in units.items())
-    return [*(u.src for u in units.values()), "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]

@@ -15,6 +15,7 @@ from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import Axis, basic_index, is_int, norm_dim
 from uopc.uop import Span
 from uopc.uop.dtype import dtypes, to_dtype
+from uopc.uop.variable import Variable, merge_vars
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -385,10 +386,15 @@ class ExtrasMixin:
         region composed with the view's), then shows the new values."""
         if any(sp.count == 0 for sp in spans):
             return
+        if any(type(sp.count) is Variable for sp in spans):
+            raise ValueError(
+                f"a write into a region of symbolic size {tuple(sp.count for sp in spans)} is not supported: "
+                "select the new values over the whole tensor (where) instead"
+            )
         src = self._viewed()
         if src is None:
             self._view_of = None
-            self._rebind(type(self)(self.uop.setitem(v.uop, spans)))
+            self._rebind(type(self)(self.uop.setitem(v.uop, spans))._bound(merge_vars(self._vars, v._vars)))
             return
         index = self._view_of.index
         outer = basic_index(src.shape, index)

@@ -30,11 +30,12 @@ from uopc.tensor.shape import (
     reshape_shape,
     shape_arg,
     shrink_bounds,
+    symbolic_item,
     varargs,
 )
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes, promote
-from uopc.uop.variable import unbind
+from uopc.uop.variable import Bound, Variable, merge_vars, unbind
 
 
 class View(NamedTuple):
@@ -213,17 +214,33 @@ class MovementMixin:
             items += [slice(None)] * (self.ndim - consumed)
         tensors = [i for i, it in enumerate(items) if isinstance(it, MovementMixin)]
         bounds, flips, steps, final, gather_at = [], [], [], [], []
+        binds: dict = {}  # the values of a symbolic slice's stop (x[:, :pos.bind(n)])
         d = 0  # the input dim the next item indexes
         for it in items:
             if it is None:
                 final.append(1)
                 continue
             s = self.shape[d]
-            if is_int(it):
+            plain = is_int(it) or (isinstance(it, slice) and not isinstance(it.stop, (Bound, Variable)))
+            if type(s) is Variable and plain:
+                sp = symbolic_item(it, s, d)  # a whole symbolic dim, or an int below its minimum
+                bounds.append((sp.start, sp.start + 1) if is_int(it) else (0, s))
+                steps.append(1)
+                if not is_int(it):
+                    final.append(s)
+            elif is_int(it):
                 if not -s <= it < s:
                     raise IndexError(f"index {it} is out of bounds for dimension {d} with size {s}")
                 bounds.append((int(it) % s, int(it) % s + 1))
                 steps.append(1)
+            elif isinstance(it, slice) and isinstance(it.stop, (Bound, Variable)):
+                if it.start not in (None, 0) or it.step not in (None, 1):
+                    raise IndexError(f"a slice to a Variable must be [:n] (start 0, step 1), got {it!r} at dim {d}")
+                stop, more = unbind(it.stop)
+                binds = merge_vars(binds, more)
+                bounds.append((0, stop))
+                steps.append(1)
+                final.append(stop)
             elif isinstance(it, MovementMixin):
                 gather_at.append(len(final))
                 bounds.append((0, s))
@@ -242,7 +259,7 @@ class MovementMixin:
                 steps.append(abs(step) if n > 1 else 1)
                 final.append(n)
             d += 1
-        out = self.shrink(bounds).flip(tuple(flips))._strided(steps).reshape(tuple(final))
+        out = self.shrink(bounds).flip(tuple(flips))._strided(steps).reshape(tuple(final))._bound(binds)
         if not gather_at:
             if out is not self:  # a view: writing to it writes self (weakly: a view alone does not keep self alive)
                 out._view_of = View(weakref.ref(self), index)

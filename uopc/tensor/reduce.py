@@ -81,7 +81,7 @@ class ReduceMixin:
             return 1 / d if d else empty
         n = UOp.const(prod(s for s in dims if type(s) is not Variable), dtypes.int32)
         for s in dims:
-            if type(s) is Variable:
+            if type(s) is Variable:  # its value in the call (what Tensor(v.bind(n)) holds)
                 n = n * UOp(Ops.DEFINE_VAR, (), s, dtypes.int32)
         d = (n - correction).cast(dtypes.float32)
         return type(self)((d < 0.5).where(UOp.const(empty, dtypes.float32), d.alu(Ops.RECIP)))

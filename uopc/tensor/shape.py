@@ -18,8 +18,8 @@ import numpy as np
 
 from uopc.helpers import prod
 from uopc.uop import Span
-from uopc.uop.variable import Bound, Variable, as_dim
 from uopc.uop.dtype import DType, dtypes
+from uopc.uop.variable import Bound, Variable, as_dim
 
 Scalar = bool | int | float
 Axis = int | Sequence[int] | None
@@ -190,8 +190,19 @@ def pad_cuts(shape: tuple[int, ...], pairs: list[tuple[int, int]], padding: Sequ
         lo_cut, hi_cut = max(0, -lo), max(0, -hi)
         if lo_cut + hi_cut > s:
             raise ValueError(f"padding {tuple(padding)} cuts {lo_cut + hi_cut} from dim {d} of shape {shape}")
-        cut.append((lo_cut, s - hi_cut))
+        cut.append((lo_cut, s - hi_cut if hi_cut else s))  # s itself: a symbolic dim stays its Variable
     return cut
+
+
+def symbolic_item(it: Any, n: Variable, d: int) -> Span:
+    """The span an index item selects on symbolic dim d (size n): a whole-dim slice, or an int below n's minimum."""
+    if is_int(it):
+        if not 0 <= it < n.vmin:
+            raise IndexError(f"index {it} may be out of range for dimension {d} of symbolic size {n!r}")
+        return Span(int(it), 1, 1)
+    if it.start in (None, 0) and it.stop is None and it.step in (None, 1):
+        return Span(0, 1, n)
+    raise IndexError(f"dimension {d} has symbolic size {n!r}: index it whole (:) or by an int below {n.vmin}")
 
 
 class BasicIndex(NamedTuple):
@@ -230,6 +241,11 @@ def basic_index(shape: tuple[int, ...], index: Any) -> BasicIndex:
             dims.append(None)
             continue
         d, n = len(spans), shape[len(spans)]
+        if type(n) is Variable:
+            spans.append(symbolic_item(it, n, d))
+            if not is_int(it):
+                dims.append(d)
+            continue
         if is_int(it):
             if not -n <= it < n:
                 raise IndexError(f"index {it} is out of bounds for dimension {d} with size {n}")

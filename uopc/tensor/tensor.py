@@ -45,7 +45,7 @@ from uopc.tensor.scan import ScanMixin
 from uopc.tensor.shape import Scalar, broadcast_shape, is_scalar, norm_dim
 from uopc.uop import Ops, Span, UOp, add_reader, base_buffer, forget_reader
 from uopc.uop.dtype import DType, bf16_bits_to_float, dtypes, least_upper_float, to_dtype
-from uopc.uop.variable import Variable, merge_vars, symbolic
+from uopc.uop.variable import Bound, Variable, merge_vars, symbolic
 
 # repr shows the values of a realized tensor with at most this many elements
 REPR_MAX_VALUES = 64
@@ -99,6 +99,9 @@ class Tensor(
         self._view_of: View | None = None  # made by basic indexing: an assign to it writes the tensor it views
         if isinstance(data, Tensor):
             data = data.uop
+        if isinstance(data, Bound):  # a bound Variable as a value: a 0-d int32 whose value is the call's binding
+            self._vars = {data.var: data.value}
+            data = UOp(Ops.DEFINE_VAR, (), data.var, dtypes.int32)
         if isinstance(data, UOp):
             u = data if dtype is None else data.cast(to_dtype(dtype))
             # the graph of this tensor's value (a BUFFER, or RESHAPEs of one, once realized); read it freely, change
@@ -243,6 +246,8 @@ class Tensor(
                 Tensor._pending_assigns.pop(id(t), None)
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.hold(buf.reshape(t.shape))  # drop the graph: its intermediates can be freed
+            if t._vars and not symbolic(t.shape):  # a plain buffer now: no Variable left to bind
+                del t._vars
 
     def numpy(self) -> np.ndarray:
         """A fresh NumPy copy of the data (realizes)."""
@@ -263,7 +268,7 @@ class Tensor(
 
     def _value_of(self, v: Variable) -> int:
         if v not in self._vars:
-            raise ValueError(f"{v!r} is in this tensor's shape {self.shape} but bound to no value: use {v.name}.bind(n)")
+            raise ValueError(f"{v!r} is in the tensor's shape {self.shape} but bound to no value: use {v.name}.bind(n)")
         return self._vars[v]
 
     def item(self) -> Scalar:
@@ -308,6 +313,7 @@ class Tensor(
             self._assigned = _Pending(base_buffer(self.uop) if is_contiguous_buffer(self.uop) else None)
             Tensor._pending_assigns[id(self)] = self
         self.hold(x._broadcast_to(self.shape, keep_const=False).uop)
+        self._vars = x._vars  # the values its new graph's Variables take (x's graph includes self's, if it reads it)
         self._graph, self._leaf = None, True
         return self
 
