@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class Attention:
         self.heads = heads
         self.qkv, self.proj = Linear(dim, 3 * dim), Linear(dim, dim)
 
-    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Any = None) -> Tensor:
         B, T, C = x.shape
         hd = C // self.heads
         q, k, v = (t.reshape(B, T, self.heads, hd).permute(0, 2, 1, 3) for t in self.qkv(x).split(C, dim=2))
@@ -60,7 +61,7 @@ class Block:
         self.ln1, self.attn = LayerNorm(dim), Attention(dim, heads)
         self.ln2, self.fc, self.out = LayerNorm(dim), Linear(dim, 4 * dim), Linear(4 * dim, dim)
 
-    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Tensor | None = None) -> Tensor:
+    def __call__(self, x: Tensor, cache: KVCache | None = None, pos: Any = None) -> Tensor:
         x = x + self.attn(self.ln1(x), cache, pos)
         return x + self.out(self.fc(self.ln2(x)).gelu())
 
@@ -76,10 +77,12 @@ class GPT:
         self.blocks = [Block(dim, heads) for _ in range(layers)]
         self.ln_f, self.head = LayerNorm(dim), Linear(dim, vocab)
 
-    def __call__(self, idx: Tensor, caches: list[KVCache] | None = None, pos: Tensor | None = None) -> Tensor:
-        """Logits of idx (B, T) at positions 0..T-1; with `caches` and `pos` one token per row at position pos."""
+    def __call__(self, idx: Tensor, caches: list[KVCache] | None = None, pos: Any = None) -> Tensor:
+        """Logits of idx (B, T) at positions 0..T-1; with `caches` and `pos` (caches[0].at(p): the positions seen,
+        p + 1, as a bound Variable) one token per row at position p."""
         T, dim = idx.shape[1], self.pos.shape[1]
-        where = self.pos[:T] if pos is None else self.pos.gather(0, pos.reshape(1, 1).expand(1, dim))
+        at = None if pos is None else (Tensor(pos) - 1).reshape(1, 1)  # the position, as a value
+        where = self.pos[:T] if pos is None else self.pos.gather(0, at.expand(1, dim))
         x = self.tok(idx) + where
         for i, b in enumerate(self.blocks):
             x = b(x, caches[i] if caches else None, pos)
@@ -88,8 +91,9 @@ class GPT:
 
 def sample(model: GPT, prompt: list[int], n: int, temperature: float, rng: np.random.Generator) -> list[int]:
     """Generate n tokens through a KV cache per layer: the prompt (its last model.ctx tokens) is one plan, then
-    each token one TinyJit-replayed plan at its position. Positions are absolute (learned), so a token cannot move
-    in the cache: when it is full, its last half runs again as a new prompt."""
+    each token one TinyJit-replayed plan at its position, attending to the positions seen so far (a symbolic length:
+    the same plan for every position). Positions are absolute (learned), so a token cannot move in the cache: when it
+    is full, its last half runs again as a new prompt."""
     heads = model.blocks[0].attn.heads
     dim = model.pos.shape[1]
     caches = [KVCache(1, heads, model.ctx, dim // heads) for _ in model.blocks]
@@ -110,7 +114,7 @@ def sample(model: GPT, prompt: list[int], n: int, temperature: float, rng: np.ra
             seen = out[-(model.ctx // 2) :]
             logits, filled = last(model(Tensor(np.array([seen], np.int32)), caches)), len(seen)
         else:
-            logits = step(Tensor(np.array([[out[-1]]], np.int32)), Tensor(np.array([filled], np.int32)))
+            logits = step(Tensor(np.array([[out[-1]]], np.int32)), caches[0].at(filled))
             filled += 1
     return out
 
