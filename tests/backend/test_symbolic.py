@@ -1,7 +1,7 @@
 """Symbolic shapes (uopc.uop.variable): one plan for every value of a Variable, loops that run to the value bound.
 
-Every test runs under whatever OPT and UOPC_CHECK_OOB make test sets (0/1/2, index checks on and off): the values are
-compared with NumPy or PyTorch for each value the Variable can take."""
+Every test runs at OPT=0, 1 and 2 (the fixture below), and make test's second pass runs them all again with every index
+checked (UOPC_CHECK_OOB=1): the values are compared with NumPy or PyTorch for each value the Variable can take."""
 
 from __future__ import annotations
 
@@ -12,10 +12,17 @@ import torch
 from uopc import Tensor, TinyJit, Variable
 from uopc.engine import realize
 from uopc.engine.lower import make_plan
+from uopc.helpers import Context
 from uopc.runtime import compiler
 from uopc.uop import Ops
 
 rng = np.random.default_rng(15)
+
+
+@pytest.fixture(autouse=True, params=[0, 1, 2], ids=lambda o: f"OPT={o}")
+def opt_level(request):
+    with Context(OPT=request.param):
+        yield request.param
 
 
 def _counts() -> tuple[int, int]:
