@@ -133,7 +133,7 @@ class Tensor(
         grad = not Tensor.no_grad and (self.requires_grad or any(o.requires_grad for o in others))
         out.requires_grad = True if grad else None
         out._leaf = False
-        if self._vars or any(o._vars for o in others):
+        if self._vars or (others and any(o._vars for o in others)):  # (no generator for a unary op: a hot path)
             out._vars = merge_vars(self._vars, *(o._vars for o in others))
         return out
 
