@@ -160,6 +160,8 @@ def test_shape_rules_name_the_problem():
         x.reshape(-1)
     with pytest.raises(ValueError, match="symbolic dim cannot be padded"):
         x.pad(((0, 1), None))
+    with pytest.raises(ValueError, match="symbolic dim cannot be flipped"):
+        x.flip(0)
     with pytest.raises(ValueError, match="cannot be broadcast"):
         x + Tensor(np.ones((6, 4), np.float32))
     with pytest.raises(TypeError, match="a shape must be ints"):
@@ -174,3 +176,43 @@ def test_shape_rules_name_the_problem():
         Variable("n", 0, 1)
     assert x.reshape(1, v, 2, 2).shape == (1, v, 2, 2)  # splitting the fixed dims around it is fine
     np.testing.assert_array_equal(x.reshape(1, v, 2, 2).numpy(), np.ones((1, 2, 2, 2), np.float32))
+
+
+SYMBOLIC_CHILD = """
+import json, sys, numpy as np
+from uopc import Tensor, Variable
+from uopc.engine import lower as lowering
+v = Variable("n", 1, 32)
+x = Tensor(np.arange(64, dtype=np.float32).reshape(32, 2) / 10)
+out = [x[: v.bind(n)].softmax(0).numpy().tolist() for n in (int(a) for a in sys.argv[1:])]
+print(json.dumps({"lowered": lowering.lowered_stats["misses"], "out": out}))
+"""
+
+
+def test_a_plan_store_entry_serves_another_process_and_value(tmp_path, opt_level):
+    """The persisted plan (its Variables pickled with it) is read by a second process, which binds other values."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "UOPC_CACHE": str(tmp_path),
+        "OPT": str(opt_level),
+    }
+
+    def child(*ns: int) -> dict:
+        p = subprocess.run(
+            [sys.executable, "-c", SYMBOLIC_CHILD, *map(str, ns)], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    first, second = child(3), child(5, 32)
+    assert first["lowered"] > 0 and second["lowered"] == 0
+    a = np.arange(64, dtype=np.float32).reshape(32, 2) / 10
+    for n, got in zip((5, 32), second["out"], strict=True):
+        np.testing.assert_allclose(got, torch.softmax(torch.tensor(a[:n]), 0).numpy(), rtol=1e-5)

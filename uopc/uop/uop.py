@@ -326,6 +326,8 @@ class UOp:
         for a in axes:
             if not 0 <= a < len(self.shape):
                 raise ValueError(f"flip axis {a} is out of range for shape {self.shape}")
+            if type(self.shape[a]) is Variable:  # its last element moves with the value bound
+                raise ValueError(f"flip of axis {a} of shape {self.shape}: a symbolic dim cannot be flipped")
         mask = tuple(i in axes and s > 1 for i, s in enumerate(self.shape))
         return UOp(Ops.FLIP, (self,), mask) if any(mask) else self
 
