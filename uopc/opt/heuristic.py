@@ -82,6 +82,8 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
             rows = [k for k in range(_row_axes(body)) if shape[k] >= 2]
             thread = next((k for k in rows if shape[k] >= machine.cores), rows[0] if rows else None)
         return Opts(thread=thread)
+    if (vector := _symbolic_reduce_vectors(body, machine)) is not None:
+        return vector
     upcast: dict[int, int] = {}
     unroll, thread, tile = 1, None, {}
     if rsize > 1:
@@ -113,6 +115,26 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
                 thread = axis
                 break
     return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile)
+
+
+def _symbolic_reduce_vectors(body: UOp, machine: Machine) -> Opts | None:
+    """A reduce over a symbolic axis (decode attention's probabilities @ values over the positions seen) cannot be
+    blocked or unrolled along it: when every operand it reads along the output's last axis is contiguous there, that
+    axis runs in SIMD vectors instead, up to 8 of them (each row of the operand read once, whole), threads over the
+    first axis with rows enough; None for any other kernel."""
+    r = epilogue_reduce(body)
+    if r is None or r is not body or r.arg[1] != 1 or type(r.src[0].shape[-1]) is not Variable or len(body.shape) < 1:
+        return None
+    lanes = machine.vector_bytes // body.dtype.itemsize
+    n = body.shape[-1]
+    if type(n) is Variable or lanes < 2 or n % lanes:
+        return None
+    views = list(operand_views(r.src[0]))
+    if not views or any(last_axis_stride(v, b, -2) not in (0, 1) for v, b in views):
+        return None
+    up = next(f for f in range(min(n, 8 * lanes), 0, -lanes) if n % f == 0)
+    thread = next((a for a, s in enumerate(body.shape[:-1]) if s >= machine.cores), None) if machine.cores > 1 else None
+    return Opts(upcast={len(body.shape) - 1: up}, thread=thread, vec=lanes)
 
 
 def symbolic_kernel(body: UOp) -> bool:
