@@ -13,7 +13,7 @@ from uopc.machine import Machine
 from uopc.opt.gemm import pack_matmuls, split_k, uses_microkernel
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.uop import Ops, UOp
-from uopc.uop.rewrite import graph_rewrite
+from uopc.uop.rewrite import graph_rewrite_all
 
 __all__ = ["layout_pass", "push_views"]
 
@@ -25,10 +25,15 @@ def layout_pass(roots: list[UOp], machine: Machine) -> list[UOp]:
     than the reduce input are staged (measured: staging a broadcast product cost more
     than the strided reads it saved).
     """
-    roots = [graph_rewrite(r, push_views) for r in roots]
+    roots = graph_rewrite_all(roots, push_views)
     # a long reduction into a small output is split so every thread has a part (then summed)
     # (a root split_k left alone is already rewritten: walking it again would change nothing)
-    roots = [r if r is o else graph_rewrite(r, push_views) for r, o in zip(split_k(roots, machine), roots, strict=True)]
+    split = list(split_k(roots, machine))
+    changed = [i for i, (r, o) in enumerate(zip(split, roots, strict=True)) if r is not o]
+    if changed:
+        for i, r in zip(changed, graph_rewrite_all([split[i] for i in changed], push_views), strict=True):
+            split[i] = r
+    roots = split
     # a matmul gets its operands packed into panels for the register-blocked microkernel (uopc.opt.gemm)
     roots = pack_matmuls(roots, machine)
     todo: set[UOp] = set()

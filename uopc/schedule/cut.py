@@ -40,7 +40,7 @@ from uopc.schedule.fusion import (
 )
 from uopc.schedule.plan import Copy, Out, Ref, RefKind, Schedule, ScheduleItem, Temp
 from uopc.uop import ALU, Ops, ParamArg, UOp, base_buffer
-from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
+from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite_all
 
 __all__ = [
     "checks_of",
@@ -127,7 +127,7 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     in_idx = {u: i for i, u in enumerate(inputs)}
     # 1. strip detach and custom-gradient markers (they only steer gradients) and reshapes of roots (outputs are
     #    flat buffers anyway, and a reshaped reduce would otherwise be a reduce kernel plus a copy)
-    roots = [base_buffer(graph_rewrite(r, strip_detach)) for r in roots]
+    roots = [base_buffer(r) for r in graph_rewrite_all(roots, strip_detach)]
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:
         roots = stage_shared_chains(stage_broadcast_compute(roots))
