@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Bound", "Variable", "as_dim", "merge_vars", "symbolic", "unbind"]
+__all__ = ["Bound", "Variable", "as_dim", "merge_vars", "symbolic", "symbolic_reshape_ok", "unbind"]
 
 
 class Variable(int):
@@ -119,3 +119,23 @@ def unbind(x: Any) -> tuple[Any, dict[Variable, int]]:
         parts = [unbind(y) for y in x]
         return type(x)(p[0] for p in parts), merge_vars(*(p[1] for p in parts))
     return x, {}
+
+
+def symbolic_reshape_ok(old: tuple[int, ...], new: tuple[int, ...]) -> bool:
+    """Does a reshape keep every symbolic dim a dim of its own, in order, with as many elements before it? Then its
+    index map is the same for every value of the variables (the storage keeps the maxima's layout)."""
+    if not (symbolic(old) or symbolic(new)):
+        return True
+
+    def parts(shape: tuple[int, ...]) -> tuple[list[Variable], list[int]]:
+        vs, sizes, n = [], [], 1
+        for s in shape:
+            if type(s) is Variable:
+                vs.append(s)
+                sizes.append(n)
+                n = 1
+            else:
+                n *= s
+        return vs, [*sizes, n]
+
+    return parts(old) == parts(new)
