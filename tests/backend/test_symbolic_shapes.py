@@ -25,8 +25,9 @@ def opt_level(request):
         yield request.param
 
 
-def _counts() -> tuple[int, int]:
-    return len(realize._plans), compiler.stats["compiles"]
+def _counts() -> tuple[frozenset, int]:
+    """The plan cache's keys (not its size: the cache is bounded, and a long test process fills it) and compiles."""
+    return frozenset(realize._plans), compiler.stats["compiles"]
 
 
 def test_a_variable_bound_across_its_whole_range_uses_one_plan():
@@ -116,11 +117,11 @@ def test_plans_key_on_the_variable_and_its_range_not_its_value():
     x = Tensor(rng.standard_normal(16).astype(np.float32))
     a, b = Variable("n", 1, 16), Variable("n", 1, 8)
     np.testing.assert_allclose(x[: a.bind(3)].sum().numpy(), x.numpy()[:3].sum(), rtol=1e-6)
-    plans = len(realize._plans)
+    plans = set(realize._plans)
     np.testing.assert_allclose(x[: a.bind(11)].sum().numpy(), x.numpy()[:11].sum(), rtol=1e-6)
-    assert len(realize._plans) == plans
+    assert set(realize._plans) <= plans  # no new key (the bounded cache may have dropped an old one)
     np.testing.assert_allclose(x[: b.bind(3)].sum().numpy(), x.numpy()[:3].sum(), rtol=1e-6)
-    assert len(realize._plans) == plans + 1
+    assert len(set(realize._plans) - plans) == 1
     assert a != b and a != 16 and hash(a) != hash(16) and Variable("n", 1, 16) == a
 
 

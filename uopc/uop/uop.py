@@ -138,7 +138,7 @@ class UOp:
         A node never changes, so neither does its whole graph's order: it is kept on the node asked (a kernel's AST
         is walked by a dozen passes, 9,842 walks in the char-GPT step's first call) and each caller gets a copy."""
         if not stop and (hit := self.__dict__.get("_topo")) is not None:
-            return list(hit)
+            return [*hit, self]
         out: list[UOp] = []
         seen: set[int] = set()
         stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -152,8 +152,8 @@ class UOp:
             seen.add(id(u))
             stack.append((u, True))
             stack.extend((s, False) for s in reversed(u.src) if id(s) not in seen and u not in stop)
-        if not stop:
-            self.__dict__["_topo"] = tuple(out)
+        if not stop:  # without self, last in the order: a node holding itself would wait for the cycle collector
+            self.__dict__["_topo"] = tuple(out[:-1])
         return out
 
     def replace(self, **kw: Any) -> UOp:
