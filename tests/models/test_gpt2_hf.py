@@ -215,6 +215,50 @@ def test_stop_tokens_fill_the_stopped_row(hf):
     assert got.shape == (2, 28) and (got[:, 9:] == np.array(both)[:, None]).all()
 
 
+class _Recorder:
+    """A streamer (transformers' BaseStreamer protocol) that keeps what it is given."""
+
+    def __init__(self):
+        self.got, self.ended = [], 0
+
+    def put(self, ids):
+        assert self.ended == 0, "put after end"
+        self.got.append(np.array(ids))
+
+    def end(self):
+        self.ended += 1
+
+
+def test_streamer_gets_the_prompt_then_each_token(hf):
+    _, d = hf
+    m = GPT2.from_pretrained(d)
+    ids = _ids((2, 8), seed=3)
+    rec = _Recorder()
+    out = m.generate(ids, 6, streamer=rec)
+    assert rec.ended == 1 and len(rec.got) == 7
+    np.testing.assert_array_equal(rec.got[0], ids)
+    np.testing.assert_array_equal(np.stack(rec.got[1:], axis=1), out[:, 8:])
+    # a stop: the tokens chosen until every row stopped, not the fill after it
+    rec = _Recorder()
+    both = m.generate(ids, 6, stop_tokens=(int(out[0, 9]), int(out[1, 9])), streamer=rec)
+    assert rec.ended == 1 and len(rec.got) == 3
+    np.testing.assert_array_equal(np.stack(rec.got[1:], axis=1), both[:, 8:10])
+    # transformers' own TextStreamer takes uopc's arrays (batch 1), decoding with any tokenizer-like object
+    transformers = pytest.importorskip("transformers")
+    text = []
+
+    class Tok:
+        def decode(self, tokens, **kw):
+            return "".join(f"<{t}>" for t in tokens)
+
+    class Printer(transformers.TextStreamer):
+        def on_finalized_text(self, s, stream_end=False):
+            text.append(s)
+
+    one = m.generate(ids[:1], 4, streamer=Printer(Tok(), skip_prompt=True))
+    assert "".join(text) == "".join(f"<{t}>" for t in one[0, 8:])
+
+
 def test_tokenizer_matches_transformers(tmp_path):
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
@@ -325,6 +369,7 @@ def test_unsupported_config_and_dtype(tmp_path):
         (np.zeros((1, 4), np.int64), {"stop_tokens": [1000]}, "stop_tokens"),
         (np.zeros((1, 4), np.int64), {"stop_tokens": 2.5}, "stop_tokens"),
         (np.zeros((1, 4), np.int64), {"seed": 1.5}, "seed"),
+        (np.zeros((1, 4), np.int64), {"streamer": print}, "streamer"),
     ],
 )
 def test_bad_generate_arguments(tmp_path, ids, kw, match):

@@ -317,6 +317,7 @@ class GPT2:
         top_p: float | None = None,
         stop_tokens: Any = (),
         seed: int | None = None,
+        streamer: Any = None,
     ) -> np.ndarray:
         """ids (batch, T) with max_new_tokens tokens appended: an int64 NumPy array (batch, T + max_new_tokens).
 
@@ -326,14 +327,22 @@ class GPT2:
         the same length. The prompt runs as one plan that fills a KV cache per layer (as long as the generation,
         rounded up to a power of two, at most n_positions); every later token is one TinyJit-replayed plan that
         writes its key and value at its position and attends to the cache up to it (a symbolic length, the
-        Variable KVCache.seen: one plan for every position, its attention work growing with the position)."""
+        Variable KVCache.seen: one plan for every position, its attention work growing with the position).
+
+        streamer: an object with put(ids) and end(), as transformers' BaseStreamer (its TextStreamer prints text as
+        it comes): put gets the prompt (batch, T) first, then each new token as soon as it is chosen, (batch,)
+        int64 NumPy arrays; end() follows the last one."""
         prompt = self._check_ids(ids).astype(np.int64)
-        stops = self._check_generate(prompt, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed)
+        stops = self._check_generate(prompt, max_new_tokens, temperature, top_k, top_p, stop_tokens, seed, streamer)
         B, T = prompt.shape
         total = T + max_new_tokens
         out = np.empty((B, total), np.int64)
         out[:, :T] = prompt
+        if streamer is not None:
+            streamer.put(prompt.copy())
         if max_new_tokens == 0:
+            if streamer is not None:
+                streamer.end()
             return out
         if seed is not None:
             Tensor.manual_seed(seed)
@@ -348,14 +357,26 @@ class GPT2:
             nxt = pick(res[0].numpy(), u, temperature, top_k, top_p)
             nxt = np.where(stopped >= 0, stopped, nxt)
             out[:, t] = nxt
+            if streamer is not None:
+                streamer.put(out[:, t].copy())
             stopped = np.where((stopped < 0) & np.isin(nxt, stops), nxt, stopped)
             if (stopped >= 0).all():
                 out[:, t + 1 :] = stopped[:, None]
                 break
+        if streamer is not None:
+            streamer.end()
         return out
 
     def _check_generate(
-        self, prompt: np.ndarray, max_new: Any, temperature: Any, top_k: Any, top_p: Any, stops: Any, seed: Any
+        self,
+        prompt: np.ndarray,
+        max_new: Any,
+        temperature: Any,
+        top_k: Any,
+        top_p: Any,
+        stops: Any,
+        seed: Any,
+        streamer: Any,
     ) -> np.ndarray:
         """ValueError naming any bad argument of generate, before anything compiles; the stop tokens as an array."""
         if not isinstance(max_new, Integral) or isinstance(max_new, bool) or max_new < 0:
@@ -375,6 +396,8 @@ class GPT2:
             raise ValueError(bad)
         if seed is not None and (not isinstance(seed, Integral) or isinstance(seed, bool)):
             raise ValueError(f"generate: seed must be None or an int, got {seed!r}")
+        if streamer is not None and not all(callable(getattr(streamer, m, None)) for m in ("put", "end")):
+            raise ValueError(f"generate: streamer must have put(ids) and end() methods, got {streamer!r}")
         return stops.astype(np.int64)
 
     def _generator(self, batch: int, prompt: int, total: int, sample: bool) -> _Generator:
