@@ -504,6 +504,31 @@ def test_plan_compiles_one_unit_per_kernel_and_links_one_object(monkeypatch):
     np.testing.assert_allclose(got, ref, rtol=1e-5)
 
 
+def test_register_tiled_kernels_carry_o2_under_the_default_flags(context, monkeypatch):
+    """A kernel lowered with a vector register tile (the GEMM microkernel) is defined with TILED_OPTIMIZE when the
+    flags are uopc's defaults, and no other kernel is; flags the user chose (CFLAGS) are left as they are."""
+    from uopc.renderer.c import TILED_OPTIMIZE
+    from uopc.renderer.plan import kernel_unit
+
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
+    context(OPT=1)
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((96, 80)).astype(np.float32), rng.standard_normal((80, 160)).astype(np.float32)
+    default = helpers.settings().CFLAGS is None  # make test's x86-64-v3 pass sets CFLAGS
+    for flags in ([None] if default else []) + [" ".join(runtime.cflags())]:
+        if flags is not None:
+            context(CFLAGS=flags)
+        got = ((Tensor(a) @ Tensor(b)) * 0.5).sum(0).numpy()
+        np.testing.assert_allclose(got, (a @ b * 0.5).sum(0), rtol=1e-4, atol=1e-3)
+        cp = next(reversed(realize._plans.values()))
+        tiled = [k.register_tile for k in cp.kernels]
+        assert any(tiled) and not all(tiled), [(k.name, k.opts) for k in cp.kernels]
+        for k in cp.kernels:
+            unit = kernel_unit(k.ast, k.name, k.register_tile)
+            assert unit.src in cp.srcs
+            assert (TILED_OPTIMIZE in unit.src) == (k.register_tile and flags is None), k.name
+
+
 def _fresh_plans():
     from uopc.engine import plan_store
 

@@ -221,9 +221,8 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: M
     return (skey, fuse_reduce, opt, s.code_key(), m)
 
 
-# a plan with less kernel C than this compiles as one translation unit: one gcc run beats a run per kernel plus the
-# link there (the test suite's thousands of small plans: 580 s per pass compiled per kernel); bigger plans compile per
-# kernel through the object cache, in parallel, sharing kernels between plans and models
+# a plan with less kernel C than this compiles as one unit: one gcc run beats a run per kernel plus the link there
+# (the suite's thousands of small plans: 580 s per pass per kernel); bigger ones compile per kernel, in parallel
 ONE_UNIT_CHARS = 100_000
 
 
@@ -244,7 +243,7 @@ class _EarlyCompile:
 
     def __call__(self, k: Kernel) -> None:
         with helpers.phase("render early"):
-            u = kernel_unit(k.ast, k.name)
+            u = kernel_unit(k.ast, k.name, k.register_tile)
         if u.sym in self.units:
             return
         self.units[u.sym] = u.src
@@ -277,6 +276,7 @@ def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> Co
             guards=guards,
             var_slot=cp.var_slot,
             plan_vars=plan.vars,
+            tiled=frozenset(i for i, k in enumerate(plan.kernels) if k.register_tile),
         )
     cp.src = "\n".join(srcs)
     if s.DEBUG >= 4:

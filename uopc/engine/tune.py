@@ -47,7 +47,7 @@ class KernelTimer:
         # them: the checks replace bad indices by 0, so timing is unaffected)
         args = [*data, res] + ([np.zeros(ERROR_RECORD, np.int64)] if checks_of(body) else [])
         for o in cands:
-            prg = Program(render_c(lower(body, out, Ctx(opts=o)), "k"), "k")
+            prg = Program(render_c(lower(body, out, Ctx(opts=o)), "k", o.register_tile), "k")
             ts = []
             for _ in range(reps):
                 t0 = time.perf_counter()

@@ -24,6 +24,12 @@ class Opts:
     ktile: int = 0  # chunk of the innermost reduce axis, looped outside the register tiles of a cache block
     vec: int = 0  # SIMD width in elements: upcast copies at consecutive addresses become vector ops (0: none)
 
+    @property
+    def register_tile(self) -> bool:
+        """Does the kernel keep a tile of SIMD vectors over two or more output axes in registers (the GEMM
+        microkernel's MR x NR)?"""
+        return self.vec > 0 and sum(1 for n in self.upcast.values() if n > 1) >= 2
+
     def key(self) -> tuple:
         """A hashable identity of these choices, from every field (dicts as sorted item tuples)."""
         return tuple(_hashable(getattr(self, f.name)) for f in dataclasses.fields(self))

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from uopc import helpers
 from uopc.codegen.error_record import ErrorField
-from uopc.renderer.c import PRELUDE, CFunction, Helper, _helper_text, _render_function
+from uopc.renderer.c import PRELUDE, CFunction, Helper, _helper_text, _render_function, optimize_attribute
 from uopc.uop import UOp
 from uopc.uop.variable import Variable
 
@@ -28,6 +28,7 @@ class KernelUnit(NamedTuple):
     sym: str  # its function's name: the kernel's shape name and a digest of its C
     fn: CFunction
     src: str  # the whole unit: the prelude, the helpers it uses and the (hidden) definition
+    attr: str = ""  # the attributes its definition carries (TILED_OPTIMIZE or none)
 
 
 # hidden: a plan's entry point calls each kernel directly, not through the PLT, and no other object can interpose it
@@ -39,20 +40,21 @@ _units: OrderedDict[tuple, KernelUnit] = OrderedDict()
 _units_lock = threading.Lock()
 
 
-def kernel_unit(ast: UOp, name: str) -> KernelUnit:
+def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
     """The translation unit of one lowered kernel named `name` in a plan (its k0_ prefix and n1 suffix are not part
-    of the unit), memoized."""
+    of the unit), memoized. `tiled`: it keeps a register tile (Opts.register_tile): see renderer.c.TILED_OPTIMIZE."""
     base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
-    key = (ast, base, bool(helpers.settings().CHECK_OOB))
+    attr = optimize_attribute(tiled)
+    key = (ast, base, bool(helpers.settings().CHECK_OOB), attr)
     with _units_lock:
         if (hit := _units.get(key)) is not None:
             _units.move_to_end(key)
             return hit
     fn = _render_function(ast, oob_param=True)
     helper_text = _helper_text(fn.helpers)
-    digest = hashlib.sha256((PRELUDE + helper_text + fn.definition("uopc_kernel")).encode()).hexdigest()
+    digest = hashlib.sha256((PRELUDE + helper_text + attr + fn.definition("uopc_kernel")).encode()).hexdigest()
     sym = f"{base}_{digest[:16]}"
-    unit = KernelUnit(sym, fn, PRELUDE + helper_text + "\n" + _HIDDEN + fn.definition(sym))
+    unit = KernelUnit(sym, fn, PRELUDE + helper_text + "\n" + _HIDDEN + attr + fn.definition(sym), attr)
     with _units_lock:
         _units[key] = unit
         while len(_units) > _UNITS_MAX:
@@ -76,6 +78,7 @@ def render_plan(
     guards: dict[int, int] | None = None,
     var_slot: int | None = None,
     plan_vars: tuple[Variable, ...] = (),
+    tiled: frozenset[int] = frozenset(),
 ) -> list[str]:
     """A plan as C translation units: one per distinct kernel, whose function is named by its shape name and a
     digest of its own C (so the same kernel in any plan is the same unit, compiled once into the object cache), then
@@ -86,6 +89,7 @@ def render_plan(
     (source, destination) bufs of the copy it is: the entry point skips it when both are one storage. `guards` maps
     kernel i to the bufs slot of its run flag: the entry point skips it when that is NULL (a kept temp, still valid).
     `bufs[var_slot]` holds the values of `plan_vars` (long longs): kernels get those they use as arguments.
+    `tiled`: the kernels (by number) that keep a register tile (kernel_unit).
 
     `ns` (or NULL) receives each kernel's nanoseconds. With UOPC_CHECK_OOB every kernel gets `err` (an error record,
     uopc.codegen.error_record) as its parameter uopc_oob, so threads running one plan never mix their reports: the
@@ -97,7 +101,7 @@ def render_plan(
     calls = []
     for i, (ast, name, where) in enumerate(kernels):
         if ast not in done:
-            done[ast] = unit = kernel_unit(ast, name)
+            done[ast] = unit = kernel_unit(ast, name, i in tiled)
             units[unit.sym] = unit
         sym, bufs = done[ast].sym, done[ast].fn.bufs
         args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)]
@@ -114,7 +118,7 @@ def render_plan(
             calls.append(f"  if (err[{ErrorField.FAILED.value}]) {{ err[{ErrorField.KERNEL.value}] = {i}; return; }}")
     body = f"void {entry}(void** bufs, long long* ns, long long* err) {{\n  long long t0 = ns ? uopc_now() : 0;\n"
     body += "\n".join(calls) + "\n}\n"
-    defs = {sym: u.fn.definition(sym) for sym, u in units.items()}
+    defs = {sym: u.attr + u.fn.definition(sym) for sym, u in units.items()}
     if sum(len(d) for d in defs.values()) < one_unit_below:
         hs: dict[str, Helper] = {}
         for u in units.values():

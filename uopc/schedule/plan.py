@@ -80,6 +80,11 @@ class Kernel:
     copy: Copy | None = None  # it copies an input unchanged: nothing to do when the output is that input's storage
     vars: tuple[Variable, ...] = ()  # the symbolic sizes its loops run to (uopc.uop.variable), by name
 
+    @property
+    def register_tile(self) -> bool:
+        """Was it lowered with a tile of SIMD vectors in registers (Opts.register_tile: the GEMM microkernel)?"""
+        return self.opts is not None and self.opts.register_tile
+
 
 class Copy(NamedTuple):
     """A kernel that copies input `src` element for element into `dst` (the first half of a SETITEM or SCATTER
