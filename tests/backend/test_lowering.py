@@ -438,3 +438,22 @@ def test_deep_elementwise_chain_lowers():
         y = y + x
     a = np.array([1, -2, 3, 7], np.float32)
     np.testing.assert_array_equal(run(y, [a]), a * 1001)
+
+
+def test_a_padded_value_reads_its_per_channel_operands_once_per_channel():
+    # pad(x * 1/sqrt(v[c] + eps)) (a BatchNorm before a convolution's or a pooling's padding): v[c] is in range
+    # wherever the loops go, so its load is not gated by the padding and leaves the spatial loops, with the sqrt.
+    # reference: NumPy float32; rtol=1e-6
+    C, H, W = 3, 5, 7
+    x = buf(0, C * H * W).reshape((C, H, W))
+    v = buf(1, C).reshape((C, 1, 1)).expand((C, H, W))
+    g = (x * (v + 1e-5).alu(Ops.SQRT).alu(Ops.RECIP)).pad(((0, 0), (1, 1), (1, 1)))
+    lines = c_lines(render_graph(g, 2))
+    depth = {ln.strip(): len(ln) - len(ln.lstrip()) for ln in lines}
+    sqrt = next(d for ln, d in depth.items() if "sqrt" in ln)
+    store = next(d for ln, d in depth.items() if ln.startswith("data2["))
+    assert sqrt < store, "\n".join(lines)
+    a = np.random.default_rng(6).standard_normal((C, H, W)).astype(np.float32)
+    var = np.array([0.5, 2.0, 4.0], np.float32)
+    want = np.pad(a / np.sqrt(var[:, None, None] + np.float32(1e-5)), ((0, 0), (1, 1), (1, 1)))
+    np.testing.assert_allclose(run(g, [a, var]), want, rtol=1e-6)

@@ -128,7 +128,12 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
     if op is Ops.CONST:
         return u
     if op is Ops.BUFFER:
-        return u.index(idx[0] if idx else UOp.const(0, ctx.idx), valid).load()
+        i = idx[0] if idx else UOp.const(0, ctx.idx)
+        if valid is not None and 0 <= i.vmin and i.vmax < prod(u.arg.shape):
+            # in range wherever the loops go: the PAD's own select gives the padded value, and the load, ungated,
+            # may move out of loops the gate uses (a BatchNorm's per-channel scale before a pooling's padding)
+            valid = None
+        return u.index(i, valid).load()
     if op is Ops.STAGE:
         if isinstance(u.arg, tuple) and u.arg[0] == "row" and valid is None:
             return _row_staged(u, idx, ctx)
