@@ -486,13 +486,6 @@ class CFunction(NamedTuple):
         return f"{self.declaration(name)} {{\n{self.body}\n}}\n"
 
 
-def storage_ctype(dt: DType) -> str:
-    """The C element type of a buffer of `dt`. bool is stored as unsigned char (the same 0 and 1 bytes): gcc does
-    not vectorize a loop that loads a `_Bool` from memory (a select on a stored mask, ReLU's backward, ran 20x
-    slower than the same loop over unsigned char); the values loaded are still `_Bool`s."""
-    return "unsigned char" if dt is dtypes.bool else dt.cname
-
-
 def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
     """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global."""
     ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
@@ -502,7 +495,7 @@ def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     r.helpers.update(_vector_typedefs(ast))
-    params = [f"{storage_ctype(b.dtype)}* restrict data{b.arg.slot}" for b in bufs]
+    params = [f"{b.dtype.cname}* restrict data{b.arg.slot}" for b in bufs]
     defs = sorted({u for u in ast.toposort() if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg.name)
     if len({u.arg.name for u in defs}) != len(defs):
         raise ValueError(f"render_c: two Variables of one kernel share a name: {[u.arg for u in defs]}")

@@ -14,15 +14,7 @@ from typing import NamedTuple
 
 from uopc import helpers
 from uopc.codegen.error_record import ErrorField
-from uopc.renderer.c import (
-    PRELUDE,
-    CFunction,
-    Helper,
-    _helper_text,
-    _render_function,
-    optimize_attribute,
-    storage_ctype,
-)
+from uopc.renderer.c import PRELUDE, CFunction, Helper, _helper_text, _render_function, optimize_attribute
 from uopc.uop import UOp
 from uopc.uop.variable import Variable
 
@@ -112,7 +104,7 @@ def render_plan(
             done[ast] = unit = kernel_unit(ast, name, i in tiled)
             units[unit.sym] = unit
         sym, bufs = done[ast].sym, done[ast].fn.bufs
-        args = [f"({storage_ctype(b.dtype)}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)]
+        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)]
         args += [f"((long long*)bufs[{var_slot}])[{plan_vars.index(v)}]" for v in done[ast].fn.vars]
         args += ["err"] * check
         call = f"{sym}({', '.join(args)});"
