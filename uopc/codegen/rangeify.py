@@ -186,6 +186,8 @@ def _checked_index(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None = N
         raise RuntimeError(f"rangeify: a {u.op.name} needs the error record that lower() sets up")
     j = rangeify(index, idx, ctx, valid)
     j = j if j.dtype is ctx.idx else j.cast(ctx.idx)
+    if valid is not None:  # a padded position's index is never used: 0, not what its (ungated) loads computed
+        j = valid.where(j, UOp.const(0, ctx.idx))
     n = x.shape[dim]
     lo = -n if wrap else 0  # wrap: negative indices count from the end, as in NumPy
     # a symbolic axis is checked against the value bound in the call (its third source), not its maximum
