@@ -12,13 +12,14 @@ import pytest
 from tests.helpers import buf, render_graph, run, targets
 from uopc.runtime import compiler as runtime
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 REG = runtime.machine().register
 
 
-def asm(graph: UOp) -> str:
-    """The assembly gcc makes of `graph` (one input) under the default flags."""
-    src = render_graph(graph, 1, name="k")
+def asm(graph: UOp, n_inputs: int = 1) -> str:
+    """The assembly gcc makes of `graph` (`n_inputs` inputs) under the default flags."""
+    src = render_graph(graph, n_inputs, name="k")
     cmd = [runtime._resolve_compiler(), *runtime.cflags(), "-S", "-x", "c", "-", "-o", "-"]
     return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
 
@@ -73,3 +74,16 @@ def test_a_max_over_small_windows_does_not_branch_on_order():
     a = np.random.default_rng(4).standard_normal((rows, 9)).astype(np.float32)
     a[3, 0], a[7, 8], a[11] = np.nan, np.nan, -np.inf
     np.testing.assert_array_equal(run(graph, [a.reshape(-1)]), a.max(1))
+
+
+def test_a_select_on_a_stored_mask_is_packed():
+    # where(mask, x, 0) with the mask read from a bool buffer (ReLU's backward, a max-pool's routing): an elementwise
+    # kernel's bool buffers are unsigned char in C, which gcc vectorizes (a `_Bool*` load kept the loop scalar).
+    # Reference: np.where, exact
+    n = 4096
+    graph = buf(0, n, dtypes.bool).where(buf(1, n), UOp.const(0.0, dtypes.float32))
+    s = asm(graph, 2)
+    assert packed(s), s
+    rng = np.random.default_rng(8)
+    m, x = rng.random(n) < 0.5, rng.standard_normal(n).astype(np.float32)
+    np.testing.assert_array_equal(run(graph, [m, x]), np.where(m, x, np.float32(0)))

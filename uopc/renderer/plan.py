@@ -103,8 +103,8 @@ def render_plan(
         if ast not in done:
             done[ast] = unit = kernel_unit(ast, name, i in tiled)
             units[unit.sym] = unit
-        sym, bufs = done[ast].sym, done[ast].fn.bufs
-        args = [f"({b.dtype.cname}*)bufs[{w}]" for b, w in zip(bufs, where, strict=True)]
+        sym, ptrs = done[ast].sym, done[ast].fn.ptr_types
+        args = [f"({t}*)bufs[{w}]" for t, w in zip(ptrs, where, strict=True)]
         args += [f"((long long*)bufs[{var_slot}])[{plan_vars.index(v)}]" for v in done[ast].fn.vars]
         args += ["err"] * check
         call = f"{sym}({', '.join(args)});"
