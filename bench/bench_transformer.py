@@ -1,9 +1,13 @@
 """Transformers against PyTorch, in one run: the rows of issue 25's table.
 
-    python bench/bench_transformer.py [--rounds 5] [--sections gpt2,chargpt,rows] [--no-compile] [--threads N]
+    python bench/bench_transformer.py [--rounds 5] [--sections gpt2,gpt2_512,bert,chargpt,attention,rows]
+        [--no-compile] [--threads N]
 
-gpt2: GPT-2 small forward (bench/models.py: 12 layers, 768 wide, vocab 50257), batch 1, 128 tokens. chargpt:
-examples/gpt.py's training step (3 layers, 64 wide, context 64, batch 32, AdamW). rows: softmax 4096x4096,
+gpt2 / gpt2_512: GPT-2 small forward (bench/models.py: 12 layers, 768 wide, vocab 50257), batch 1, 128 / 512 tokens.
+bert: a BERT-base-sized encoder (12 layers, 768 wide, 12 heads), batch 1, 128 tokens with a padding mask, also
+against onnxruntime on the PyTorch model exported to ONNX (when onnxruntime is installed). chargpt: examples/gpt.py's
+training step (3 layers, 64 wide, context 64, batch 32, AdamW). attention: scaled_dot_product_attention alone
+(12 heads of 64, causal, 128 / 512 / 1024 tokens), forward and forward + backward. rows: softmax 4096x4096,
 LayerNorm 8192x1024 (uopc's nn.LayerNorm), softmax 512x512 and their backward passes (the gradient of sum(out * g)).
 
 uopc runs under TinyJit (a replay with the same input buffers, outputs and temporaries from its plans and pool);
@@ -46,14 +50,14 @@ def table(title: str, runners: dict, rounds: int) -> None:
     print(line + "".join(f"  /{k} {med['uopc'] / v:.2f}" for k, v in med.items() if k != "uopc"), flush=True)
 
 
-def model(name: str, title: str, args) -> None:
-    w = models.build(name, "uopc")
+def model(name: str, title: str, args, seq: int | None = None, ort_too: bool = False) -> None:
+    w = models.build(name, "uopc", seq=seq)
     xs = [Tensor(a) for a in w.inputs]
     run = TinyJit(lambda *a: w.call(*a).realize())
     runners = {"uopc": timed(lambda: run(*xs))}
     if torch is not None:
         for side, compiled in (("torch", False), ("torch.compile", True))[: 1 if args.no_compile else 2]:
-            t = models.build(name, "torch", compile=compiled)
+            t = models.build(name, "torch", seq=seq, compile=compiled)
             models.copy_weights(t.model, w.model)
             tin = tuple(map(torch.from_numpy, t.inputs))
             if side == "torch" and name not in models.TRAINED:
@@ -61,7 +65,65 @@ def model(name: str, title: str, args) -> None:
                 print(f"  ({name}: uopc against torch, max |diff| / max |out| = "
                       f"{np.abs(ours - ref).max() / np.abs(ref).max():.1e})")  # fmt: skip
             runners[side] = timed(lambda t=t, tin=tin: t.call(*tin))
+            if ort_too and side == "torch" and (sess := _ort_session(t, tin)) is not None:
+                feeds = {f"x{i}": a for i, a in enumerate(t.inputs)}
+                runners["onnxruntime"] = timed(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
     table(title, runners, args.rounds)
+
+
+def _ort_session(t, tin):
+    """onnxruntime on the PyTorch model exported to ONNX (2 threads as the other sides), or None without it."""
+    try:
+        import tempfile
+        import warnings
+
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    path = os.path.join(tempfile.mkdtemp(), "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(t.model, tin, path, dynamo=False, input_names=[f"x{i}" for i in range(len(tin))],
+                          opset_version=17)  # fmt: skip
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = runtime.get_num_threads(), 1
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def attention(args) -> None:
+    """scaled_dot_product_attention alone, GPT-2's heads (12 x 64), causal, forward and forward + backward: uopc's
+    fused kernels against PyTorch eager (its CPU flash attention)."""
+    g = np.random.default_rng(0)
+    for T in (128, 512, 1024):
+        qkv = [g.standard_normal((1, 12, T, 64), dtype=np.float32) for _ in range(3)]
+        dy = g.standard_normal((1, 12, T, 64), dtype=np.float32)
+        us = [Tensor(a).realize() for a in qkv]
+        fwd = TinyJit(lambda q, k, v: q.scaled_dot_product_attention(k, v, is_causal=True).realize())
+
+        def fb(q: Tensor, k: Tensor, v: Tensor, gy: Tensor) -> tuple[Tensor, ...]:
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            (q.scaled_dot_product_attention(k, v, is_causal=True) * gy).sum().backward()
+            return Tensor.realize_all(q.grad, k.grad, v.grad)
+
+        bwd, gu = TinyJit(fb), Tensor(dy).realize()
+        runners = {"uopc": timed(lambda fwd=fwd, us=us: fwd(*us))}
+        brunners = {"uopc": timed(lambda bwd=bwd, us=us, gu=gu: bwd(*us, gu))}
+        if torch is not None:
+            ts, gt = [torch.from_numpy(a) for a in qkv], torch.from_numpy(dy)
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            with torch.no_grad():
+                ref = sdpa(*ts, is_causal=True).numpy()
+            print(f"  (attention T={T}: max |uopc - torch| = {np.abs(fwd(*us).numpy() - ref).max():.1e})")
+            runners["torch"] = timed(lambda ts=ts: torch.no_grad()(sdpa)(*ts, is_causal=True))
+
+            def tfb(ts=ts, gt=gt):
+                a = [t.clone().requires_grad_() for t in ts]
+                (sdpa(*a, is_causal=True) * gt).sum().backward()
+                return [t.grad for t in a]
+
+            brunners["torch"] = timed(tfb)
+        table(f"attention 12x{T}x64 causal forward", runners, args.rounds)
+        table(f"attention 12x{T}x64 causal fwd+bwd", brunners, args.rounds)
 
 
 def rows(args) -> None:
@@ -113,11 +175,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="threads for both sides (default: uopc's default)")
-    ap.add_argument("--sections", default="gpt2,chargpt,rows", help="which sections to run")
+    ap.add_argument("--sections", default="gpt2,gpt2_512,bert,chargpt,attention,rows", help="which sections to run")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compiles take minutes)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
-    if unknown := sections - {"gpt2", "chargpt", "rows"}:
+    if unknown := sections - {"gpt2", "gpt2_512", "bert", "chargpt", "attention", "rows"}:
         ap.error(f"unknown sections {sorted(unknown)}")
     if args.threads:
         runtime.set_num_threads(args.threads)
@@ -129,8 +191,14 @@ def main() -> None:
         rows(args)
     if "chargpt" in sections:
         model("chargpt", "char-GPT training step, batch 32", args)
+    if "attention" in sections:
+        attention(args)
     if "gpt2" in sections:
         model("gpt2", "GPT-2 small forward, 1 x 128 tokens", args)
+    if "gpt2_512" in sections:
+        model("gpt2", "GPT-2 small forward, 1 x 512 tokens", args, seq=512)
+    if "bert" in sections:
+        model("bert", "BERT-base encoder, 1 x 128, padding mask", args, ort_too=True)
 
 
 if __name__ == "__main__":

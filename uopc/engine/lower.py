@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from uopc import helpers
+from uopc.codegen.attention import lower_attention
 from uopc.codegen.rangeify import Ctx, lower, lower_scatter, lower_setitem
 from uopc.helpers import prod
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
@@ -54,6 +55,10 @@ def lower_schedule(sched: Schedule, opt: Any, on_kernel: Callable[[Kernel], None
 def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
     if item.body.op is Ops.SCATTER:  # the accumulating half: serial, in order (threads would race on repeated indices)
         ast, opts = lower_scatter(item.body, item.out), None
+    elif item.body.op is Ops.ATTENTION:  # fused attention: fixed loops, sized and strided here (codegen.attention)
+        machine = getattr(opt, "machine", None)
+        width, cores = (machine.vector_bytes // 4, machine.cores) if machine else (8, 1)
+        ast, opts = lower_attention(item.body, item.out, width, cores), None
     elif item.body.op is Ops.SETITEM:  # the region write: its loops cover the region alone
         ast, opts = lower_setitem(item.body, item.out, _region_thread(item.body, opt)), None
     else:

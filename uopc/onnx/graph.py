@@ -94,6 +94,8 @@ def to_tensor(x: Value) -> Tensor:
     if BF16_NP is not None and a.dtype == BF16_NP:
         # reshape: Tensor(0-d float32, dtype=bfloat16) comes back with shape (1,) (a Tensor bug, reported)
         return Tensor(a.astype(np.float32), dtype=dtypes.bfloat16).reshape(a.shape)
+    if a.size == 1 and a.dtype == np.float32:  # a scalar constant is a CONST: the scheduler can read its value (a
+        return Tensor.full(a.shape, float(a.reshape(-1)[0]), dtype=dtypes.float32)  # scale, a mask's -inf)
     return Tensor(a if a.flags.c_contiguous else a.copy())
 
 

@@ -62,7 +62,7 @@ def _constant_along(x: UOp, axis: int) -> bool:
 
 def _plain(x: UOp, contiguous_axis: int | None) -> bool:
     """Is `x` a view of memory (no computation, no PAD gate), unit-stride along `contiguous_axis` if given?"""
-    if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE):
+    if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION):
         return False
     views = list(operand_views(x))
     if not views or any(last_axis_stride(v, b) is None for v, b in views):
@@ -133,7 +133,7 @@ def _stored(x: UOp) -> bool:
     """Is operand `x` a view of stored data (a buffer, through 16-bit floats widened), nothing computed?"""
     while x.op in MOVEMENT or (x.op is Ops.CAST and x.src[0].dtype.is_16bit_float):
         x = x.src[0]
-    return x.op in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE)
+    return x.op in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION)
 
 
 def _pack(x: UOp, along: int, tile: int) -> UOp:

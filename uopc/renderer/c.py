@@ -24,6 +24,7 @@ import numpy as np
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField
 from uopc.codegen.linearize import Linearized, Loop, linearize
+from uopc.renderer.attention import render_attention
 from uopc.renderer.c_math import F32_BITS, F32_MATH
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.uop import ALU, AxisType, Ops, UOp
@@ -498,6 +499,12 @@ def _storage_ctype(dt: DType, accumulates: bool) -> str:
 
 def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
     """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global."""
+    if ast.src and ast.src[0].op is Ops.ATTENTION:  # a fused attention kernel: C of its own (renderer.attention)
+        hs, params, body, bufs, avars, ptr_types = render_attention(ast)
+        if helpers.settings().CHECK_OOB and oob_param:  # nothing to check (no data-dependent index), same signature
+            params.append("long long* restrict uopc_oob")
+        fhelpers = {n: Helper(Rank(rank), code) for n, (rank, code) in hs.items()}
+        return CFunction(fhelpers, tuple(params), body, bufs, avars, ptr_types)
     ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
     lin = linearize(ast)
     r = CRenderer(lin)

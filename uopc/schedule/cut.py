@@ -29,10 +29,12 @@ from typing import Any
 
 from uopc import helpers
 from uopc.helpers import prod
+from uopc.schedule.attention import recognize_attention
 from uopc.schedule.fusion import (
     contraction,
     epilogue_fusions,
     row_fusions,
+    stage_attention_operands,
     stage_broadcast_compute,
     stage_recomputed,
     stage_rows,
@@ -64,7 +66,7 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozense
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM):
+        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION):
             points.append(u)
         elif u.op is Ops.REDUCE and not fuse_reduce and u not in epilogues:
             points.append(u)
@@ -84,7 +86,9 @@ strip_detach = PatternMatcher(
 
 
 def kernel_name(body: UOp) -> str:
-    """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8)."""
+    """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8); fa_ for fused attention."""
+    if body.op is Ops.ATTENTION:
+        return "fa_" + "_".join(map(str, body.shape))
     red = any(u.op is Ops.REDUCE for u in body.toposort())
     return ("r_" if red else "e_") + "_".join(map(str, body.shape or (1,)))
 
@@ -94,6 +98,8 @@ _REDUCE_NAMES = {Ops.ADD: "sum", Ops.MAX: "max"}
 
 def kernel_op(body: UOp) -> str:
     """A short description of what a kernel computes: the reduction (sum, max, matmul) and the elementwise ops."""
+    if body.op is Ops.ATTENTION:
+        return "attention" + ("" if body.arg.kind == "out" else f" {body.arg.kind}") + (" causal" if body.arg.causal else "")
     topo = body.toposort()
     alu = list(dict.fromkeys(x.op.name.lower() for x in topo if x.op in ALU and x.op is not Ops.CAST))
     red = [x for x in topo if x.op is Ops.REDUCE]
@@ -111,6 +117,9 @@ def kernel_op(body: UOp) -> str:
 
 def _flops(body: UOp) -> int:
     """Rough FLOP count: one per element of every ALU node, plus one per reduced element."""
+    if body.op is Ops.ATTENTION:  # the two products q k^T and p v (the backward's: four), causal or not
+        q, k = body.src[0].shape, body.src[1].shape
+        return (2 if body.arg.kind in ("out", "lse") else 4) * prod(q[:-1]) * int(k[-2]) * (q[-1] + k[-1])
     topo = body.toposort()
     alu = sum(prod(x.shape or (1,)) for x in topo if x.op in ALU)
     return alu + sum(prod(x.src[0].shape) for x in topo if x.op is Ops.REDUCE)
@@ -128,6 +137,11 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     # 1. strip detach and custom-gradient markers (they only steer gradients) and reshapes of roots (outputs are
     #    flat buffers anyway, and a reshaped reduce would otherwise be a reduce kernel plus a copy)
     roots = [base_buffer(r) for r in graph_rewrite_all(roots, strip_detach)]
+    #    a fused attention reads its sources where they are stored: any other source is materialized first (before
+    #    the layout pass moves views below elementwise ops, so that q, k and v share their projection's one buffer)
+    if opt is not None and not fuse_reduce:  # attention written out is fused too (with an optimizer)
+        roots = recognize_attention(roots)
+    roots, barriers = stage_attention_operands(roots, _materialize_points(roots, fuse_reduce))
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:
         roots = stage_shared_chains(stage_broadcast_compute(roots))
@@ -139,6 +153,8 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     if opt is not None:
         with helpers.phase("layout"):
             roots = opt.layout(roots)
+    if barriers:  # (stage_attention_operands' barriers have kept the layout pass's views off their sources)
+        roots = graph_rewrite_all(roots, strip_detach)
     # 4. cut: every materialization point gets a reference and a placeholder buffer; a matmul whose one reader is
     #    elementwise at its own index is computed by that reader (an epilogue), if the optimizer takes it
     points = _materialize_points(roots, fuse_reduce)
@@ -178,7 +194,7 @@ def _item(
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
-    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM):
+    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION):
         body = stage_rows(body)
     work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]

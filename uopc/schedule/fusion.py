@@ -11,6 +11,7 @@ from typing import Any
 
 from uopc.helpers import prod
 from uopc.uop import ALU, MOVEMENT, Ops, UOp
+from uopc.uop.indexing import affine_view
 
 __all__ = [
     "broadcast_read",
@@ -239,7 +240,7 @@ def _row_work(u: UOp) -> int:
 
 
 # a node's kernel reads what it was computed from: buffers and other kernels' results
-_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM)
+_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION)
 
 
 def _fused_work(u: UOp) -> int:
@@ -421,3 +422,49 @@ def broadcast_read(u: UOp) -> bool:
     """Whether `u` reads buffers and every one is smaller than `u`: its values are broadcast (a matmul operand)."""
     sizes = [prod(b.arg.shape) for b in u.toposort() if b.op is Ops.BUFFER]
     return bool(sizes) and max(sizes) < prod(u.shape)
+
+
+def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[UOp], bool]:
+    """A fused attention kernel reads each source as an affine view of a buffer (uopc.codegen.attention). A source
+    that is not one is staged: at the node under its views when those views are affine over it (q, k and v taken
+    by reshapes and permutes from a projection's output, which is then materialized once, in its own layout), else
+    the view itself (a padded or otherwise non-affine view is copied contiguously). A source already an affine view
+    of a buffer or of a materialized node (a matmul, a KV cache written in place) is read where it is: when that
+    node is elementwise (a root), its views get a STAGE("detach") barrier between them and it, so that the layout
+    pass does not move them below it (a recomputation of the root inside the attention kernel). The scheduler
+    strips the barriers after that pass; the second value says whether there are any."""
+    done = set(points)
+    todo: set[UOp] = set()
+    guard: dict[UOp, list[int]] = {}  # attention node -> the sources that get a barrier
+    topo = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
+    for u in topo:
+        if u.op is not Ops.ATTENTION:
+            continue
+        for i, s in enumerate(u.src):
+            base = s
+            while base.op in MOVEMENT:
+                base = base.src[0]
+            affine = affine_view(s, base) is not None
+            if base.op is not Ops.BUFFER and base not in done:
+                todo.add(base if affine else s)
+            elif not affine:
+                todo.add(s)
+            elif base.op in ALU and s is not base:
+                guard.setdefault(u, []).append(i)
+    if not todo and not guard:
+        return roots, False
+    new: dict[UOp, UOp] = {}  # one bottom-up rebuild, so that every reader sees the same rebuilt nodes
+    for u in topo:
+        src = tuple(new[x] for x in u.src)
+        n = u if src == u.src else u.replace(src=src)
+        if u in guard:
+            src = list(n.src)
+            for i in guard[u]:
+                base = src[i]
+                while base.op in MOVEMENT:
+                    base = base.src[0]
+                src[i] = src[i].substitute({base: UOp(Ops.STAGE, (base,), "detach")})
+            n = n.replace(src=tuple(src))
+        new[u] = UOp(Ops.STAGE, (n,)) if u in todo else n
+    return [new[r] for r in roots], bool(guard)
+

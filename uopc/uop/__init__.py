@@ -14,6 +14,7 @@ from uopc.uop.ops import (
     REDUCE_OPS,
     TERNARY,
     UNARY,
+    Attention,
     AxisType,
     GradFn,
     Ops,
@@ -26,6 +27,7 @@ from uopc.uop.uop import UOp, base_buffer, epilogue_reduce, identity_element, si
 
 __all__ = [
     "ALU",
+    "Attention",
     "BINARY",
     "COMMUTATIVE",
     "COMPARE",

@@ -14,7 +14,7 @@ from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 from uopc.uop.symbolic import simplify
 
-__all__ = ["and_", "flat_index", "ravel", "reshape_index", "through"]
+__all__ = ["affine_view", "and_", "flat_index", "ravel", "reshape_index", "through"]
 
 
 def ravel(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
@@ -113,3 +113,75 @@ def flat_index(view: UOp, base: UOp, idx: tuple[UOp, ...]) -> UOp | None:
         if cond is not None:
             return None
     return ravel(idx, base.shape) if base.shape else UOp.const(0, idx[0].dtype if idx else dtypes.int32)
+
+
+def _reshape_strides(old: list[int], ost: list[int], new: list[int]) -> list[int] | None:
+    """The strides of a strided view (old, ost) reshaped to `new`, or None when some merged dims are not laid out
+    one after the other (then the reshape is no strided view). Size-1 dims take stride 0."""
+    o = [(n, st) for n, st in zip(old, ost, strict=True) if n != 1]
+    res = [0] * len(new)
+    oi = ni = 0
+    while ni < len(new) or oi < len(o):
+        if ni < len(new) and new[ni] == 1:
+            ni += 1
+            continue
+        if oi >= len(o) or ni >= len(new):
+            return None
+        op, np_, oj, nj = o[oi][0], new[ni], oi + 1, ni + 1
+        while op != np_:  # the smallest groups of old and new dims with the same number of elements
+            if op < np_:
+                if oj >= len(o):
+                    return None
+                op, oj = op * o[oj][0], oj + 1
+            else:
+                if nj >= len(new):
+                    return None
+                np_, nj = np_ * new[nj], nj + 1
+        if any(o[k][1] != o[k + 1][1] * o[k + 1][0] for k in range(oi, oj - 1)):
+            return None
+        st = o[oj - 1][1]
+        for k in range(nj - 1, ni - 1, -1):
+            res[k] = st if new[k] != 1 else 0
+            st *= new[k]
+        oi, ni = oj, nj
+    return res
+
+
+def affine_view(view: UOp, base: UOp) -> tuple[int, tuple[int, ...]] | None:
+    """(offset, strides) when every element of `view` is at offset + sum(i_k * strides[k]) in `base` (row-major,
+    as materialized), else None (a PAD, something other than a movement op between them, or a reshape that merges
+    dims not laid out one after the other). The views are composed as strided views, exactly, from the base up. A
+    symbolic dim is laid out at its maximum, so it is measured there."""
+    chain = []
+    u = view
+    while u is not base:
+        if u.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.PAD):
+            return None
+        chain.append(u)
+        u = u.src[0]
+    shape = [int(n) for n in base.shape]
+    strides = [prod(shape[k + 1 :]) for k in range(len(shape))]
+    offset = 0
+    for m in reversed(chain):
+        if m.op is Ops.RESHAPE:
+            new = [int(n) for n in m.arg]
+            got = _reshape_strides(shape, strides, new)
+            if got is None:
+                return None
+            shape, strides = new, got
+        elif m.op is Ops.PERMUTE:
+            shape, strides = [shape[i] for i in m.arg], [strides[i] for i in m.arg]
+        elif m.op is Ops.EXPAND:
+            new = [int(n) for n in m.arg]
+            strides = [0 if a != b else st for a, b, st in zip(shape, new, strides, strict=True)]
+            shape = new
+        elif m.op is Ops.SHRINK:
+            offset += sum(int(lo) * st for (lo, _), st in zip(m.arg, strides, strict=True))
+            shape = [int(hi) - int(lo) for lo, hi in m.arg]
+        elif m.op is Ops.FLIP:
+            for k, f in enumerate(m.arg):
+                if f:
+                    offset, strides[k] = offset + (shape[k] - 1) * strides[k], -strides[k]
+        elif any(lo or hi for lo, hi in m.arg):  # a PAD that adds elements: they are not in the base
+            return None
+    return offset, tuple(strides)

@@ -20,6 +20,7 @@ __all__ = [
     "REDUCE_OPS",
     "TERNARY",
     "UNARY",
+    "Attention",
     "AxisType",
     "GradFn",
     "Ops",
@@ -54,6 +55,9 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # a gradient marker: CUSTOM_GRAD(value, *inputs) is `value`; autodiff sends its gradient to the inputs through
     # the rule its arg (a GradFn) names, not through value's own graph. The scheduler strips it before cutting.
     CUSTOM_GRAD = auto()
+    # fused attention (arg: an Attention): softmax(q k^T * scale + mask) v, or a piece of its backward, computed by
+    # one kernel that streams the keys in blocks (uopc.codegen.attention); its sources are read as strided views
+    ATTENTION = auto()
     # ALU: unary
     NEG = auto()
     RECIP = auto()
@@ -123,6 +127,27 @@ class GradFn(NamedTuple):
 
     rule: str
     params: tuple
+
+
+class Attention(NamedTuple):
+    """The arg of an ATTENTION node. Sources, with lead the leading dims of q (batch, heads, ...), lead_kv the same
+    with the last one divided by `groups` (grouped-query attention: query head h reads key head h // groups):
+      kind "out": q (*lead, L, E), k (*lead_kv, S, E), v (*lead_kv, S, Ev)[, mask] -> (*batch, L, H, Ev)
+      kind "lse": q, k[, mask] -> (*lead, L), each row's log2(sum(2^(scores * log2 e))): the backward's statistic
+      kind "dq":  q, k, v, do, lse, delta[, mask] -> (*batch, L, H, E), delta = rowsum(do * out)
+      kind "dkv": q, k, v, do, lse, delta[, mask] -> (*batch, S, H / groups, E + Ev): dk then dv along the last axis
+      kind "ds":  q, k, v, do, lse, delta, mask -> (*lead, L, S): the scores' gradient (a float mask's)
+    where lead = (*batch, H): outputs keep rows before heads, the layout a model merges heads from ((B, L, H * E)
+    for the output projection) and that q, k and v come from.
+    The mask (`mask` "bool": keep where True; "float": added to the scaled scores) is (*lead, L, S). `causal`: key j
+    is kept for query i when j <= i + offset (offset 0: PyTorch's is_causal, aligned to the start)."""
+
+    kind: str
+    scale: float
+    causal: bool = False
+    offset: int = 0
+    mask: str = ""
+    groups: int = 1
 
 
 class Span(NamedTuple):

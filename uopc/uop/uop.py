@@ -25,7 +25,7 @@ from typing import Any
 
 from uopc.helpers import in_forked_child, prod
 from uopc.uop.dtype import DType, dtypes, truncate
-from uopc.uop.ops import ALU, COMPARE, REDUCE_OPS, Ops, ParamArg, Span
+from uopc.uop.ops import ALU, COMPARE, REDUCE_OPS, Attention, Ops, ParamArg, Span
 from uopc.uop.readers import add_reader
 from uopc.uop.variable import Variable, as_dim, symbolic_reshape_ok
 
@@ -241,6 +241,8 @@ class UOp:
             raise ValueError(
                 f"permute order {order} is not a permutation of the {len(self.shape)} dims of {self.shape}"
             )
+        if self.op is Ops.PERMUTE:  # one permute of the source: two that cancel leave none
+            return self.src[0].permute(tuple(self.arg[i] for i in order))
         return self if order == tuple(range(len(order))) else UOp(Ops.PERMUTE, (self,), order)
 
     def pad(self, pads: tuple[tuple[int, int], ...]) -> UOp:
@@ -464,6 +466,13 @@ def _shape(self: UOp) -> tuple[int, ...]:
         return s[: len(s) - arg[1]]
     if op in ALU:
         return next((s.shape for s in self.src if s.shape), ())
+    if op is Ops.ATTENTION and isinstance(arg, Attention):  # (a lowered attention kernel's arg is another record)
+        q, k = self.src[0].shape, self.src[1].shape  # rows stored before heads: (*batch, L, heads, E)
+        if arg.kind in ("lse", "ds"):
+            return q[:-1] + (k[-2],) * (arg.kind == "ds")
+        if arg.kind == "dkv":
+            return k[:-3] + (k[-2], k[-3], k[-1] + self.src[2].shape[-1])
+        return q[:-3] + (q[-2], q[-3], self.src[2].shape[-1] if arg.kind == "out" else q[-1])
     return ()
 
 

@@ -1,0 +1,401 @@
+"""A fused attention kernel as C: flash attention's blocking on a CPU, for a lowered ATTENTION (codegen.attention).
+
+    for each (batch, head, block of `rows` query rows), on threads:        (kind "out")
+        for each block of BN keys (up to the causal limit):
+            pack k^T and v of the block into L1 (zero past the last key)
+            per query row: s = q . k^T (BN lanes, scaled into log2 units), masked to -inf;
+                m' = max(m, max s), p = 2^(s - m'), l = l 2^(m - m') + sum p, acc = acc 2^(m - m') + p v
+        out = acc / l
+
+The scores of one row and block live in a BN-float array: no (L, S) tensor is ever stored. The backward kernels
+recompute p = 2^(s - lse) block by block from the row statistic lse (kind "lse", the same loop without v): "dq" runs
+per query block like the forward, "dkv" per key block, over every query row of the heads sharing that key head.
+Vectors are GCC vector types of `width` floats; the QK^T and PV loops keep one row's BN scores or Ev outputs in
+registers while the packed block streams from L1.
+"""
+
+from __future__ import annotations
+
+import math
+
+from uopc.renderer.c_math import F32_BITS, F32_MATH
+from uopc.uop import Ops, UOp
+from uopc.uop.variable import Variable
+
+__all__ = ["BN", "render_attention"]
+
+BN = 64  # keys per block: one row's scores are BN / width vectors
+LOG2E = 1.4426950408889634
+
+
+def _pad(n: int, w: int) -> int:
+    return -(-n // w) * w
+
+
+def _lead_index(lead: tuple[int, ...], flat: str, prefix: str) -> list[str]:
+    """C statements splitting `flat` (row-major over `lead`) into prefix0, prefix1, ..."""
+    out, rest = [], flat
+    for i in reversed(range(len(lead))):
+        out.append(f"long long {prefix}{i} = {rest} % {lead[i]}LL;")
+        if i:
+            out.append(f"long long {prefix}r{i} = {rest} / {lead[i]}LL;")
+            rest = f"{prefix}r{i}"
+    return out
+
+
+def _offset(view, idx: list[str]) -> str:
+    return " + ".join([f"{view.offset}LL", *(f"{i} * {s}LL" for i, s in zip(idx, view.lead, strict=True) if s)])
+
+
+class _Src:
+    """One source of the kernel as C: its pointer name and how it is indexed."""
+
+    def __init__(self, name: str, buf: UOp, view):
+        self.name, self.buf, self.view = name, buf, view
+
+    def at(self, row: str, col: str | None = None) -> str:
+        r = f"{self.name}[(long long)({row}) * {self.view.row}LL"
+        return r + (f" + (long long)({col}) * {self.view.col}LL]" if col is not None else "]")
+
+
+def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], str, list[UOp], tuple, tuple]:
+    """(helpers {name: (rank, code)}, parameters, body, buffers by slot, variables, pointer types) of one lowered
+    attention kernel; uopc.renderer.c wraps them into its CFunction."""
+    node = ast.src[0]
+    a = node.arg
+    op, W = a.op, a.width
+    nsrc = len(a.views)
+    srcs_bufs, out = node.src[:nsrc], node.src[nsrc]
+    bufs = sorted({*srcs_bufs, out}, key=lambda b: b.arg.slot)
+    ptr_types = tuple("unsigned char" if b.dtype.is_bool else b.dtype.cname for b in bufs)
+    params = [f"{t}* restrict data{b.arg.slot}" for t, b in zip(ptr_types, bufs, strict=True)]
+    S = a.S.cname if isinstance(a.S, Variable) else str(a.S)
+    var = (a.S,) if isinstance(a.S, Variable) else ()
+    if var:
+        params.append(f"int {a.S.cname}")
+    vt = f"uopc_attn_f{W}"
+    helpers = {
+        vt: (0, f"typedef float {vt} __attribute__((vector_size({4 * W})));\n"),
+        "F32_BITS": (1, F32_BITS),
+        "uopc_exp2f": (2, F32_MATH[Ops.EXP2][1]),
+    }
+    if op.kind == "lse":
+        helpers["uopc_log2f"] = (2, F32_MATH[Ops.LOG2][1])
+    names = ["q", "k", "v", "dout", "lse", "delta"] if op.kind in ("dq", "ds", "dkv") else ["q", "k", "v"][: nsrc - bool(op.mask)]
+    if op.mask:
+        names.append("mask")
+    src = {n: _Src(f"p_{n}", b, v) for n, b, v in zip(names, srcs_bufs, a.views, strict=True)}
+    body = _BODIES[op.kind](a, src, S, vt, f"data{out.arg.slot}")
+    lines = [f"  {line}" if line else "" for line in body]
+    return helpers, params, "\n".join(lines), bufs, var, ptr_types
+
+
+def _pointers(a, src: dict[str, _Src], idx: list[str], kv_idx: list[str]) -> list[str]:
+    """Each source's pointer at the current (*lead) index (keys and values at the key head's)."""
+    out = []
+    for n, s in src.items():
+        ix = kv_idx if n in ("k", "v") else idx
+        ct = "unsigned char" if s.buf.dtype.is_bool else s.buf.dtype.cname
+        out.append(f"const {ct}* {s.name} = data{s.buf.arg.slot} + ({_offset(s.view, ix)});")
+    return out
+
+
+def _scores(a, src: dict[str, _Src], vt: str, qrow: str, row: str, lim: str, nv: int) -> list[str]:
+    """s[0..BN) = the scaled scores of query `qrow` (a packed row) against the packed block kt, masked: -inf at keys
+    c >= lim (past the last key, or the causal limit) and where a bool mask is false."""
+    W = a.width
+    lines = [f"{vt} sv[{nv}];", f"for (int n = 0; n < {nv}; n++) sv[n] = ({vt}){{0}};"]
+    lines += [
+        f"for (int e = 0; e < {a.E}; e++) {{",
+        f"  float qe = {qrow}[e];",
+        f"  for (int n = 0; n < {nv}; n++) sv[n] += qe * *(const {vt}*)&kt[e][n * {W}];",
+        "}",
+        f"for (int n = 0; n < {nv}; n++) *({vt}*)&s[n * {W}] = sv[n];",
+    ]
+    if a.op.mask == "float":
+        lines.append(f"for (int c = 0; c < {lim}; c++) s[c] += {src['mask'].at(row, 'j0 + c')} * {LOG2E!r}f;")
+    elif a.op.mask == "bool":
+        lines.append(f"for (int c = 0; c < {lim}; c++) s[c] = {src['mask'].at(row, 'j0 + c')} ? s[c] : -INFINITY;")
+    lines.append(f"for (int c = {lim} > 0 ? {lim} : 0; c < {BN}; c++) s[c] = -INFINITY;")
+    return lines
+
+
+def _limit(a, row: str) -> list[str]:
+    """`lim`: the keys of this block row `row` may see (causal: j <= row + offset)."""
+    if not a.op.causal:
+        return ["int lim = jn;"]
+    return [f"int lim = {row} + {a.op.offset} + 1 - j0;", "lim = lim < jn ? lim : jn;"]
+
+
+def _pack(a, src: dict[str, _Src], what: tuple[str, ...]) -> list[str]:
+    """Copy the block's keys (kt: k^T, kb: k rows padded) and values (vb: rows padded, vt: v^T) into L1, zero past
+    the last key, so masked lanes multiply zeros (never a stale NaN)."""
+    W, E, Ev = a.width, a.E, a.Ev
+    k, v = src["k"], src.get("v")
+    body, zero = [], []
+    if "kt" in what:
+        body.append(f"  for (int e = 0; e < {E}; e++) kt[e][c] = {k.at('j0 + c', 'e')};")
+        zero.append(f"  for (int e = 0; e < {E}; e++) kt[e][c] = 0.0f;")
+    if "kb" in what:
+        body.append(f"  for (int e = 0; e < {_pad(E, W)}; e++) kb[c][e] = e < {E} ? {k.at('j0 + c', 'e')} : 0.0f;")
+        zero.append(f"  for (int e = 0; e < {_pad(E, W)}; e++) kb[c][e] = 0.0f;")
+    if "vb" in what:
+        body.append(f"  for (int d = 0; d < {_pad(Ev, W)}; d++) vb[c][d] = d < {Ev} ? {v.at('j0 + c', 'd')} : 0.0f;")
+        zero.append(f"  for (int d = 0; d < {_pad(Ev, W)}; d++) vb[c][d] = 0.0f;")
+    if "vt" in what:
+        body.append(f"  for (int d = 0; d < {Ev}; d++) vt[d][c] = {v.at('j0 + c', 'd')};")
+        zero.append(f"  for (int d = 0; d < {Ev}; d++) vt[d][c] = 0.0f;")
+    return ["for (int c = 0; c < jn; c++) {", *body, "}", f"for (int c = jn; c < {BN}; c++) {{", *zero, "}"]
+
+
+_ALIGN = "__attribute__((aligned(64)))"
+
+
+def _row_head(heads: int, t: str, rows: int, row: str) -> str:
+    """The output row of (flat lead index t, row): outputs are stored (*batch, rows, heads, cols)."""
+    return f"(({t} / {heads}LL * {rows}LL + {row}) * {heads}LL + {t} % {heads}LL)"
+
+
+def _blocks(a, src, what: tuple[str, ...]) -> list[str]:
+    W, E, Ev = a.width, a.E, a.Ev
+    decl = {
+        "kt": f"float kt[{E}][{BN}] {_ALIGN};",
+        "kb": f"float kb[{BN}][{_pad(E, W)}] {_ALIGN};",
+        "vb": f"float vb[{BN}][{_pad(Ev, W)}] {_ALIGN};",
+        "vt": f"float vt[{Ev}][{BN}] {_ALIGN};",
+    }
+    return [decl[w] for w in what]
+
+
+def _query_tasks(a, src, S: str) -> tuple[list[str], str]:
+    """The parallel loop over (*lead, query block) and each task's pointers; returns (lines, the flat lead index)."""
+    L, lead, g = a.L, a.lead, a.op.groups
+    nt = math.prod(lead)
+    lines = [
+        f"const int S = {S};",
+        f"const int nqb = {-(-L // a.rows)};",
+        "#pragma omp parallel for schedule(static)",
+        f"for (long long task = 0; task < {nt}LL * nqb; task++) {{",
+        "  long long t = task / nqb;",
+        f"  int r0 = (int)(task % nqb) * {a.rows};",
+        f"  int rn = {L} - r0 < {a.rows} ? {L} - r0 : {a.rows};",
+    ]
+    idx = [f"i{i}" for i in range(len(lead))]
+    kv = idx[:-1] + [f"(i{len(lead) - 1} / {g})"] if g > 1 else idx
+    lines += ["  " + x for x in _lead_index(lead, "t", "i")]
+    lines += ["  " + x for x in _pointers(a, src, idx, kv)]
+    if a.op.causal:  # keys past the block's last row's limit are never seen
+        lines += [f"  int jend = r0 + rn + {a.op.offset};", "  jend = jend < S ? jend : S;"]
+    else:
+        lines.append("  int jend = S;")
+    return lines, "t"
+
+
+def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
+    """Kinds "out" (the attention output) and "lse" (each row's log2-sum-exp2 of the scaled scores)."""
+    W, E, Ev = a.width, a.E, a.Ev
+    nv, nve, evp = BN // W, _pad(Ev, W) // W, _pad(Ev, W)
+    sc = a.op.scale * LOG2E
+    with_v = a.op.kind == "out"
+    lines, t = _query_tasks(a, src, S)
+    body = [
+        f"float qs[{a.rows}][{E}] {_ALIGN};",
+        f"float s[{BN}] {_ALIGN};",
+        f"float m[{a.rows}], l[{a.rows}];",
+        *_blocks(a, src, ("kt", "vb") if with_v else ("kt",)),
+    ]
+    if with_v:
+        body.append(f"float acc[{a.rows}][{evp}] {_ALIGN};")
+    body += [
+        f"for (int r = 0; r < {a.rows}; r++) {{",
+        "  m[r] = -INFINITY; l[r] = 0.0f;",
+        f"  for (int d = 0; d < {evp}; d++) acc[r][d] = 0.0f;" if with_v else "",
+        "}",
+        f"for (int r = 0; r < rn; r++) for (int e = 0; e < {E}; e++) qs[r][e] = {src['q'].at('r0 + r', 'e')} * {sc!r}f;",
+        f"for (int j0 = 0; j0 < jend; j0 += {BN}) {{",
+        f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
+        *("  " + x for x in _pack(a, src, ("kt", "vb") if with_v else ("kt",))),
+        "  for (int r = 0; r < rn; r++) {",
+        "    int row = r0 + r;",
+        *("    " + x for x in _limit(a, "row")),
+        *("    " + x for x in _scores(a, src, vt, "qs[r]", "row", "lim", nv)),
+        "    float mx = m[r];",
+        f"    for (int c = 0; c < {BN}; c++) mx = s[c] > mx ? s[c] : mx;",
+        "    if (mx == -INFINITY) continue;  /* every key so far masked */",
+        "    float alpha = uopc_exp2f(m[r] - mx), ps = 0.0f;",
+        f"    for (int c = 0; c < {BN}; c++) {{ float p = uopc_exp2f(s[c] - mx); s[c] = p; ps += p; }}",
+        "    l[r] = l[r] * alpha + ps; m[r] = mx;",
+    ]
+    if with_v:
+        body += [
+            f"    {vt} o[{nve}];",
+            f"    for (int n = 0; n < {nve}; n++) o[n] = *({vt}*)&acc[r][n * {W}] * alpha;",
+            "    for (int c = 0; c < lim; c++) {",
+            "      float p = s[c];",
+            f"      for (int n = 0; n < {nve}; n++) o[n] += p * *(const {vt}*)&vb[c][n * {W}];",
+            "    }",
+            f"    for (int n = 0; n < {nve}; n++) *({vt}*)&acc[r][n * {W}] = o[n];",
+        ]
+    body += ["  }", "}"]
+    if with_v:  # l == 0 (every key masked) gives 0 * inf = NaN, as softmax over nothing does
+        body += [
+            "for (int r = 0; r < rn; r++) {",
+            "  float inv = 1.0f / l[r];",
+            f"  float* o = {out} + {_row_head(a.lead[-1], t, a.L, 'r0 + r')} * {Ev}LL;",
+            f"  for (int d = 0; d < {Ev}; d++) o[d] = acc[r][d] * inv;",
+            "}",
+        ]
+    else:
+        body.append(f"for (int r = 0; r < rn; r++) {out}[{t} * {a.L}LL + r0 + r] = m[r] + uopc_log2f(l[r]);")
+    return [*lines, *("  " + x for x in body), "}"]
+
+
+def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
+    """Kind "dq": per query block, dq = scale * sum over keys of ds k, with ds = p (dp - delta), p = 2^(s - lse) and
+    dp = dout . v. Kind "ds": the same loop, storing ds itself (*lead, L, S): a float mask's gradient."""
+    W, E, Ev = a.width, a.E, a.Ev
+    nv, ep, nee = BN // W, _pad(E, W), _pad(E, W) // W
+    sc = a.op.scale * LOG2E
+    dq = a.op.kind == "dq"
+    lines, t = _query_tasks(a, src, S)
+    body = [
+        f"float qs[{a.rows}][{E}] {_ALIGN};",
+        f"float dos[{a.rows}][{Ev}] {_ALIGN};",
+        f"float s[{BN}] {_ALIGN};",
+        f"float dp[{BN}] {_ALIGN};",
+        f"float lr[{a.rows}], dr[{a.rows}];",
+        *_blocks(a, src, ("kt", "kb", "vt") if dq else ("kt", "vt")),
+    ]
+    if dq:
+        body += [
+            f"float dqa[{a.rows}][{ep}] {_ALIGN};",
+            f"for (int r = 0; r < {a.rows}; r++) for (int e = 0; e < {ep}; e++) dqa[r][e] = 0.0f;",
+        ]
+    body += [
+        "for (int r = 0; r < rn; r++) {",
+        f"  for (int e = 0; e < {E}; e++) qs[r][e] = {src['q'].at('r0 + r', 'e')} * {sc!r}f;",
+        f"  for (int d = 0; d < {Ev}; d++) dos[r][d] = {src['dout'].at('r0 + r', 'd')};",
+        f"  lr[r] = {src['lse'].at('r0 + r')}; dr[r] = {src['delta'].at('r0 + r')};",
+        "}",
+        f"for (int j0 = 0; j0 < jend; j0 += {BN}) {{",
+        f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
+        *("  " + x for x in _pack(a, src, ("kt", "kb", "vt") if dq else ("kt", "vt"))),
+        "  for (int r = 0; r < rn; r++) {",
+        "    int row = r0 + r;",
+        *("    " + x for x in _limit(a, "row")),
+        *("    " + x for x in _scores(a, src, vt, "qs[r]", "row", "lim", nv)),
+        *("    " + x for x in _dot_block(vt, W, nv, Ev, "dos[r]", "vt", "dp")),
+        f"    for (int c = 0; c < {BN}; c++) s[c] = uopc_exp2f(s[c] - lr[r]) * (dp[c] - dr[r]);",
+    ]
+    if dq:
+        body += [
+            f"    {vt} g[{nee}];",
+            f"    for (int n = 0; n < {nee}; n++) g[n] = *({vt}*)&dqa[r][n * {W}];",
+            "    for (int c = 0; c < lim; c++) {",
+            "      float ds = s[c];",
+            f"      for (int n = 0; n < {nee}; n++) g[n] += ds * *(const {vt}*)&kb[c][n * {W}];",
+            "    }",
+            f"    for (int n = 0; n < {nee}; n++) *({vt}*)&dqa[r][n * {W}] = g[n];",
+            "  }",
+            "}",
+            "for (int r = 0; r < rn; r++) {",
+            f"  float* o = {out} + {_row_head(a.lead[-1], t, a.L, 'r0 + r')} * {E}LL;",
+            f"  for (int e = 0; e < {E}; e++) o[e] = dqa[r][e] * {a.op.scale!r}f;",
+            "}",
+        ]
+    else:  # every key of the row is written: masked ones (p = 0) get 0
+        body += [
+            f"    float* o = {out} + ({t} * {a.L}LL + row) * {int(a.S)}LL + j0;",
+            "    for (int c = 0; c < jn; c++) o[c] = c < lim ? s[c] : 0.0f;",
+            "  }",
+            "}",
+        ]
+    return [*lines, *("  " + x for x in body), "}"]
+
+
+def _dot_block(vt: str, W: int, nv: int, n: int, row: str, packed: str, dst: str) -> list[str]:
+    """dst[0..BN) = row . packed (packed: n rows of BN lanes, a block transposed)."""
+    return [
+        f"{vt} dv[{nv}];",
+        f"for (int k = 0; k < {nv}; k++) dv[k] = ({vt}){{0}};",
+        f"for (int d = 0; d < {n}; d++) {{",
+        f"  float x = {row}[d];",
+        f"  for (int k = 0; k < {nv}; k++) dv[k] += x * *(const {vt}*)&{packed}[d][k * {W}];",
+        "}",
+        f"for (int k = 0; k < {nv}; k++) *({vt}*)&{dst}[k * {W}] = dv[k];",
+    ]
+
+
+def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
+    """Kind "dkv": per key block, over every query row of the query heads reading its key head: dv = sum of p do,
+    dk = scale * sum of p (dp - delta) q. Output rows are dk then dv."""
+    W, E, Ev, L, g = a.width, a.E, a.Ev, a.L, a.op.groups
+    nv, ep, evp = BN // W, _pad(E, W), _pad(Ev, W)
+    sc = a.op.scale * LOG2E
+    lead = a.lead
+    lead_kv = lead[:-1] + (lead[-1] // g,)
+    s_max = int(a.S)
+    lines = [
+        f"const int S = {S};",
+        f"const int nkb = (S + {BN - 1}) / {BN};",
+        "#pragma omp parallel for schedule(static)",
+        f"for (long long task = 0; task < {math.prod(lead_kv)}LL * nkb; task++) {{",
+        "  long long tk = task / nkb;",
+        f"  int j0 = (int)(task % nkb) * {BN};",
+        f"  int jn = S - j0 < {BN} ? S - j0 : {BN};",
+    ]
+    kvi = [f"i{i}" for i in range(len(lead))]
+    lines += ["  " + x for x in _lead_index(lead_kv, "tk", "i")]
+    body = [
+        f"float qr[{ep}] {_ALIGN};",
+        f"float qs[{E}] {_ALIGN};",
+        f"float dor[{evp}] {_ALIGN};",
+        f"float s[{BN}] {_ALIGN};",
+        f"float dp[{BN}] {_ALIGN};",
+        f"float dka[{BN}][{ep}] {_ALIGN};",
+        f"float dva[{BN}][{evp}] {_ALIGN};",
+        *_blocks(a, src, ("kt", "vt")),
+        f"for (int c = 0; c < {BN}; c++) {{",
+        f"  for (int e = 0; e < {ep}; e++) dka[c][e] = 0.0f;",
+        f"  for (int d = 0; d < {evp}; d++) dva[c][d] = 0.0f;",
+        "}",
+        *_pack(a, src, ("kt", "vt")),
+        f"for (int gi = 0; gi < {g}; gi++) {{",
+    ]
+    qidx = kvi[:-1] + [f"(i{len(lead) - 1} * {g} + gi)"]
+    inner = _pointers(a, {n: s for n, s in src.items() if n not in ("k", "v")}, qidx, qidx)
+    rs = f"j0 - {a.op.offset}" if a.op.causal else "0"
+    inner += [
+        f"int rs = {rs};",
+        "rs = rs > 0 ? rs : 0;",
+        f"for (int row = rs; row < {L}; row++) {{",
+        *("  " + x for x in _limit(a, "row")),
+        f"  for (int e = 0; e < {ep}; e++) qr[e] = e < {E} ? {src['q'].at('row', 'e')} : 0.0f;",
+        f"  for (int e = 0; e < {E}; e++) qs[e] = qr[e] * {sc!r}f;",
+        f"  for (int d = 0; d < {evp}; d++) dor[d] = d < {Ev} ? {src['dout'].at('row', 'd')} : 0.0f;",
+        *("  " + x for x in _scores(a, src, vt, "qs", "row", "lim", nv)),
+        *("  " + x for x in _dot_block(vt, W, nv, Ev, "dor", "vt", "dp")),
+        f"  float lr = {src['lse'].at('row')}, dr = {src['delta'].at('row')};",
+        "  for (int c = 0; c < lim; c++) {",
+        "    float p = uopc_exp2f(s[c] - lr);",
+        "    float ds = p * (dp[c] - dr);",
+        f"    for (int n = 0; n < {evp // W}; n++) *({vt}*)&dva[c][n * {W}] += p * *(const {vt}*)&dor[n * {W}];",
+        f"    for (int n = 0; n < {ep // W}; n++) *({vt}*)&dka[c][n * {W}] += ds * *(const {vt}*)&qr[n * {W}];",
+        "  }",
+        "}",
+    ]
+    body += ["  " + x for x in inner]
+    body += [
+        "}",
+        "for (int c = 0; c < jn; c++) {",
+        f"  float* o = {out} + {_row_head(lead_kv[-1], 'tk', s_max, 'j0 + c')} * {E + Ev}LL;",
+        f"  for (int e = 0; e < {E}; e++) o[e] = dka[c][e] * {a.op.scale!r}f;",
+        f"  for (int d = 0; d < {Ev}; d++) o[{E} + d] = dva[c][d];",
+        "}",
+    ]
+    # the k and v pointers are at the key head; the others are set per query head inside
+    ptrs = _pointers(a, {n: s for n, s in src.items() if n in ("k", "v")}, kvi, kvi)
+    return [*lines, *("  " + x for x in ptrs), *("  " + x for x in body), "}"]
+
+
+_BODIES = {"out": _forward, "lse": _forward, "dq": _dq, "ds": _dq, "dkv": _dkv}
