@@ -73,9 +73,13 @@ def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], s
     var = (a.S,) if isinstance(a.S, Variable) else ()
     if var:
         params.append(f"int {a.S.cname}")
-    vt = f"uopc_attn_f{W}"
+    vt, it = f"uopc_attn_f{W}", f"uopc_attn_i{W}"
+    vmax = (f"static inline {vt} uopc_attn_max{W}({vt} a, {vt} b) {{\n  {it} m = a > b;\n"
+            f"  return ({vt})((({it})a & m) | (({it})b & ~m));\n}}\n")  # fmt: skip
     helpers = {
         vt: (0, f"typedef float {vt} __attribute__((vector_size({4 * W})));\n"),
+        it: (0, f"typedef int {it} __attribute__((vector_size({4 * W})));\n"),
+        f"uopc_attn_max{W}": (2, vmax),
         "F32_BITS": (1, F32_BITS),
         "uopc_exp2f": (2, F32_MATH[Ops.EXP2][1]),
     }
@@ -100,23 +104,38 @@ def _pointers(a, src: dict[str, _Src], idx: list[str], kv_idx: list[str]) -> lis
     return out
 
 
-def _scores(a, src: dict[str, _Src], vt: str, qrow: str, row: str, lim: str, nv: int) -> list[str]:
-    """s[0..BN) = the scaled scores of query `qrow` (a packed row) against the packed block kt, masked: -inf at keys
-    c >= lim (past the last key, or the causal limit) and where a bool mask is false."""
+def _tile(vt: str, W: int, R: int, nvec: int, K: str, lhs, rhs, dst, acc_init=None, name: str = "t") -> list[str]:
+    """An R x nvec register tile of vectors: dst(i, n) = sum over k < K of lhs(i, k) * rhs(k, n), where lhs is a
+    scalar expression and rhs the address of a vector (acc_init(i, n): the value to start from, else 0). Written
+    out unrolled, so that the accumulators are registers and each loaded vector serves R rows."""
+    regs = [(i, n) for i in range(R) for n in range(nvec)]
+    init = acc_init or (lambda i, n: f"({vt}){{0}}")
+    lines = ["{", *(f"  {vt} {name}{i}_{n} = {init(i, n)};" for i, n in regs), f"  for (int k = 0; k < {K}; k++) {{"]
+    lines += [f"    {vt} b{n} = *(const {vt}*)&{rhs('k', n)};" for n in range(nvec)]
+    lines += [f"    float a{i} = {lhs(i, 'k')};" for i in range(R)]
+    lines += [f"    {name}{i}_{n} += a{i} * b{n};" for i, n in regs]
+    lines += ["  }", *(f"  *({vt}*)&{dst(i, n)} = {name}{i}_{n};" for i, n in regs), "}"]
+    return lines
+
+
+def _row_masks(a, src: dict[str, _Src], R: int, row0: str, real: str, lim_of) -> list[str]:
+    """Per row i of the tile: lim[i] (the keys it sees in this block; 0 for a padding row past `real`), the mask
+    applied to s[i] and -inf past lim[i]; lmax = the largest lim."""
     W = a.width
-    lines = [f"{vt} sv[{nv}];", f"for (int n = 0; n < {nv}; n++) sv[n] = ({vt}){{0}};"]
-    lines += [
-        f"for (int e = 0; e < {a.E}; e++) {{",
-        f"  float qe = {qrow}[e];",
-        f"  for (int n = 0; n < {nv}; n++) sv[n] += qe * *(const {vt}*)&kt[e][n * {W}];",
-        "}",
-        f"for (int n = 0; n < {nv}; n++) *({vt}*)&s[n * {W}] = sv[n];",
-    ]
+    lines = ["int lmax = 0;", f"for (int i = 0; i < {R}; i++) {{", f"  int row = {row0} + i;"]
+    lines += ["  " + x for x in lim_of("row")]
+    lines.append(f"  if (row >= {real}) lim = 0;  /* a padding row of the tile: nothing to see */")
     if a.op.mask == "float":
-        lines.append(f"for (int c = 0; c < {lim}; c++) s[c] += {src['mask'].at(row, 'j0 + c')} * {LOG2E!r}f;")
+        lines.append(f"  for (int c = 0; c < lim; c++) s[i][c] += {src['mask'].at('row', 'j0 + c')} * {LOG2E!r}f;")
     elif a.op.mask == "bool":
-        lines.append(f"for (int c = 0; c < {lim}; c++) s[c] = {src['mask'].at(row, 'j0 + c')} ? s[c] : -INFINITY;")
-    lines.append(f"for (int c = {lim} > 0 ? {lim} : 0; c < {BN}; c++) s[c] = -INFINITY;")
+        lines.append(f"  for (int c = 0; c < lim; c++) s[i][c] = {src['mask'].at('row', 'j0 + c')} ? s[i][c] : -INFINITY;")
+    lines += [
+        f"  for (int c = lim > 0 ? lim : 0; c < {BN}; c++) s[i][c] = -INFINITY;",
+        "  lim_[i] = lim;",
+        "  lmax = lim > lmax ? lim : lmax;",
+        "}",
+    ]
+    del W
     return lines
 
 
@@ -125,6 +144,33 @@ def _limit(a, row: str) -> list[str]:
     if not a.op.causal:
         return ["int lim = jn;"]
     return [f"int lim = {row} + {a.op.offset} + 1 - j0;", "lim = lim < jn ? lim : jn;"]
+
+
+def _hmax(vt: str, W: int, R: int, nv: int) -> list[str]:
+    """mx[i] = the largest of s[i][0..BN), by vector compares and a shuffle tree (no serial chain of compares)."""
+    it = f"uopc_attn_i{W}"
+    lines = [f"for (int i = 0; i < {R}; i++) {{", f"  {vt} mv = *({vt}*)&s[i][0];"]
+    for n in range(1, nv):
+        lines.append(f"  mv = uopc_attn_max{W}(mv, *({vt}*)&s[i][{n * W}]);")
+    h = W // 2
+    while h:
+        perm = ", ".join(str((j + h) % W) for j in range(W))
+        lines.append(f"  mv = uopc_attn_max{W}(mv, __builtin_shuffle(mv, ({it}){{{perm}}}));")
+        h //= 2
+    lines += ["  mx[i] = mv[0];", "}"]
+    return lines
+
+
+def _tile_rows(a) -> int:
+    """Query rows per register tile: as many as keep the widest tile (R x max(BN, E, Ev) / width vectors) and its
+    operands in the vector registers (32 with 16-float vectors, else 16)."""
+    W = a.width
+    regs = 32 if W >= 16 else 16
+    widest = max(BN // W, _pad(a.E, W) // W, _pad(a.Ev, W) // W)
+    R = 4
+    while R > 1 and R * widest + widest + R > regs:
+        R //= 2
+    return R
 
 
 def _pack(a, src: dict[str, _Src], what: tuple[str, ...]) -> list[str]:
@@ -193,49 +239,47 @@ def _query_tasks(a, src, S: str) -> tuple[list[str], str]:
 
 def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
     """Kinds "out" (the attention output) and "lse" (each row's log2-sum-exp2 of the scaled scores)."""
-    W, E, Ev = a.width, a.E, a.Ev
+    W, E, Ev, rows, R = a.width, a.E, a.Ev, a.rows, _tile_rows(a)
     nv, nve, evp = BN // W, _pad(Ev, W) // W, _pad(Ev, W)
     sc = a.op.scale * LOG2E
     with_v = a.op.kind == "out"
     lines, t = _query_tasks(a, src, S)
     body = [
-        f"float qs[{a.rows}][{E}] {_ALIGN};",
-        f"float s[{BN}] {_ALIGN};",
-        f"float m[{a.rows}], l[{a.rows}];",
+        f"float qs[{rows}][{E}] {_ALIGN};",
+        f"float s[{R}][{BN}] {_ALIGN};",
+        f"float m[{rows}], l[{rows}], mx[{R}], al[{R}];",
+        f"int lim_[{R}];",
         *_blocks(a, src, ("kt", "vb") if with_v else ("kt",)),
     ]
     if with_v:
-        body.append(f"float acc[{a.rows}][{evp}] {_ALIGN};")
+        body.append(f"float acc[{rows}][{evp}] {_ALIGN};")
     body += [
-        f"for (int r = 0; r < {a.rows}; r++) {{",
+        f"for (int r = 0; r < {rows}; r++) {{",
         "  m[r] = -INFINITY; l[r] = 0.0f;",
         f"  for (int d = 0; d < {evp}; d++) acc[r][d] = 0.0f;" if with_v else "",
+        f"  for (int e = 0; e < {E}; e++) qs[r][e] = r < rn ? {src['q'].at('r0 + r', 'e')} * {sc!r}f : 0.0f;",
         "}",
-        f"for (int r = 0; r < rn; r++) for (int e = 0; e < {E}; e++) qs[r][e] = {src['q'].at('r0 + r', 'e')} * {sc!r}f;",
         f"for (int j0 = 0; j0 < jend; j0 += {BN}) {{",
         f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
         *("  " + x for x in _pack(a, src, ("kt", "vb") if with_v else ("kt",))),
-        "  for (int r = 0; r < rn; r++) {",
-        "    int row = r0 + r;",
-        *("    " + x for x in _limit(a, "row")),
-        *("    " + x for x in _scores(a, src, vt, "qs[r]", "row", "lim", nv)),
-        "    float mx = m[r];",
-        f"    for (int c = 0; c < {BN}; c++) mx = s[c] > mx ? s[c] : mx;",
-        "    if (mx == -INFINITY) continue;  /* every key so far masked */",
-        "    float alpha = uopc_exp2f(m[r] - mx), ps = 0.0f;",
-        f"    for (int c = 0; c < {BN}; c++) {{ float p = uopc_exp2f(s[c] - mx); s[c] = p; ps += p; }}",
-        "    l[r] = l[r] * alpha + ps; m[r] = mx;",
+        f"  for (int r = 0; r < rn; r += {R}) {{",
+        *("    " + x for x in _tile(vt, W, R, nv, str(E), lambda i, k: f"qs[r + {i}][{k}]",
+                                   lambda k, n: f"kt[{k}][{n * W}]", lambda i, n: f"s[{i}][{n * W}]")),
+        *("    " + x for x in _row_masks(a, src, R, "r0 + r", f"r0 + rn", lambda row: _limit(a, row))),
+        *("    " + x for x in _hmax(vt, W, R, nv)),
+        f"    for (int i = 0; i < {R}; i++) {{",
+        "      float mn = mx[i] > m[r + i] ? mx[i] : m[r + i];",
+        "      float mref = mn == -INFINITY ? 0.0f : mn;  /* every key so far masked: p = 0, not NaN */",
+        "      float ps = 0.0f;",
+        f"      for (int c = 0; c < {BN}; c++) {{ float p = uopc_exp2f(s[i][c] - mref); s[i][c] = p; ps += p; }}",
+        "      al[i] = uopc_exp2f(m[r + i] - mref);",
+        "      l[r + i] = l[r + i] * al[i] + ps; m[r + i] = mn;",
+        "    }",
     ]
     if with_v:
-        body += [
-            f"    {vt} o[{nve}];",
-            f"    for (int n = 0; n < {nve}; n++) o[n] = *({vt}*)&acc[r][n * {W}] * alpha;",
-            "    for (int c = 0; c < lim; c++) {",
-            "      float p = s[c];",
-            f"      for (int n = 0; n < {nve}; n++) o[n] += p * *(const {vt}*)&vb[c][n * {W}];",
-            "    }",
-            f"    for (int n = 0; n < {nve}; n++) *({vt}*)&acc[r][n * {W}] = o[n];",
-        ]
+        body += ["    " + x for x in _tile(
+            vt, W, R, nve, "lmax", lambda i, k: f"s[{i}][{k}]", lambda k, n: f"vb[{k}][{n * W}]",
+            lambda i, n: f"acc[r + {i}][{n * W}]", lambda i, n: f"*({vt}*)&acc[r + {i}][{n * W}] * al[{i}]", "o")]
     body += ["  }", "}"]
     if with_v:  # l == 0 (every key masked) gives 0 * inf = NaN, as softmax over nothing does
         body += [
@@ -253,49 +297,46 @@ def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
 def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
     """Kind "dq": per query block, dq = scale * sum over keys of ds k, with ds = p (dp - delta), p = 2^(s - lse) and
     dp = dout . v. Kind "ds": the same loop, storing ds itself (*lead, L, S): a float mask's gradient."""
-    W, E, Ev = a.width, a.E, a.Ev
+    W, E, Ev, rows, R = a.width, a.E, a.Ev, a.rows, _tile_rows(a)
     nv, ep, nee = BN // W, _pad(E, W), _pad(E, W) // W
     sc = a.op.scale * LOG2E
     dq = a.op.kind == "dq"
     lines, t = _query_tasks(a, src, S)
     body = [
-        f"float qs[{a.rows}][{E}] {_ALIGN};",
-        f"float dos[{a.rows}][{Ev}] {_ALIGN};",
-        f"float s[{BN}] {_ALIGN};",
-        f"float dp[{BN}] {_ALIGN};",
-        f"float lr[{a.rows}], dr[{a.rows}];",
+        f"float qs[{rows}][{E}] {_ALIGN};",
+        f"float dos[{rows}][{Ev}] {_ALIGN};",
+        f"float s[{R}][{BN}] {_ALIGN};",
+        f"float dp[{R}][{BN}] {_ALIGN};",
+        f"float lr[{rows}], dr[{rows}];",
+        f"int lim_[{R}];",
         *_blocks(a, src, ("kt", "kb", "vt") if dq else ("kt", "vt")),
     ]
     if dq:
-        body += [
-            f"float dqa[{a.rows}][{ep}] {_ALIGN};",
-            f"for (int r = 0; r < {a.rows}; r++) for (int e = 0; e < {ep}; e++) dqa[r][e] = 0.0f;",
-        ]
+        body.append(f"float dqa[{rows}][{ep}] {_ALIGN};")
     body += [
-        "for (int r = 0; r < rn; r++) {",
-        f"  for (int e = 0; e < {E}; e++) qs[r][e] = {src['q'].at('r0 + r', 'e')} * {sc!r}f;",
-        f"  for (int d = 0; d < {Ev}; d++) dos[r][d] = {src['dout'].at('r0 + r', 'd')};",
-        f"  lr[r] = {src['lse'].at('r0 + r')}; dr[r] = {src['delta'].at('r0 + r')};",
+        f"for (int r = 0; r < {rows}; r++) {{",
+        f"  for (int e = 0; e < {E}; e++) qs[r][e] = r < rn ? {src['q'].at('r0 + r', 'e')} * {sc!r}f : 0.0f;",
+        f"  for (int d = 0; d < {Ev}; d++) dos[r][d] = r < rn ? {src['dout'].at('r0 + r', 'd')} : 0.0f;",
+        f"  lr[r] = r < rn ? {src['lse'].at('r0 + r')} : 0.0f; dr[r] = r < rn ? {src['delta'].at('r0 + r')} : 0.0f;",
+        f"  for (int e = 0; e < {ep}; e++) dqa[r][e] = 0.0f;" if dq else "",
         "}",
         f"for (int j0 = 0; j0 < jend; j0 += {BN}) {{",
         f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
         *("  " + x for x in _pack(a, src, ("kt", "kb", "vt") if dq else ("kt", "vt"))),
-        "  for (int r = 0; r < rn; r++) {",
-        "    int row = r0 + r;",
-        *("    " + x for x in _limit(a, "row")),
-        *("    " + x for x in _scores(a, src, vt, "qs[r]", "row", "lim", nv)),
-        *("    " + x for x in _dot_block(vt, W, nv, Ev, "dos[r]", "vt", "dp")),
-        f"    for (int c = 0; c < {BN}; c++) s[c] = uopc_exp2f(s[c] - lr[r]) * (dp[c] - dr[r]);",
+        f"  for (int r = 0; r < rn; r += {R}) {{",
+        *("    " + x for x in _tile(vt, W, R, nv, str(E), lambda i, k: f"qs[r + {i}][{k}]",
+                                   lambda k, n: f"kt[{k}][{n * W}]", lambda i, n: f"s[{i}][{n * W}]")),
+        *("    " + x for x in _tile(vt, W, R, nv, str(Ev), lambda i, k: f"dos[r + {i}][{k}]",
+                                   lambda k, n: f"vt[{k}][{n * W}]", lambda i, n: f"dp[{i}][{n * W}]")),
+        *("    " + x for x in _row_masks(a, src, R, "r0 + r", "r0 + rn", lambda row: _limit(a, row))),
+        f"    for (int i = 0; i < {R}; i++)",
+        f"      for (int c = 0; c < {BN}; c++) s[i][c] = uopc_exp2f(s[i][c] - lr[r + i]) * (dp[i][c] - dr[r + i]);",
     ]
     if dq:
+        body += ["    " + x for x in _tile(
+            vt, W, R, nee, "lmax", lambda i, k: f"s[{i}][{k}]", lambda k, n: f"kb[{k}][{n * W}]",
+            lambda i, n: f"dqa[r + {i}][{n * W}]", lambda i, n: f"*({vt}*)&dqa[r + {i}][{n * W}]", "g")]
         body += [
-            f"    {vt} g[{nee}];",
-            f"    for (int n = 0; n < {nee}; n++) g[n] = *({vt}*)&dqa[r][n * {W}];",
-            "    for (int c = 0; c < lim; c++) {",
-            "      float ds = s[c];",
-            f"      for (int n = 0; n < {nee}; n++) g[n] += ds * *(const {vt}*)&kb[c][n * {W}];",
-            "    }",
-            f"    for (int n = 0; n < {nee}; n++) *({vt}*)&dqa[r][n * {W}] = g[n];",
             "  }",
             "}",
             "for (int r = 0; r < rn; r++) {",
@@ -303,33 +344,22 @@ def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
             f"  for (int e = 0; e < {E}; e++) o[e] = dqa[r][e] * {a.op.scale!r}f;",
             "}",
         ]
-    else:  # every key of the row is written: masked ones (p = 0) get 0
+    else:  # every key of a real row is written: masked ones (p = 0) get 0
         body += [
-            f"    float* o = {out} + ({t} * {a.L}LL + row) * {int(a.S)}LL + j0;",
-            "    for (int c = 0; c < jn; c++) o[c] = c < lim ? s[c] : 0.0f;",
+            f"    for (int i = 0; i < {R} && r + i < rn; i++) {{",
+            f"      float* o = {out} + ({t} * {a.L}LL + r0 + r + i) * {int(a.S)}LL + j0;",
+            "      for (int c = 0; c < jn; c++) o[c] = c < lim_[i] ? s[i][c] : 0.0f;",
+            "    }",
             "  }",
             "}",
         ]
     return [*lines, *("  " + x for x in body), "}"]
 
 
-def _dot_block(vt: str, W: int, nv: int, n: int, row: str, packed: str, dst: str) -> list[str]:
-    """dst[0..BN) = row . packed (packed: n rows of BN lanes, a block transposed)."""
-    return [
-        f"{vt} dv[{nv}];",
-        f"for (int k = 0; k < {nv}; k++) dv[k] = ({vt}){{0}};",
-        f"for (int d = 0; d < {n}; d++) {{",
-        f"  float x = {row}[d];",
-        f"  for (int k = 0; k < {nv}; k++) dv[k] += x * *(const {vt}*)&{packed}[d][k * {W}];",
-        "}",
-        f"for (int k = 0; k < {nv}; k++) *({vt}*)&{dst}[k * {W}] = dv[k];",
-    ]
-
-
 def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
-    """Kind "dkv": per key block, over every query row of the query heads reading its key head: dv = sum of p do,
-    dk = scale * sum of p (dp - delta) q. Output rows are dk then dv."""
-    W, E, Ev, L, g = a.width, a.E, a.Ev, a.L, a.op.groups
+    """Kind "dkv": per key block, over every query row of the query heads reading its key head (R rows at a time):
+    dv = sum of p dout, dk = scale * sum of ds q. Output rows are dk then dv."""
+    W, E, Ev, L, g, R = a.width, a.E, a.Ev, a.L, a.op.groups, _tile_rows(a)
     nv, ep, evp = BN // W, _pad(E, W), _pad(Ev, W)
     sc = a.op.scale * LOG2E
     lead = a.lead
@@ -347,11 +377,13 @@ def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
     kvi = [f"i{i}" for i in range(len(lead))]
     lines += ["  " + x for x in _lead_index(lead_kv, "tk", "i")]
     body = [
-        f"float qr[{ep}] {_ALIGN};",
-        f"float qs[{E}] {_ALIGN};",
-        f"float dor[{evp}] {_ALIGN};",
-        f"float s[{BN}] {_ALIGN};",
-        f"float dp[{BN}] {_ALIGN};",
+        f"float qr[{R}][{ep}] {_ALIGN};",
+        f"float qs[{R}][{E}] {_ALIGN};",
+        f"float dor[{R}][{evp}] {_ALIGN};",
+        f"float s[{R}][{BN}] {_ALIGN};",
+        f"float dp[{R}][{BN}] {_ALIGN};",
+        f"float lr[{R}], dr[{R}];",
+        f"int lim_[{R}];",
         f"float dka[{BN}][{ep}] {_ALIGN};",
         f"float dva[{BN}][{evp}] {_ALIGN};",
         *_blocks(a, src, ("kt", "vt")),
@@ -368,20 +400,26 @@ def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
     inner += [
         f"int rs = {rs};",
         "rs = rs > 0 ? rs : 0;",
-        f"for (int row = rs; row < {L}; row++) {{",
-        *("  " + x for x in _limit(a, "row")),
-        f"  for (int e = 0; e < {ep}; e++) qr[e] = e < {E} ? {src['q'].at('row', 'e')} : 0.0f;",
-        f"  for (int e = 0; e < {E}; e++) qs[e] = qr[e] * {sc!r}f;",
-        f"  for (int d = 0; d < {evp}; d++) dor[d] = d < {Ev} ? {src['dout'].at('row', 'd')} : 0.0f;",
-        *("  " + x for x in _scores(a, src, vt, "qs", "row", "lim", nv)),
-        *("  " + x for x in _dot_block(vt, W, nv, Ev, "dor", "vt", "dp")),
-        f"  float lr = {src['lse'].at('row')}, dr = {src['delta'].at('row')};",
-        "  for (int c = 0; c < lim; c++) {",
-        "    float p = uopc_exp2f(s[c] - lr);",
-        "    float ds = p * (dp[c] - dr);",
-        f"    for (int n = 0; n < {evp // W}; n++) *({vt}*)&dva[c][n * {W}] += p * *(const {vt}*)&dor[n * {W}];",
-        f"    for (int n = 0; n < {ep // W}; n++) *({vt}*)&dka[c][n * {W}] += ds * *(const {vt}*)&qr[n * {W}];",
+        f"for (int r = rs; r < {L}; r += {R}) {{",
+        f"  for (int i = 0; i < {R}; i++) {{",
+        "    int row = r + i, real = row < " + str(L) + ";",
+        f"    for (int e = 0; e < {ep}; e++) qr[i][e] = real && e < {E} ? {src['q'].at('row', 'e')} : 0.0f;",
+        f"    for (int e = 0; e < {E}; e++) qs[i][e] = qr[i][e] * {sc!r}f;",
+        f"    for (int d = 0; d < {evp}; d++) dor[i][d] = real && d < {Ev} ? {src['dout'].at('row', 'd')} : 0.0f;",
+        f"    lr[i] = real ? {src['lse'].at('row')} : 0.0f; dr[i] = real ? {src['delta'].at('row')} : 0.0f;",
         "  }",
+        *("  " + x for x in _tile(vt, W, R, nv, str(E), lambda i, k: f"qs[{i}][{k}]",
+                                 lambda k, n: f"kt[{k}][{n * W}]", lambda i, n: f"s[{i}][{n * W}]")),
+        *("  " + x for x in _tile(vt, W, R, nv, str(Ev), lambda i, k: f"dor[{i}][{k}]",
+                                 lambda k, n: f"vt[{k}][{n * W}]", lambda i, n: f"dp[{i}][{n * W}]")),
+        *("  " + x for x in _row_masks(a, src, R, "r", str(L), lambda row: _limit(a, row))),
+        f"  for (int i = 0; i < {R}; i++)",
+        f"    for (int c = 0; c < {BN}; c++) {{",
+        "      float p = uopc_exp2f(s[i][c] - lr[i]);",
+        "      s[i][c] = p; dp[i][c] = p * (dp[i][c] - dr[i]);",
+        "    }",
+        *("  " + x for x in _accumulate(vt, W, R, evp // W, "s", "dor", "dva")),
+        *("  " + x for x in _accumulate(vt, W, R, ep // W, "dp", "qr", "dka")),
         "}",
     ]
     body += ["  " + x for x in inner]
@@ -396,6 +434,19 @@ def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
     # the k and v pointers are at the key head; the others are set per query head inside
     ptrs = _pointers(a, {n: s for n, s in src.items() if n in ("k", "v")}, kvi, kvi)
     return [*lines, *("  " + x for x in ptrs), *("  " + x for x in body), "}"]
+
+
+def _accumulate(vt: str, W: int, R: int, nvec: int, coef: str, rowvec: str, dst: str) -> list[str]:
+    """dst[c] += sum over the tile's rows i of coef[i][c] * rowvec[i] for c < lmax: the R row vectors stay in
+    registers, each dst row is loaded and stored once per tile."""
+    regs = [(i, n) for i in range(R) for n in range(nvec)]
+    lines = ["{", *(f"  {vt} x{i}_{n} = *(const {vt}*)&{rowvec}[{i}][{n * W}];" for i, n in regs)]
+    lines += ["  for (int c = 0; c < lmax; c++) {"]
+    for n in range(nvec):
+        terms = " + ".join(f"{coef}[{i}][c] * x{i}_{n}" for i in range(R))
+        lines.append(f"    *({vt}*)&{dst}[c][{n * W}] += {terms};")
+    lines += ["  }", "}"]
+    return lines
 
 
 _BODIES = {"out": _forward, "lse": _forward, "dq": _dq, "ds": _dq, "dkv": _dkv}
