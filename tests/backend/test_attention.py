@@ -36,7 +36,10 @@ CASES = [
     (2, 2, 37, 70, 24, 40, False, "bool", 1),  # heads not a multiple of a vector
     (2, 4, 33, 65, 16, 16, False, "float", 2),  # grouped-query: 2 query heads per key head
     (1, 6, 9, 9, 32, 32, True, None, 3),
-    (1, 2, 1, 50, 64, 64, False, None, 1),  # one query (a decode step) over 50 keys
+    (1, 2, 1, 50, 64, 64, False, None, 1),  # one query (a decode step) over 50 keys: keys and values read in place
+    (2, 2, 2, 2 * BN + 5, 32, 32, True, None, 1),  # two queries, causal: row 1 sees one key more than row 0
+    (1, 3, 1, 70, 16, 32, False, "bool", 1),
+    (1, 4, 2, 40, 32, 16, False, "float", 2),
 ]
 
 

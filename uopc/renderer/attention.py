@@ -80,6 +80,8 @@ def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], s
         vt: (0, f"typedef float {vt} __attribute__((vector_size({4 * W})));\n"),
         it: (0, f"typedef int {it} __attribute__((vector_size({4 * W})));\n"),
         f"uopc_attn_max{W}": (2, vmax),
+        f"uopc_attn_u{W}": (0, f"typedef float uopc_attn_u{W} __attribute__((vector_size({4 * W}), aligned(4)));\n"),
+        f"uopc_attn_sum{W}": (2, _hsum(vt, it, W)),
         "F32_BITS": (1, F32_BITS),
         "uopc_exp2f": (2, F32_MATH[Ops.EXP2][1]),
     }
@@ -92,6 +94,17 @@ def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], s
     body = _BODIES[op.kind](a, src, S, vt, f"data{out.arg.slot}")
     lines = [f"  {line}" if line else "" for line in body]
     return helpers, params, "\n".join(lines), bufs, var, ptr_types
+
+
+def _hsum(vt: str, it: str, W: int) -> str:
+    """A helper: the sum of a vector's lanes, by a shuffle tree."""
+    steps = []
+    h = W // 2
+    while h:
+        perm = ", ".join(str((j + h) % W) for j in range(W))
+        steps.append(f"  v += __builtin_shuffle(v, ({it}){{{perm}}});\n")
+        h //= 2
+    return f"static inline float uopc_attn_sum{W}({vt} v) {{\n{''.join(steps)}  return v[0];\n}}\n"
 
 
 def _pointers(a, src: dict[str, _Src], idx: list[str], kv_idx: list[str]) -> list[str]:
@@ -237,8 +250,71 @@ def _query_tasks(a, src, S: str) -> tuple[list[str], str]:
     return lines, "t"
 
 
+def _direct(a, src) -> bool:
+    """A forward with a query or two (a decode step) reads keys and values where they are, unpacked: packing a
+    block costs as much as the few rows' work on it. Whole vectors along unit-stride rows only."""
+    if a.op.kind != "out" or a.L > 2 or a.E % a.width or a.Ev % a.width:
+        return False
+    return src["k"].view.col == src["v"].view.col == 1
+
+
+def _forward_direct(a, src, S: str, vt: str, out: str) -> list[str]:
+    """Kind "out" for a query or two: per row, each key's score is a dot product of vectors (summed across lanes),
+    and p v adds value rows loaded in place."""
+    W, E, Ev = a.width, a.E, a.Ev
+    nv, nee, nve = BN // W, E // W, Ev // W
+    sc = a.op.scale * LOG2E
+    ut = f"uopc_attn_u{W}"  # the same vector, at any float's alignment (rows of a strided view)
+    lines, t = _query_tasks(a, src, S)
+    body = [
+        f"float qs[{a.rows}][{E}] {_ALIGN};",
+        f"float s[1][{BN}] {_ALIGN};",
+        f"float acc[{a.rows}][{Ev}] {_ALIGN};",
+        f"float m[{a.rows}], l[{a.rows}], mx[1];",
+        "int lim_[1];",
+        "for (int r = 0; r < rn; r++) {",
+        "  m[r] = -INFINITY; l[r] = 0.0f;",
+        f"  for (int d = 0; d < {Ev}; d++) acc[r][d] = 0.0f;",
+        f"  for (int e = 0; e < {E}; e++) qs[r][e] = {src['q'].at('r0 + r', 'e')} * {sc!r}f;",
+        "}",
+        f"for (int j0 = 0; j0 < jend; j0 += {BN}) {{",
+        f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
+        "  for (int r = 0; r < rn; r++) {",
+        "    for (int c = 0; c < jn; c++) {",
+        f"      const float* kr = p_k + (long long)(j0 + c) * {src['k'].view.row}LL;",
+        f"      {vt} d = *({vt}*)&qs[r][0] * *(const {ut}*)kr;",
+        *(f"      d += *({vt}*)&qs[r][{n * W}] * *(const {ut}*)(kr + {n * W});" for n in range(1, nee)),
+        f"      s[0][c] = uopc_attn_sum{W}(d);",
+        "    }",
+        *("    " + x for x in _row_masks(a, src, 1, "r0 + r", "r0 + rn", lambda row: _limit(a, row))),
+        *("    " + x for x in _hmax(vt, W, 1, nv)),
+        "    float mn = mx[0] > m[r] ? mx[0] : m[r];",
+        "    float mref = mn == -INFINITY ? 0.0f : mn, ps = 0.0f;",
+        f"    for (int c = 0; c < {BN}; c++) {{ float p = uopc_exp2f(s[0][c] - mref); s[0][c] = p; ps += p; }}",
+        "    float al = uopc_exp2f(m[r] - mref);",
+        "    l[r] = l[r] * al + ps; m[r] = mn;",
+        *(f"    {vt} o{n} = *({vt}*)&acc[r][{n * W}] * al;" for n in range(nve)),
+        "    for (int c = 0; c < lmax; c++) {",
+        f"      const float* vr = p_v + (long long)(j0 + c) * {src['v'].view.row}LL;",
+        "      float p = s[0][c];",
+        *(f"      o{n} += p * *(const {ut}*)(vr + {n * W});" for n in range(nve)),
+        "    }",
+        *(f"    *({vt}*)&acc[r][{n * W}] = o{n};" for n in range(nve)),
+        "  }",
+        "}",
+        "for (int r = 0; r < rn; r++) {",
+        "  float inv = 1.0f / l[r];",
+        f"  float* o = {out} + {_row_head(a.lead[-1], t, a.L, 'r0 + r')} * {Ev}LL;",
+        f"  for (int d = 0; d < {Ev}; d++) o[d] = acc[r][d] * inv;",
+        "}",
+    ]
+    return [*lines, *("  " + x for x in body), "}"]
+
+
 def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
     """Kinds "out" (the attention output) and "lse" (each row's log2-sum-exp2 of the scaled scores)."""
+    if _direct(a, src):
+        return _forward_direct(a, src, S, vt, out)
     W, E, Ev, rows, R = a.width, a.E, a.Ev, a.rows, _tile_rows(a)
     nv, nve, evp = BN // W, _pad(Ev, W) // W, _pad(Ev, W)
     sc = a.op.scale * LOG2E
