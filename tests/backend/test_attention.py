@@ -1,7 +1,8 @@
 """Fused attention (uopc.codegen.attention, uopc.renderer.attention) against PyTorch's scaled_dot_product_attention:
 outputs and the gradients of q, k and v, causal or not, with bool and float masks, grouped-query heads, head sizes
-16-128 and lengths that are not multiples of the kernel's blocks (up to ROWS_MAX query rows, BN keys). float32; tolerance
-atol 2e-5 * max|reference| + rtol 1e-4. The suite's second pass runs this file at OPT=0 under UOPC_CHECK_OOB=1."""
+16-128 and lengths that are not multiples of the kernel's blocks (up to ROWS_MAX query rows, BN keys). float32;
+tolerance atol 2e-5 * max|reference| + rtol 1e-4. The suite's second pass runs this file at OPT=0 under
+UOPC_CHECK_OOB=1, the x86-64-v3 pass with 8-float vectors."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from uopc import Tensor, TinyJit
+from uopc.codegen.attention import ROWS_MAX
 from uopc.engine.lower import make_plan
 from uopc.engine.realize import default_opt
 from uopc.nn import KVCache
-from uopc.codegen.attention import ROWS_MAX
 from uopc.renderer.attention import BN
 
 
@@ -118,7 +119,8 @@ def test_a_decode_step_over_a_symbolic_prefix_is_one_fused_plan():
 
 
 def test_outputs_keep_rows_before_heads_so_merging_heads_is_a_view():
-    """The kernel stores (B, L, H, Ev): out.transpose(1, 2).reshape(B, L, H * Ev), a model's head merge, copies nothing."""
+    """The kernel stores (B, L, H, Ev): out.transpose(1, 2).reshape(B, L, H * Ev), a model's head merge, copies
+    nothing."""
     q, k, v = (Tensor(np.random.default_rng(i).standard_normal((2, 3, 10, 8)).astype(np.float32)) for i in range(3))
     merged = q.scaled_dot_product_attention(k, v).transpose(1, 2).reshape(2, 10, 24)
     assert _kernels(merged) == ["fa_2_10_3_8"]

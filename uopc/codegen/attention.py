@@ -5,8 +5,9 @@
 Unlike the other kernels, attention is not lowered op by op: its loops (query blocks on threads, key blocks streamed
 with a running max and sum, the packed key and value blocks) are fixed, and what varies is sizes, strides and masks.
 So lowering only measures: each source must be an affine view of a buffer (the scheduler stages any other source,
-uopc.schedule.fusion.stage_attention_operands; uopc.uop.indexing.affine_view), and its offset and strides go into the AttnKernel record that
-uopc.renderer.attention turns into C. A symbolic key length (a KV cache's positions seen) is a DEFINE_VAR source.
+uopc.schedule.fusion.stage_attention_operands; uopc.uop.indexing.affine_view), and its offset and strides go into
+the AttnKernel record that uopc.renderer.attention turns into C. A symbolic key length (a KV cache's positions
+seen) is a DEFINE_VAR source.
 """
 
 from __future__ import annotations

@@ -87,7 +87,9 @@ def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], s
     }
     if op.kind == "lse":
         helpers["uopc_log2f"] = (2, F32_MATH[Ops.LOG2][1])
-    names = ["q", "k", "v", "dout", "lse", "delta"] if op.kind in ("dq", "ds", "dkv") else ["q", "k", "v"][: nsrc - bool(op.mask)]
+    names = ["q", "k", "v", "dout", "lse", "delta"]
+    if op.kind not in ("dq", "ds", "dkv"):
+        names = names[: nsrc - bool(op.mask)]
     if op.mask:
         names.append("mask")
     src = {n: _Src(f"p_{n}", b, v) for n, b, v in zip(names, srcs_bufs, a.views, strict=True)}
@@ -117,6 +119,10 @@ def _pointers(a, src: dict[str, _Src], idx: list[str], kv_idx: list[str]) -> lis
     return out
 
 
+def _indent(pre: str, lines: list[str]) -> list[str]:
+    return [pre + x for x in lines]
+
+
 def _tile(vt: str, W: int, R: int, nvec: int, K: str, lhs, rhs, dst, acc_init=None, name: str = "t") -> list[str]:
     """An R x nvec register tile of vectors: dst(i, n) = sum over k < K of lhs(i, k) * rhs(k, n), where lhs is a
     scalar expression and rhs the address of a vector (acc_init(i, n): the value to start from, else 0). Written
@@ -131,6 +137,16 @@ def _tile(vt: str, W: int, R: int, nvec: int, K: str, lhs, rhs, dst, acc_init=No
     return lines
 
 
+def _by_block(a, vt: str, R: int, K: int, rows: str, block: str, dst: str) -> list[str]:
+    """dst[i][0..BN) = rows(i) . block (K rows of BN lanes: a packed block transposed) for the tile's R rows;
+    `rows` is a format string of i (the i-th query row's K values)."""
+    W = a.width
+    return _tile(
+        vt, W, R, BN // W, str(K), lambda i, k: rows.format(i=i) + f"[{k}]", lambda k, n: f"{block}[{k}][{n * W}]",
+        lambda i, n: f"{dst}[{i}][{n * W}]",
+    )  # fmt: skip
+
+
 def _row_masks(a, src: dict[str, _Src], R: int, row0: str, real: str, lim_of) -> list[str]:
     """Per row i of the tile: lim[i] (the keys it sees in this block; 0 for a padding row past `real`), the mask
     applied to s[i] and -inf past lim[i]; lmax = the largest lim."""
@@ -141,7 +157,8 @@ def _row_masks(a, src: dict[str, _Src], R: int, row0: str, real: str, lim_of) ->
     if a.op.mask == "float":
         lines.append(f"  for (int c = 0; c < lim; c++) s[i][c] += {src['mask'].at('row', 'j0 + c')} * {LOG2E!r}f;")
     elif a.op.mask == "bool":
-        lines.append(f"  for (int c = 0; c < lim; c++) s[i][c] = {src['mask'].at('row', 'j0 + c')} ? s[i][c] : -INFINITY;")
+        keep = src["mask"].at("row", "j0 + c")
+        lines.append(f"  for (int c = 0; c < lim; c++) s[i][c] = {keep} ? s[i][c] : -INFINITY;")
     lines += [
         f"  for (int c = lim > 0 ? lim : 0; c < {BN}; c++) s[i][c] = -INFINITY;",
         "  lim_[i] = lim;",
@@ -339,9 +356,8 @@ def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
         f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
         *("  " + x for x in _pack(a, src, ("kt", "vb") if with_v else ("kt",))),
         f"  for (int r = 0; r < rn; r += {R}) {{",
-        *("    " + x for x in _tile(vt, W, R, nv, str(E), lambda i, k: f"qs[r + {i}][{k}]",
-                                   lambda k, n: f"kt[{k}][{n * W}]", lambda i, n: f"s[{i}][{n * W}]")),
-        *("    " + x for x in _row_masks(a, src, R, "r0 + r", f"r0 + rn", lambda row: _limit(a, row))),
+        *_indent("    ", _by_block(a, vt, R, E, "qs[r + {i}]", "kt", "s")),
+        *("    " + x for x in _row_masks(a, src, R, "r0 + r", "r0 + rn", lambda row: _limit(a, row))),
         *("    " + x for x in _hmax(vt, W, R, nv)),
         f"    for (int i = 0; i < {R}; i++) {{",
         "      float mn = mx[i] > m[r + i] ? mx[i] : m[r + i];",
@@ -353,9 +369,21 @@ def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
         "    }",
     ]
     if with_v:
-        body += ["    " + x for x in _tile(
-            vt, W, R, nve, "lmax", lambda i, k: f"s[{i}][{k}]", lambda k, n: f"vb[{k}][{n * W}]",
-            lambda i, n: f"acc[r + {i}][{n * W}]", lambda i, n: f"*({vt}*)&acc[r + {i}][{n * W}] * al[{i}]", "o")]
+        body += _indent(
+            "    ",
+            _tile(
+                vt,
+                W,
+                R,
+                nve,
+                "lmax",
+                lambda i, k: f"s[{i}][{k}]",
+                lambda k, n: f"vb[{k}][{n * W}]",
+                lambda i, n: f"acc[r + {i}][{n * W}]",
+                lambda i, n: f"*({vt}*)&acc[r + {i}][{n * W}] * al[{i}]",
+                "o",
+            ),
+        )
     body += ["  }", "}"]
     if with_v:  # l == 0 (every key masked) gives 0 * inf = NaN, as softmax over nothing does
         body += [
@@ -374,7 +402,7 @@ def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
     """Kind "dq": per query block, dq = scale * sum over keys of ds k, with ds = p (dp - delta), p = 2^(s - lse) and
     dp = dout . v. Kind "ds": the same loop, storing ds itself (*lead, L, S): a float mask's gradient."""
     W, E, Ev, rows, R = a.width, a.E, a.Ev, a.rows, _tile_rows(a)
-    nv, ep, nee = BN // W, _pad(E, W), _pad(E, W) // W
+    ep, nee = _pad(E, W), _pad(E, W) // W
     sc = a.op.scale * LOG2E
     dq = a.op.kind == "dq"
     lines, t = _query_tasks(a, src, S)
@@ -400,18 +428,28 @@ def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
         f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
         *("  " + x for x in _pack(a, src, ("kt", "kb", "vt") if dq else ("kt", "vt"))),
         f"  for (int r = 0; r < rn; r += {R}) {{",
-        *("    " + x for x in _tile(vt, W, R, nv, str(E), lambda i, k: f"qs[r + {i}][{k}]",
-                                   lambda k, n: f"kt[{k}][{n * W}]", lambda i, n: f"s[{i}][{n * W}]")),
-        *("    " + x for x in _tile(vt, W, R, nv, str(Ev), lambda i, k: f"dos[r + {i}][{k}]",
-                                   lambda k, n: f"vt[{k}][{n * W}]", lambda i, n: f"dp[{i}][{n * W}]")),
+        *_indent("    ", _by_block(a, vt, R, E, "qs[r + {i}]", "kt", "s")),
+        *_indent("    ", _by_block(a, vt, R, Ev, "dos[r + {i}]", "vt", "dp")),
         *("    " + x for x in _row_masks(a, src, R, "r0 + r", "r0 + rn", lambda row: _limit(a, row))),
         f"    for (int i = 0; i < {R}; i++)",
         f"      for (int c = 0; c < {BN}; c++) s[i][c] = uopc_exp2f(s[i][c] - lr[r + i]) * (dp[i][c] - dr[r + i]);",
     ]
     if dq:
-        body += ["    " + x for x in _tile(
-            vt, W, R, nee, "lmax", lambda i, k: f"s[{i}][{k}]", lambda k, n: f"kb[{k}][{n * W}]",
-            lambda i, n: f"dqa[r + {i}][{n * W}]", lambda i, n: f"*({vt}*)&dqa[r + {i}][{n * W}]", "g")]
+        body += _indent(
+            "    ",
+            _tile(
+                vt,
+                W,
+                R,
+                nee,
+                "lmax",
+                lambda i, k: f"s[{i}][{k}]",
+                lambda k, n: f"kb[{k}][{n * W}]",
+                lambda i, n: f"dqa[r + {i}][{n * W}]",
+                lambda i, n: f"*({vt}*)&dqa[r + {i}][{n * W}]",
+                "g",
+            ),
+        )
         body += [
             "  }",
             "}",
@@ -436,7 +474,7 @@ def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
     """Kind "dkv": per key block, over every query row of the query heads reading its key head (R rows at a time):
     dv = sum of p dout, dk = scale * sum of ds q. Output rows are dk then dv."""
     W, E, Ev, L, g, R = a.width, a.E, a.Ev, a.L, a.op.groups, _tile_rows(a)
-    nv, ep, evp = BN // W, _pad(E, W), _pad(Ev, W)
+    ep, evp = _pad(E, W), _pad(Ev, W)
     sc = a.op.scale * LOG2E
     lead = a.lead
     lead_kv = lead[:-1] + (lead[-1] // g,)
@@ -484,10 +522,8 @@ def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
         f"    for (int d = 0; d < {evp}; d++) dor[i][d] = real && d < {Ev} ? {src['dout'].at('row', 'd')} : 0.0f;",
         f"    lr[i] = real ? {src['lse'].at('row')} : 0.0f; dr[i] = real ? {src['delta'].at('row')} : 0.0f;",
         "  }",
-        *("  " + x for x in _tile(vt, W, R, nv, str(E), lambda i, k: f"qs[{i}][{k}]",
-                                 lambda k, n: f"kt[{k}][{n * W}]", lambda i, n: f"s[{i}][{n * W}]")),
-        *("  " + x for x in _tile(vt, W, R, nv, str(Ev), lambda i, k: f"dor[{i}][{k}]",
-                                 lambda k, n: f"vt[{k}][{n * W}]", lambda i, n: f"dp[{i}][{n * W}]")),
+        *_indent("  ", _by_block(a, vt, R, E, "qs[{i}]", "kt", "s")),
+        *_indent("  ", _by_block(a, vt, R, Ev, "dor[{i}]", "vt", "dp")),
         *("  " + x for x in _row_masks(a, src, R, "r", str(L), lambda row: _limit(a, row))),
         f"  for (int i = 0; i < {R}; i++)",
         f"    for (int c = 0; c < {BN}; c++) {{",

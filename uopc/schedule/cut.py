@@ -99,7 +99,8 @@ _REDUCE_NAMES = {Ops.ADD: "sum", Ops.MAX: "max"}
 def kernel_op(body: UOp) -> str:
     """A short description of what a kernel computes: the reduction (sum, max, matmul) and the elementwise ops."""
     if body.op is Ops.ATTENTION:
-        return "attention" + ("" if body.arg.kind == "out" else f" {body.arg.kind}") + (" causal" if body.arg.causal else "")
+        kind = "" if body.arg.kind == "out" else f" {body.arg.kind}"
+        return "attention" + kind + (" causal" if body.arg.causal else "")
     topo = body.toposort()
     alu = list(dict.fromkeys(x.op.name.lower() for x in topo if x.op in ALU and x.op is not Ops.CAST))
     red = [x for x in topo if x.op is Ops.REDUCE]

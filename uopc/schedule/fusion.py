@@ -467,4 +467,3 @@ def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[
             n = n.replace(src=tuple(src))
         new[u] = UOp(Ops.STAGE, (n,)) if u in todo else n
     return [new[r] for r in roots], bool(guard)
-

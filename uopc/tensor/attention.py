@@ -14,7 +14,7 @@ from typing import Any, Self
 from uopc.tensor.autodiff import with_gradient
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
-from uopc.uop import Attention, Ops
+from uopc.uop import Ops
 from uopc.uop.attention import attention_uop, fused_attention
 from uopc.uop.dtype import dtypes
 

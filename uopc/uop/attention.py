@@ -48,7 +48,9 @@ def _broadcast(*shapes: tuple) -> tuple | None:
     return tuple(out)
 
 
-def fused_attention(q: UOp, k: UOp, v: UOp, mask: UOp | None, scale: float, causal: bool, groups: int = 1) -> UOp | None:
+def fused_attention(
+    q: UOp, k: UOp, v: UOp, mask: UOp | None, scale: float, causal: bool, groups: int = 1
+) -> UOp | None:
     """softmax(q k^T * scale + mask) v as an ATTENTION node over q (..., L, E), k (..., S, E), v (..., S, Ev) and
     the mask (bool: keep, float: added; broadcast to (..., L, S)), with the leading dims broadcast (at least one:
     heads), its output (*batch, L, H, Ev); or None where the fused kernel does not apply (not float32, a head over
