@@ -287,3 +287,24 @@ def test_external_data(tmp_path):
     (tmp_path / "w.bin").unlink()
     with pytest.raises(ValueError, match="w.bin"):  # the data file gone: the error names it
         uopc.onnx.load(path)
+
+
+def test_exported_attention_runs_as_fused_kernels(tmp_path):
+    """An export's MatMul, Mul by a folded scale, Where with -inf, Softmax, MatMul (the GPT above) and
+    nn.TransformerEncoderLayer's attention with a key padding mask: the scheduler fuses each into one attention
+    kernel (with an optimizer), and the outputs still match."""
+    from uopc.engine.lower import make_plan
+    from uopc.engine.realize import default_opt
+
+    torch.manual_seed(5)
+    model, ids = randomize(GPT(layers=1), 5), torch.randint(0, 50, (2, 12))
+    gpt = uopc.onnx.load(export(model, (ids,), tmp_path / "g.onnx", ["ids"]))
+    enc_model = randomize(Encoder(), 6)
+    x, pad = torch.randn(3, 10, 32), _padding(3, 10)
+    enc_path = export(enc_model, (x, pad), tmp_path / "e.onnx", ["x", "pad"])
+    enc = uopc.onnx.load(enc_path)
+    for m, feeds, layers in ((gpt, {"ids": ids.numpy()}, 1), (enc, {"x": x.numpy(), "pad": pad.numpy()}, 2)):
+        plan, _ = make_plan([m.lazy(**feeds)["y"].uop], opt=default_opt())
+        fused = [k.name for k in plan.kernels if k.name.startswith("fa_")]
+        assert len(fused) == (layers if default_opt() is not None else 0), [k.name for k in plan.kernels]
+    check(enc_path, enc_model, (x, pad), ["x", "pad"], enc)

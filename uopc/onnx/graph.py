@@ -84,8 +84,11 @@ def np_dtype(dt: DType) -> np.dtype:
     return BF16_NP if dt is dtypes.bfloat16 else dt.np
 
 
-def to_tensor(x: Value) -> Tensor:
-    """A Tensor for a value: host arrays become buffers (bfloat16 through float32, exact)."""
+def to_tensor(x: Value, constant: bool = False) -> Tensor:
+    """A Tensor for a value: host arrays become buffers (bfloat16 through float32, exact). `constant`: a value the
+    model states (an initializer, a Constant node's, one folded from those alone), never one computed from a call's
+    inputs: a float32 scalar is then a CONST, which the scheduler reads (an attention's scale or a mask's -inf,
+    uopc.schedule.attention)."""
     if isinstance(x, Tensor):
         return x
     if isinstance(x, (list, tuple)) or x is None:
@@ -94,8 +97,8 @@ def to_tensor(x: Value) -> Tensor:
     if BF16_NP is not None and a.dtype == BF16_NP:
         # reshape: Tensor(0-d float32, dtype=bfloat16) comes back with shape (1,) (a Tensor bug, reported)
         return Tensor(a.astype(np.float32), dtype=dtypes.bfloat16).reshape(a.shape)
-    if a.size == 1 and a.dtype == np.float32:  # a scalar constant is a CONST: the scheduler can read its value (a
-        return Tensor.full(a.shape, float(a.reshape(-1)[0]), dtype=dtypes.float32)  # scale, a mask's -inf)
+    if constant and a.size == 1 and a.dtype == np.float32:
+        return Tensor.full(a.shape, float(a.reshape(-1)[0]), dtype=dtypes.float32)
     return Tensor(a if a.flags.c_contiguous else a.copy())
 
 
@@ -181,7 +184,7 @@ class Node:
             w = self.runner.weights.get(id(v))
             if w is not None and w[0] is v:
                 return w[1]
-        return to_tensor(v)
+        return to_tensor(v, constant=self.runner.is_constant(v))
 
 
 class Runner:
@@ -191,6 +194,13 @@ class Runner:
     def __init__(self, opsets: dict[str, int], weights: dict[int, tuple[np.ndarray, Tensor]], functions: dict):
         self.opsets, self.weights, self.functions = opsets, weights, functions
         self.known: dict[int, tuple[Tensor, np.ndarray]] = {}
+        # host values the model states (Constant nodes, and what is folded from them and initializers alone): a
+        # float32 scalar among them becomes a CONST (to_tensor)
+        self.constants: dict[int, np.ndarray] = {}
+
+    def is_constant(self, v: Value) -> bool:
+        w = self.weights.get(id(v))
+        return self.constants.get(id(v)) is v or (w is not None and w[0] is v)
 
     def run_graph(self, graph: onnx.GraphProto, env: dict[str, Value]) -> dict[str, Value]:
         """Run every node of `graph` in order on `env` (name -> value), which it extends and returns."""
@@ -230,7 +240,11 @@ class Runner:
         hfn = HOST_OPS.get(node.op_type)
         if hfn is not None and (not ins or (all(_small_host(v) for v in ins) and any(v is not None for v in ins))):
             out = hfn(n, *ins)
-            return tuple(_array(v) for v in out) if isinstance(out, tuple) else _array(out)
+            out = tuple(_array(v) for v in out) if isinstance(out, tuple) else _array(out)
+            if all(v is None or self.is_constant(v) for v in ins):  # folded from the model's own values alone
+                for v in out if isinstance(out, tuple) else (out,):
+                    self.constants[id(v)] = v
+            return out
         out = fn(n, *ins)
         return tuple(_array(v) for v in out) if isinstance(out, tuple) else _array(out)
 
@@ -323,7 +337,7 @@ def run_function(runner: Runner, f: onnx.FunctionProto, node: onnx.NodeProto, in
     for a in f.attribute_proto:  # defaults declared by a local function
         attrs = {a.name: attribute(a), **attrs}
     inner = Runner({**runner.opsets, **{o.domain: o.version for o in f.opset_import}}, runner.weights, runner.functions)
-    inner.known = runner.known
+    inner.known, inner.constants = runner.known, runner.constants
     for fnode in f.node:
         fattrs = {}
         for a in fnode.attribute:

@@ -100,7 +100,7 @@ class OnnxModel:
         for s in graph.sparse_initializer:
             self.initializers[s.values.name] = sparse_to_array(s)
         # each initializer's buffer, made once: ops that need a Tensor use it, shape arithmetic uses the array
-        self.weights = {id(a): (a, to_tensor(a)) for a in self.initializers.values() if a.size > 0}
+        self.weights = {id(a): (a, to_tensor(a, constant=True)) for a in self.initializers.values() if a.size > 0}
         self.inputs = [i for i in graph.input if i.name not in self.initializers]
         self.input_names = [i.name for i in self.inputs]
         self.output_names = [o.name for o in graph.output]
