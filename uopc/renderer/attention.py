@@ -147,6 +147,15 @@ def _by_block(a, vt: str, R: int, K: int, rows: str, block: str, dst: str) -> li
     )  # fmt: skip
 
 
+def _into_rows(vt: str, W: int, R: int, nvec: int, block: str, dst: str, scale: str = "") -> list[str]:
+    """dst[r + i] = dst[r + i]{scale} + s[i][0..lmax) . block (rows of a packed block) for the tile's R rows: the
+    output rows of the tile stay in registers while the block streams. `scale` formats with i."""
+    return _tile(
+        vt, W, R, nvec, "lmax", lambda i, k: f"s[{i}][{k}]", lambda k, n: f"{block}[{k}][{n * W}]",
+        lambda i, n: f"{dst}[r + {i}][{n * W}]", lambda i, n: f"*({vt}*)&{dst}[r + {i}][{n * W}]" + scale.format(i=i),
+    )  # fmt: skip
+
+
 def _row_masks(a, src: dict[str, _Src], R: int, row0: str, real: str, lim_of) -> list[str]:
     """Per row i of the tile: lim[i] (the keys it sees in this block; 0 for a padding row past `real`), the mask
     applied to s[i] and -inf past lim[i]; lmax = the largest lim."""
@@ -369,21 +378,7 @@ def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
         "    }",
     ]
     if with_v:
-        body += _indent(
-            "    ",
-            _tile(
-                vt,
-                W,
-                R,
-                nve,
-                "lmax",
-                lambda i, k: f"s[{i}][{k}]",
-                lambda k, n: f"vb[{k}][{n * W}]",
-                lambda i, n: f"acc[r + {i}][{n * W}]",
-                lambda i, n: f"*({vt}*)&acc[r + {i}][{n * W}] * al[{i}]",
-                "o",
-            ),
-        )
+        body += _indent("    ", _into_rows(vt, W, R, nve, "vb", "acc", " * al[{i}]"))
     body += ["  }", "}"]
     if with_v:  # l == 0 (every key masked) gives 0 * inf = NaN, as softmax over nothing does
         body += [
@@ -435,21 +430,7 @@ def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
         f"      for (int c = 0; c < {BN}; c++) s[i][c] = uopc_exp2f(s[i][c] - lr[r + i]) * (dp[i][c] - dr[r + i]);",
     ]
     if dq:
-        body += _indent(
-            "    ",
-            _tile(
-                vt,
-                W,
-                R,
-                nee,
-                "lmax",
-                lambda i, k: f"s[{i}][{k}]",
-                lambda k, n: f"kb[{k}][{n * W}]",
-                lambda i, n: f"dqa[r + {i}][{n * W}]",
-                lambda i, n: f"*({vt}*)&dqa[r + {i}][{n * W}]",
-                "g",
-            ),
-        )
+        body += _indent("    ", _into_rows(vt, W, R, nee, "kb", "dqa"))
         body += [
             "  }",
             "}",
