@@ -456,3 +456,26 @@ def test_conv_gradient_comes_from_its_rule_and_is_differentiable_again():
                                  create_graph=True)  # fmt: skip
     (tdw2,) = torch.autograd.grad((tdx * torch.tensor(pa)).sum(), tw)
     np.testing.assert_allclose(dw2.numpy(), tdw2.numpy(), rtol=1e-4, atol=1e-4 * np.abs(tdw2.numpy()).max())
+
+
+def test_erf_gradient_is_exact_and_reads_only_its_input():
+    """erf's gradient is 2/sqrt(pi) e^(-x^2) from x alone (a custom rule): GELU's backward is one kernel over x and
+    the incoming gradient, not one reading every intermediate of the polynomial the forward evaluates."""
+    from uopc.engine.lower import make_plan
+    from uopc.engine.realize import default_opt
+
+    x = np.linspace(-6, 6, 4096, dtype=np.float32).reshape(64, 64)
+    g = rng.standard_normal((64, 64)).astype(np.float32)
+    t = Tensor(x, requires_grad=True)
+    y = t.gelu()
+    (y * Tensor(g)).sum().backward()
+    # the forward and the backward in one plan, as a training step has them (differentiated through the polynomial:
+    # 11 kernels, the backward's reading 10 staged intermediates)
+    plan, _ = make_plan([y.uop, t.grad.uop], opt=default_opt())
+    assert len(plan.kernels) <= 3 and max(len(k.refs) for k in plan.kernels) <= 4, [k.name for k in plan.kernels]
+    tt = torch.from_numpy(x).requires_grad_()
+    (torch.nn.functional.gelu(tt) * torch.from_numpy(g)).sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), atol=1e-6, rtol=1e-5)
+    e = Tensor(x, requires_grad=True)
+    e.erf().sum().backward()
+    np.testing.assert_allclose(e.grad.numpy(), 2 / np.sqrt(np.pi) * np.exp(-(x.astype(np.float64) ** 2)), atol=1e-7)
