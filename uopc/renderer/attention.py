@@ -159,7 +159,6 @@ def _into_rows(vt: str, W: int, R: int, nvec: int, block: str, dst: str, scale: 
 def _row_masks(a, src: dict[str, _Src], R: int, row0: str, real: str, lim_of) -> list[str]:
     """Per row i of the tile: lim[i] (the keys it sees in this block; 0 for a padding row past `real`), the mask
     applied to s[i] and -inf past lim[i]; lmax = the largest lim."""
-    W = a.width
     lines = ["int lmax = 0;", f"for (int i = 0; i < {R}; i++) {{", f"  int row = {row0} + i;"]
     lines += ["  " + x for x in lim_of("row")]
     lines.append(f"  if (row >= {real}) lim = 0;  /* a padding row of the tile: nothing to see */")
@@ -174,7 +173,6 @@ def _row_masks(a, src: dict[str, _Src], R: int, row0: str, real: str, lim_of) ->
         "  lmax = lim > lmax ? lim : lmax;",
         "}",
     ]
-    del W
     return lines
 
 
@@ -241,7 +239,8 @@ def _row_head(heads: int, t: str, rows: int, row: str) -> str:
     return f"(({t} / {heads}LL * {rows}LL + {row}) * {heads}LL + {t} % {heads}LL)"
 
 
-def _blocks(a, src, what: tuple[str, ...]) -> list[str]:
+def _blocks(a, what: tuple[str, ...]) -> list[str]:
+    """The declarations of the packed blocks `what` names (see _pack)."""
     W, E, Ev = a.width, a.E, a.Ev
     decl = {
         "kt": f"float kt[{E}][{BN}] {_ALIGN};",
@@ -351,7 +350,7 @@ def _forward(a, src, S: str, vt: str, out: str) -> list[str]:
         f"float s[{R}][{BN}] {_ALIGN};",
         f"float m[{rows}], l[{rows}], mx[{R}], al[{R}];",
         f"int lim_[{R}];",
-        *_blocks(a, src, ("kt", "vb") if with_v else ("kt",)),
+        *_blocks(a, ("kt", "vb") if with_v else ("kt",)),
     ]
     if with_v:
         body.append(f"float acc[{rows}][{evp}] {_ALIGN};")
@@ -408,7 +407,7 @@ def _dq(a, src, S: str, vt: str, out: str) -> list[str]:
         f"float dp[{R}][{BN}] {_ALIGN};",
         f"float lr[{rows}], dr[{rows}];",
         f"int lim_[{R}];",
-        *_blocks(a, src, ("kt", "kb", "vt") if dq else ("kt", "vt")),
+        *_blocks(a, ("kt", "kb", "vt") if dq else ("kt", "vt")),
     ]
     if dq:
         body.append(f"float dqa[{rows}][{ep}] {_ALIGN};")
@@ -481,7 +480,7 @@ def _dkv(a, src, S: str, vt: str, out: str) -> list[str]:
         f"int lim_[{R}];",
         f"float dka[{BN}][{ep}] {_ALIGN};",
         f"float dva[{BN}][{evp}] {_ALIGN};",
-        *_blocks(a, src, ("kt", "vt")),
+        *_blocks(a, ("kt", "vt")),
         f"for (int c = 0; c < {BN}; c++) {{",
         f"  for (int e = 0; e < {ep}; e++) dka[c][e] = 0.0f;",
         f"  for (int d = 0; d < {evp}; d++) dva[c][d] = 0.0f;",
