@@ -162,16 +162,16 @@ def _attention_of(r: UOp) -> tuple[UOp, list[UOp]] | None:
 def recognize_attention(roots: list[UOp]) -> list[UOp]:
     """Replace each softmax(scores) @ v whose scores and probabilities nothing else reads by a fused ATTENTION."""
     topo = UOp(Ops.SINK, tuple(roots)).toposort()
+    hits = [(u, hit) for u in topo if u.op is Ops.REDUCE and u.dtype is dtypes.float32 and (hit := _attention_of(u))]
+    if not hits:  # (most graphs: no readers map to build)
+        return roots
     users: dict[UOp, set[UOp]] = {}
     for u in topo:
         for s in u.src:
             users.setdefault(s, set()).add(u)
     rootset = set(roots)
     found: dict[UOp, UOp] = {}
-    for u in topo:
-        if u.op is not Ops.REDUCE or u.dtype is not dtypes.float32 or (hit := _attention_of(u)) is None:
-            continue
-        fused, inner = hit
+    for u, (fused, inner) in hits:
         inside = set(inner)
         if all(n is u or (n not in rootset and users.get(n, set()) <= inside) for n in inner):
             found[u] = fused

@@ -15,7 +15,7 @@ from uopc.tensor.autodiff import with_gradient
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
 from uopc.uop import Ops
-from uopc.uop.attention import attention_uop, fused_attention
+from uopc.uop.attention import attention_uop, fused_attention, heads_first
 from uopc.uop.dtype import dtypes
 
 
@@ -130,12 +130,11 @@ class AttentionMixin:
         q, k, v = out.src[:3]
         rest = out.src[3:]  # the mask, if any
         n = out.ndim
-        swap = (*range(n - 3), n - 2, n - 3, n - 1)
         lse = attention_uop(q, k, None, out.arg._replace(kind="lse"), *rest)
-        delta = (grad * out).reduce(Ops.ADD, 1).permute(swap[:-1])
-        dout = grad.permute(swap)
-        dq = attention_uop(q, k, v, out.arg._replace(kind="dq"), dout, lse, delta, *rest).permute(swap)
-        dkv = attention_uop(q, k, v, out.arg._replace(kind="dkv"), dout, lse, delta, *rest).permute(swap)
+        delta = (grad * out).reduce(Ops.ADD, 1).permute((*range(n - 3), n - 2, n - 3))  # (*batch, H, L)
+        dout = heads_first(grad)  # (the swap is its own inverse)
+        dq = heads_first(attention_uop(q, k, v, out.arg._replace(kind="dq"), dout, lse, delta, *rest))
+        dkv = heads_first(attention_uop(q, k, v, out.arg._replace(kind="dkv"), dout, lse, delta, *rest))
         e = k.shape[-1]
         keep = tuple((0, d) for d in dkv.shape[:-1])
         grads = (dq, dkv.shrink((*keep, (0, e))), dkv.shrink((*keep, (e, dkv.shape[-1]))))
