@@ -349,6 +349,26 @@ def test_gradient_reaches_a_tensor_realized_after_the_forward():
     np.testing.assert_allclose(w.grad.numpy(), [6.0, 12.0])
 
 
+def test_gradient_flows_through_an_intermediate_realized_before_the_loss_is_built():
+    # PyTorch keeps the autograd graph of a value that was printed or read: out.numpy(); f(out).backward() must
+    # reach the parameters, and the backward reads the realized value instead of recomputing it
+    x = Tensor(np.array([[1.0, -2.0], [3.0, 0.5]], np.float32), requires_grad=True)
+    h = (x * 2).exp()
+    h.numpy()
+    y = (h * x).relu()
+    y.realize()  # a second realized link in the chain: its graph reads h's buffer
+    (y * y).sum().backward()
+    xt = torch.tensor(x.numpy(), requires_grad=True)
+    ht = (xt * 2).exp()
+    yt = (ht * xt).relu()
+    (yt * yt).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-5)
+    loss = (y * 3).sum()
+    (g,) = loss.gradient(x)
+    assert h.uop in set(g.uop.toposort())  # the realized buffer, not exp(2x) again
+    assert not any(u.op is Ops.EXP2 for u in g.uop.toposort())
+
+
 def test_float64_stays_float64():
     x = Tensor(np.array([0.1, 0.2]), requires_grad=True)
     x.exp().sum().backward([x])

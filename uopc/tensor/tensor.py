@@ -51,6 +51,12 @@ from uopc.uop.variable import Bound, Variable, merge_vars, symbolic
 REPR_MAX_VALUES = 64
 
 
+# the graph each realized value that tracks gradients was computed from, keyed by the node the tensor holds after
+# realize (its buffer): a loss built on that value differentiates through the graph, as PyTorch's autograd keeps a
+# printed tensor's grad_fn. Weak: an entry lives as long as some graph or tensor still holds the buffer's node.
+_kept_graphs: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
 class _Pending(NamedTuple):
     """An assign not realized yet: the BUFFER it replaces (None if the tensor was lazy before its first assign)."""
 
@@ -246,6 +252,8 @@ class Tensor(
                 Tensor._pending_assigns.pop(id(t), None)
             t._graph = t.uop if t.requires_grad and not t._leaf else None
             t.hold(buf.reshape(t.shape))  # drop the graph: its intermediates can be freed
+            if t._graph is not None:
+                _kept_graphs[t.uop] = t._graph
             if t._vars and not symbolic(t.shape):  # a plain buffer now: no Variable left to bind
                 del t._vars
 
@@ -322,8 +330,9 @@ class Tensor(
     def backward(self, params: list[Tensor] | None = None) -> None:
         """Accumulate d(self)/d(p) into p.grad for `params`, or for every tensor self depends on that may receive
         one: requires_grad True, or None for a float tensor created from data; never False (RuntimeError if none)."""
+        root, realized = self._loss_graph()
         if params is None:
-            params = self._registered_in(self._loss_graph())
+            params = self._registered_in(root)
             if not params:
                 raise RuntimeError(
                     "backward: nothing in this graph can receive a gradient (no float tensor with requires_grad True "
@@ -332,7 +341,7 @@ class Tensor(
         else:
             params = list(params)
         with helpers.phase("autodiff"):
-            grads = self.gradient(*params)
+            grads = self._gradient(root, realized, params)
         for p, g in zip(params, grads, strict=True):
             # accumulate until cleared (p.grad = None), as PyTorch does
             p.grad = g if p.grad is None else Tensor(p.grad.uop + g.uop)
@@ -340,7 +349,12 @@ class Tensor(
     def gradient(self, *targets: Tensor) -> list[Tensor]:
         """The gradients of scalar self with respect to `targets` as lazy Tensors (tinygrad's form; .grad is not
         touched); zeros for a target self does not depend on."""
-        root = self._loss_graph()
+        return self._gradient(*self._loss_graph(), targets)
+
+    @staticmethod
+    def _gradient(root: UOp, realized: dict[UOp, UOp], targets: Any) -> list[Tensor]:
+        """The gradients of `root` (a loss graph from _loss_graph) with respect to `targets`; `realized` maps the
+        graphs of values realized on the way back to their buffers, which the gradients read instead."""
         seed = UOp.const(1.0, root.dtype)
         seed = seed.reshape(root.shape) if root.shape else seed
         nodes = [t._target_nodes() for t in targets]
@@ -348,15 +362,21 @@ class Tensor(
         out = []
         for t, ns in zip(targets, nodes, strict=True):
             found = [grads[u] for u in ns if u in grads]
-            out.append(Tensor(functools.reduce(lambda a, b: a + b, found) if found else zeros_like(t.uop)))
+            g = functools.reduce(lambda a, b: a + b, found).substitute(realized) if found else zeros_like(t.uop)
+            out.append(Tensor(g))
         return out
 
-    def _loss_graph(self) -> UOp:
-        """The graph to differentiate: the one before realize, if the loss was already computed (loss.item())."""
-        root = self._graph if self._graph is not None else self.uop
-        if root.size != 1:
-            raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {root.shape}")
-        return root
+    def _loss_graph(self) -> tuple[UOp, dict[UOp, UOp]]:
+        """The graph to differentiate, and what it replaced: each value realized since it was built (the loss
+        itself after loss.item(), an intermediate after print(h)) is replaced by the graph it was computed from,
+        through any chain of realizes. The second result maps those graphs back to their buffers."""
+        if self.uop.size != 1:
+            raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {self.uop.shape}")
+        root, realized = self.uop, {}
+        while _kept_graphs and (found := {u: _kept_graphs[u] for u in root.toposort() if u in _kept_graphs}):
+            realized.update({g: u for u, g in found.items()})
+            root = root.substitute(found)
+        return root, realized
 
     def _target_nodes(self) -> list[UOp]:
         """The nodes that stand for self in a graph: its current uop, and the graph it had before a realize."""
