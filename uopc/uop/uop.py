@@ -16,14 +16,15 @@ Building the same (op, dtype, src, arg) twice returns the same object, so struct
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]  (CPython's, what WeakValueDictionary uses)
 from collections.abc import Callable, Container
 from functools import cached_property
 from typing import Any
 
 from uopc.helpers import in_forked_child, prod
+from uopc.uop.bounds import bounds
 from uopc.uop.dtype import DType, dtypes, truncate
 from uopc.uop.ops import ALU, COMPARE, REDUCE_OPS, Attention, Ops, ParamArg, Span
 from uopc.uop.readers import add_reader
@@ -48,6 +49,14 @@ def _argkey(arg: Any) -> Any:
     return arg
 
 
+# the ops whose dtype is not their first source's (_infer_dtype tells); every other op with sources has src[0]'s
+_OWN_DTYPE = frozenset({Ops.BUFFER, Ops.CMPLT, Ops.CMPNE, Ops.CAST, Ops.WHERE, Ops.SINK, Ops.END, Ops.STORE, Ops.RANGE})
+_OWN_DTYPE |= {Ops.VECTORIZE, Ops.GEP}
+# the ops whose arg is a shape or a tuple of int pairs (ints and Variables, built by the methods below): their arg is
+# its own cache key (_argkey would walk it to tell 1 from 1.0 and True, which a shape never holds)
+_SHAPE_ARG = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK})
+
+
 def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
     if op is Ops.BUFFER:
         return arg.dtype
@@ -68,7 +77,21 @@ def _infer_dtype(op: Ops, src: tuple[UOp, ...], arg: Any) -> DType | None:
     return src[0].dtype if src else None
 
 
-_cache: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+class _KeyRef(weakref.ref):
+    """A weak reference to a cached node that remembers its cache key (set after construction: a subclass without
+    its own __init__ is made in C, where WeakValueDictionary's KeyedRef runs Python for every node)."""
+
+    __slots__ = ("key",)
+
+
+def _forget(ref: _KeyRef) -> None:
+    """A cached node died: drop its entry, unless the key already names a newer node (the C helper checks that the
+    entry is this dead reference, atomically, as WeakValueDictionary does)."""
+    _remove_dead_weakref(_cache, ref.key)
+
+
+# the hash-consing table: structure key -> weak reference to the one node with that structure
+_cache: dict[tuple, _KeyRef] = {}
 _cache_lock = threading.Lock()
 in_forked_child(lambda: globals().__setitem__("_cache_lock", threading.Lock()))
 
@@ -83,11 +106,12 @@ class UOp:
     tracked: bool  # a tracked BUFFER (see track) or a RESHAPE of one: the nodes and Tensors reading it are recorded
 
     def __new__(cls, op: Ops, src: tuple[UOp, ...] = (), arg: Any = None, dtype: DType | None = None) -> UOp:
-        src = tuple(src)
+        if type(src) is not tuple:
+            src = tuple(src)
         if dtype is None:
-            dtype = _infer_dtype(op, src, arg)
-        key = (op, dtype, src, _argkey(arg))
-        if (hit := _cache.get(key)) is not None:
+            dtype = src[0].dtype if src and op not in _OWN_DTYPE else _infer_dtype(op, src, arg)
+        key = (op, dtype, src, arg if op in _SHAPE_ARG and type(arg) is tuple else _argkey(arg))
+        if (ref := _cache.get(key)) is not None and (hit := ref()) is not None:
             return hit
         u = object.__new__(cls)
         d = u.__dict__
@@ -96,9 +120,11 @@ class UOp:
         d["tracked"] = op is Ops.RESHAPE and src[0].tracked  # a BUFFER is tracked later, by track()
         # look again under the lock before inserting: two threads building the same node must get one object
         with _cache_lock:
-            if (hit := _cache.get(key)) is not None:
+            if (ref := _cache.get(key)) is not None and (hit := ref()) is not None:
                 return hit
-            _cache[key] = u
+            ref = _KeyRef(u, _forget)
+            ref.key = key
+            _cache[key] = ref
         for s in src:
             if s.tracked:
                 add_reader(s, u)
@@ -435,20 +461,27 @@ class UOp:
 
     @cached_property
     def vmin(self) -> int | float:
-        return _bounds(self)[0]
+        return bounds(self)[0]
 
     @cached_property
     def vmax(self) -> int | float:
-        return _bounds(self)[1]
+        return bounds(self)[1]
 
 
 def _shape(self: UOp) -> tuple[int, ...]:
     """The shape of a node, from its op, arg and its sources' (already computed) shapes."""
     op, arg = self.op, self.arg
+    if op in _SHAPELESS:
+        return ()
+    if op in ALU:  # the first source with a shape (a CONST or an index has none)
+        for s in self.src:
+            if s.shape:
+                return s.shape
+        return ()
     if op is Ops.BUFFER:
         return tuple(arg.shape)
     if op in (Ops.RESHAPE, Ops.EXPAND):
-        return tuple(arg)
+        return arg if type(arg) is tuple else tuple(arg)
     if op is Ops.PERMUTE:
         return tuple(self.src[0].shape[i] for i in arg)
     if op is Ops.PAD:  # (a symbolic dim is never padded: it keeps its Variable)
@@ -464,8 +497,6 @@ def _shape(self: UOp) -> tuple[int, ...]:
     if op is Ops.REDUCE:
         s = self.src[0].shape
         return s[: len(s) - arg[1]]
-    if op in ALU:
-        return next((s.shape for s in self.src if s.shape), ())
     if op is Ops.ATTENTION and isinstance(arg, Attention):  # (a lowered attention kernel's arg is another record)
         q, k = self.src[0].shape, self.src[1].shape  # rows stored before heads: (*batch, L, heads, E)
         if arg.kind in ("lse", "ds"):
@@ -476,6 +507,11 @@ def _shape(self: UOp) -> tuple[int, ...]:
     return ()
 
 
+# the ops of a lowered program and constants: no shape
+_SHAPELESS = frozenset({Ops.CONST, Ops.RANGE, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.ALLOC, Ops.AFTER, Ops.END, Ops.SINK})
+_SHAPELESS |= {Ops.CHECK, Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_VAR}
+
+
 def _span_fits(sp: Span, n: int) -> bool:
     """Whether a region's span addresses distinct elements of a dim of size n: count >= 0, a nonzero step for two or
     more, first and last element in 0..n-1."""
@@ -483,44 +519,6 @@ def _span_fits(sp: Span, n: int) -> bool:
         return False
     last = sp.start + (sp.count - 1) * sp.step
     return sp.count == 0 or (0 <= min(sp.start, last) and max(sp.start, last) < n)
-
-
-def _bounds(u: UOp) -> tuple[Any, Any]:
-    """Inclusive (min, max) of an index expression, from RANGE sizes and constants."""
-    op, s = u.op, u.src
-    if op is Ops.CONST:
-        return u.arg, u.arg
-    if op is Ops.RANGE:
-        return 0, s[0].vmax - 1
-    if op is Ops.DEFINE_VAR:
-        return u.arg.vmin, u.arg.vmax
-    if op is Ops.CHECK:  # a checked index is always in range (a bad one is recorded and replaced by 0)
-        return 0, u.arg[0] - 1
-    if u.dtype is not None and u.dtype.is_bool:
-        return False, True
-    if u.dtype is None or not u.dtype.is_int:
-        return -math.inf, math.inf
-    lo, hi = u.dtype.min, u.dtype.max
-    if op is Ops.ADD:
-        return max(lo, s[0].vmin + s[1].vmin), min(hi, s[0].vmax + s[1].vmax)
-    if op is Ops.MUL:
-        c = [a * b for a in (s[0].vmin, s[0].vmax) for b in (s[1].vmin, s[1].vmax)]
-        return max(lo, min(c)), min(hi, max(c))
-    if op is Ops.NEG:
-        return -s[0].vmax, -s[0].vmin
-    if op is Ops.MAX:
-        return max(s[0].vmin, s[1].vmin), max(s[0].vmax, s[1].vmax)
-    if op is Ops.IDIV and s[1].op is Ops.CONST and s[1].arg > 0:
-        return s[0].vmin // s[1].arg, s[0].vmax // s[1].arg
-    if op is Ops.MOD and s[1].op is Ops.CONST and s[1].arg > 0:
-        if s[0].vmin >= 0:
-            return 0, min(s[0].vmax, s[1].arg - 1)
-        return 0, s[1].arg - 1  # floor semantics: the sign follows the divisor
-    if op is Ops.WHERE:
-        return min(s[1].vmin, s[2].vmin), max(s[1].vmax, s[2].vmax)
-    if op is Ops.CAST and s[0].dtype is not None and s[0].dtype.is_int:
-        return max(lo, s[0].vmin), min(hi, s[0].vmax)
-    return lo, hi
 
 
 def identity_element(rop: Ops, dtype: DType) -> Any:
