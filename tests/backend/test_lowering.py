@@ -8,12 +8,19 @@ Every distinct kernel costs a gcc compile, so graphs are shared between tests wh
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 from tests.helpers import buf, c_lines, c_loops, gemm_graph, mm, render_graph, run
 from uopc.codegen.rangeify import Opts
+from uopc.engine.lower import make_plan
+from uopc.engine.realize import default_opt
+from uopc.helpers import Context
+from uopc.renderer.c import render_c
 from uopc.runtime import compiler as runtime
+from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import DType, dtypes
 
@@ -457,3 +464,21 @@ def test_a_padded_value_reads_its_per_channel_operands_once_per_channel():
     var = np.array([0.5, 2.0, 4.0], np.float32)
     want = np.pad(a / np.sqrt(var[:, None, None] + np.float32(1e-5)), ((0, 0), (1, 1), (1, 1)))
     np.testing.assert_allclose(run(g, [a, var]), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+def test_an_elementwise_kernel_runs_the_dims_its_reads_walk_in_order_as_one_loop(opt):
+    # (8, 4, 5, 7) * c[4, 1, 1] + x.permute: the two last dims of every read are one run of 35 elements; the dims
+    # before them are not (c repeats over dim 0, the permuted read walks dim 1 across rows). The kernel keeps its
+    # name, its loops are (8, 4, 35). reference: NumPy float32, rtol=1e-6, atol=1e-6 (the kernel contracts a*c+b to an FMA)
+    g = np.random.default_rng(3)
+    a, c, b = (g.standard_normal(s).astype(np.float32) for s in ((8, 4, 5, 7), (4, 1, 1), (4, 8, 5, 7)))
+    ta, tc, tb = Tensor(a), Tensor(c), Tensor(b)
+    y = ta * tc + tb.permute(1, 0, 2, 3)
+    with Context(OPT=opt):
+        plan, _ = make_plan([y.uop], opt=default_opt())
+        (k,) = plan.kernels
+        assert k.name == "e_8_4_5_7"
+        src = render_c(k.ast, k.name)
+        assert [n for n in re.findall(r"ridx\d+ < (\d+);", src)] == ["8", "4", "35"], src
+        np.testing.assert_allclose(y.numpy(), a * c + b.transpose(1, 0, 2, 3), rtol=1e-6, atol=1e-6)

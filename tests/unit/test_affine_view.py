@@ -1,11 +1,14 @@
 """uopc.uop.indexing.affine_view: a chain of movement ops as one strided view (offset, strides), checked against
-NumPy applying the same ops to arange: every element where the strides say, or None where no strides can say it."""
+NumPy applying the same ops to arange: every element where the strides say, or None where no strides can say it.
+And uopc.codegen.loops.merged_shape, which reads the same strides to merge an elementwise kernel's loops."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from uopc.codegen.loops import merged_shape
+from uopc.tensor import Tensor
 from uopc.uop import Ops, ParamArg, UOp
 from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import affine_view
@@ -68,3 +71,35 @@ def test_merging_dims_that_are_not_adjacent_in_memory_is_no_strided_view():
     assert affine_view(b.reshape((10, 96)).shrink(((0, 10), (0, 50))).reshape((500,)), b) is None
     assert affine_view(b.reshape((10, 96)).pad(((1, 0), (0, 0))), b) is None
     assert affine_view(b.reshape((10, 96)).permute((1, 0)).reshape((960,)), b) is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# merged_shape: the loops of an elementwise kernel, with the dims every read walks in order merged
+
+
+def _t(shape, seed=0):
+    return Tensor(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).realize()
+
+
+@pytest.mark.parametrize(
+    "name, make, want",
+    [
+        ("contiguous", lambda a, c: a + 1, (8 * 4 * 5 * 6,)),
+        ("per-channel operand", lambda a, c: a * c, (8, 4, 30)),
+        ("last two dims swapped", lambda a, c: a.permute(0, 1, 3, 2) + 1, (32, 6, 5)),
+        ("inner dim shrunk", lambda a, c: a[:, :, :, 1:] + 1, (160, 5)),
+        ("rows shrunk", lambda a, c: a[:, :, 1:, :] + 1, (32, 24)),
+        ("size-1 dims between", lambda a, c: a.reshape(8, 4, 1, 30, 1) * 2, (8 * 4 * 30,)),
+        ("flipped inner dim", lambda a, c: a.flip(3) + 1, (160, 6)),
+        ("padded", lambda a, c: a.pad(((0, 0), (0, 0), (1, 1), (1, 1))) + 1, (8, 4, 7, 8)),
+        ("a reduce", lambda a, c: a.sum(3) + 1, (8, 4, 5)),
+    ],
+)
+def test_merged_shape_merges_the_dims_every_read_walks_in_order(name, make, want):
+    a, c = _t((8, 4, 5, 6)), _t((4, 1, 1), 1)
+    assert merged_shape(make(a, c).uop) == want, name
+
+
+def test_merged_shape_keeps_a_broadcast_dim_apart():
+    a, b = _t((6, 5)), _t((1, 5), 1)
+    assert merged_shape((a + b).uop) == (6, 5)  # b's rows have stride 0: (6, 5) is no run of b's elements

@@ -18,6 +18,7 @@ from typing import Any
 
 from uopc import helpers
 from uopc.codegen.attention import lower_attention
+from uopc.codegen.loops import merged_shape
 from uopc.codegen.rangeify import Ctx, lower, lower_scatter, lower_setitem
 from uopc.helpers import prod
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
@@ -120,6 +121,9 @@ def lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
             lowered_stats["hits"] += 1
             return hit
     with helpers.phase("lower"):
+        # adjacent dims that every read walks in order run as one loop (the kernel keeps its name and output)
+        if (shape := merged_shape(body)) != body.shape:
+            body = body.reshape(shape)
         opts = opt.choose(body, out) if opt is not None else None
         res = lower(body, out, Ctx(opts=opts)), opts
     with _lowered_lock:

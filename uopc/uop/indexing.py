@@ -115,7 +115,7 @@ def flat_index(view: UOp, base: UOp, idx: tuple[UOp, ...]) -> UOp | None:
     return ravel(idx, base.shape) if base.shape else UOp.const(0, idx[0].dtype if idx else dtypes.int32)
 
 
-def _reshape_strides(old: list[int], ost: list[int], new: list[int]) -> list[int] | None:
+def reshape_strides(old: list[int], ost: list[int], new: list[int]) -> list[int] | None:
     """The strides of a strided view (old, ost) reshaped to `new`, or None when some merged dims are not laid out
     one after the other (then the reshape is no strided view). Size-1 dims take stride 0."""
     o = [(n, st) for n, st in zip(old, ost, strict=True) if n != 1]
@@ -165,7 +165,7 @@ def affine_view(view: UOp, base: UOp) -> tuple[int, tuple[int, ...]] | None:
     for m in reversed(chain):
         if m.op is Ops.RESHAPE:
             new = [int(n) for n in m.arg]
-            got = _reshape_strides(shape, strides, new)
+            got = reshape_strides(shape, strides, new)
             if got is None:
                 return None
             shape, strides = new, got
