@@ -10,6 +10,10 @@ training step (3 layers, 64 wide, context 64, batch 32, AdamW). attention: scale
 (12 heads of 64, causal, 128 / 512 / 1024 tokens), forward and forward + backward. rows: softmax 4096x4096,
 LayerNorm 8192x1024 (uopc's nn.LayerNorm), softmax 512x512 and their backward passes (the gradient of sum(out * g)).
 
+Each line ends with the rates: GFLOP/s for the models and attention (FLOPs as torch.utils.flop_counter counts the
+PyTorch model's call; attention's from its causal pairs) with uopc's share of the FMA peak measured in the same run,
+and GB/s for the row kernels (the bytes a one-pass kernel moves) against the stream triad measured there too.
+
 uopc runs under TinyJit (a replay with the same input buffers, outputs and temporaries from its plans and pool);
 PyTorch eager and torch.compile (unless --no-compile) run the same model with copied weights, each call allocating
 its outputs through glibc. First-touch page faults are very expensive on this project's VMs, so glibc is told to keep
@@ -31,12 +35,13 @@ if any(os.environ.get(k) != v for k, v in MALLOC.items()):  # glibc reads these 
 
 import models  # noqa: E402  (bench/models.py: run as a script, bench/ is on sys.path)
 import numpy as np  # noqa: E402
+from bench_gemm import fma_peak  # noqa: E402
 
 from uopc import nn  # noqa: E402
 from uopc.engine.jit import TinyJit  # noqa: E402
 from uopc.runtime import compiler as runtime  # noqa: E402
 from uopc.tensor import Tensor  # noqa: E402
-from uopc.tools.harness import interleave, medians, timed  # noqa: E402
+from uopc.tools.harness import interleave, medians, probe_bandwidth, timed  # noqa: E402
 
 try:
     import torch
@@ -44,10 +49,36 @@ except ImportError:  # the benchmark still times uopc alone
     torch = None
 
 
-def table(title: str, runners: dict, rounds: int) -> None:
+# the machine's roofs, measured once in main(): the FMA peak (GFLOP/s) and the streaming bandwidth (GB/s)
+ROOF: dict[str, float] = {}
+
+
+def table(title: str, runners: dict, rounds: int, flops: float | None = None, nbytes: float | None = None) -> None:
+    """Interleaved rounds, then one line: each side's median, uopc's ratios, and with `flops` each side's GFLOP/s
+    (uopc's as a fraction of the FMA peak), or with `nbytes` (a memory-bound case) GB/s against the stream triad."""
     med = medians(interleave(runners, rounds))
     line = f"{title:44s}" + "".join(f" {k} {v * 1e3:8.3f} ms" for k, v in med.items())
-    print(line + "".join(f"  /{k} {med['uopc'] / v:.2f}" for k, v in med.items() if k != "uopc"), flush=True)
+    line += "".join(f"  /{k} {med['uopc'] / v:.2f}" for k, v in med.items() if k != "uopc")
+    rates_of = ((flops, "GFLOP/s", "peak", "of the FMA peak"), (nbytes, "GB/s", "bw", "of stream"))
+    for amount, unit, roof, what in rates_of:
+        if amount:
+            rates = {k: amount / v / 1e9 for k, v in med.items()}
+            line += f"  | {unit}: " + ", ".join(f"{k} {r:.0f}" for k, r in rates.items())
+            if ROOF.get(roof):
+                line += f" (uopc {100 * rates['uopc'] / ROOF[roof]:.0f}% {what})"
+    print(line, flush=True)
+
+
+def _torch_flops(fn) -> float | None:
+    """The FLOPs of one call of a PyTorch function, as torch.utils.flop_counter counts them (matmuls, convolutions
+    and attention: 2 per multiply-add, forward and backward), or None without torch."""
+    if torch is None:
+        return None
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops()) or None
 
 
 def model(name: str, title: str, args, seq: int | None = None, ort_too: bool = False) -> None:
@@ -55,6 +86,7 @@ def model(name: str, title: str, args, seq: int | None = None, ort_too: bool = F
     xs = [Tensor(a) for a in w.inputs]
     run = TinyJit(lambda *a: w.call(*a).realize())
     runners = {"uopc": timed(lambda: run(*xs))}
+    flops = None
     if torch is not None:
         for side, compiled in (("torch", False), ("torch.compile", True))[: 1 if args.no_compile else 2]:
             t = models.build(name, "torch", seq=seq, compile=compiled)
@@ -64,11 +96,13 @@ def model(name: str, title: str, args, seq: int | None = None, ort_too: bool = F
                 ref, ours = t.call(*tin).numpy(), run(*xs).numpy()
                 print(f"  ({name}: uopc against torch, max |diff| / max |out| = "
                       f"{np.abs(ours - ref).max() / np.abs(ref).max():.1e})")  # fmt: skip
+            if side == "torch":
+                flops = _torch_flops(lambda t=t, tin=tin: t.call(*tin))
             runners[side] = timed(lambda t=t, tin=tin: t.call(*tin))
             if ort_too and side == "torch" and (sess := _ort_session(t, tin)) is not None:
                 feeds = {f"x{i}": a for i, a in enumerate(t.inputs)}
                 runners["onnxruntime"] = timed(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
-    table(title, runners, args.rounds)
+    table(title, runners, args.rounds, flops=flops)
 
 
 def _ort_session(t, tin):
@@ -129,8 +163,11 @@ def attention(args) -> None:
                 return [t.grad for t in a]
 
             brunners["torch"] = timed(tfb)
-        table(f"attention 12x{T}x64 causal forward", runners, args.rounds)
-        table(f"attention 12x{T}x64 causal fwd+bwd", brunners, args.rounds)
+        # the work causal attention needs: q k^T and p v over the T (T + 1) / 2 pairs a query sees, 2 FLOPs per
+        # multiply-add; the backward recomputes q k^T and adds dv, dp, dq and dk: 5 products against the forward's 2
+        fwd_flops = 2 * 2 * 12 * 64 * T * (T + 1) / 2
+        table(f"attention 12x{T}x64 causal forward", runners, args.rounds, flops=fwd_flops)
+        table(f"attention 12x{T}x64 causal fwd+bwd", brunners, args.rounds, flops=fwd_flops * 7 / 2)
 
 
 def rows(args) -> None:
@@ -151,6 +188,7 @@ def rows(args) -> None:
                     ln_t.bias.copy_(torch.from_numpy(ln_u.bias.numpy()))
             ft = ln_t
         xu, gu = Tensor(x).realize(), Tensor(dy).realize()
+        compiled = torch.compile(ft) if torch is not None and not args.no_compile else None
         fwd = TinyJit(lambda a, fu=fu: fu(a).realize())
 
         def grad(a: Tensor, gy: Tensor, fu=fu) -> Tensor:
@@ -166,16 +204,21 @@ def rows(args) -> None:
             with torch.no_grad():
                 ref = ft(xt).numpy()
             print(f"  ({title}: max |uopc - torch| = {np.abs(fwd(xu).numpy() - ref).max():.1e})")
-            runners["torch"] = timed(lambda ft=ft, xt=xt: torch.no_grad()(ft)(xt))
+            for side, f in (("torch", ft), ("torch.compile", compiled)):
+                if f is None:
+                    continue
+                runners[side] = timed(lambda f=f, xt=xt: torch.no_grad()(f)(xt))
 
-            def tgrad(ft=ft, xt=xt, gt=gt):
-                a = xt.clone().requires_grad_()
-                (ft(a) * gt).sum().backward()
-                return a.grad
+                def tgrad(f=f, xt=xt, gt=gt):
+                    a = xt.clone().requires_grad_()
+                    (f(a) * gt).sum().backward()
+                    return a.grad
 
-            brunners["torch"] = timed(tgrad)
-        table(f"{title} forward", runners, args.rounds)
-        table(f"{title} backward", brunners, args.rounds)
+                brunners[side] = timed(tgrad)
+        # the bytes a one-pass kernel moves: x in and y out; the backward reads x (or y) and dy, writes dx
+        n = x.size * 4
+        table(f"{title} forward", runners, args.rounds, nbytes=2 * n)
+        table(f"{title} backward", brunners, args.rounds, nbytes=3 * n)
 
 
 def main() -> None:
@@ -194,6 +237,10 @@ def main() -> None:
         torch.set_num_threads(runtime.get_num_threads())
     print(f"uopc {runtime.get_num_threads()} threads" + (f", torch {torch.__version__}" if torch else "")
           + f"; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    ROOF["peak"] = fma_peak(runtime.get_num_threads())
+    ROOF["bw"] = probe_bandwidth()
+    print(f"FMA peak (generated kernel of independent FMAs) {ROOF['peak']:.0f} GFLOP/s; stream triad "
+          f"{ROOF['bw']:.1f} GB/s")  # fmt: skip
     if "rows" in sections:
         rows(args)
     if "chargpt" in sections:

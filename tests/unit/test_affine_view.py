@@ -103,3 +103,10 @@ def test_merged_shape_merges_the_dims_every_read_walks_in_order(name, make, want
 def test_merged_shape_keeps_a_broadcast_dim_apart():
     a, b = _t((6, 5)), _t((1, 5), 1)
     assert merged_shape((a + b).uop) == (6, 5)  # b's rows have stride 0: (6, 5) is no run of b's elements
+
+
+def test_merged_shape_leaves_16_bit_float_kernels_alone():
+    # gcc 12 vectorizes the half conversions in a nest, not in one long loop (tests/backend/test_half.py)
+    a = Tensor(np.ones((16, 300), np.float16)).realize()
+    assert merged_shape((a * a).uop) == (16, 300)
+    assert merged_shape((a.float() * 2).uop) == (16, 300)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from uopc.helpers import prod
 from uopc.uop import ALU, Ops, UOp
+from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import reshape_strides
 from uopc.uop.symbolic import simplify
 from uopc.uop.variable import Variable
@@ -149,13 +149,18 @@ def regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> lis
     return out
 
 
+HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)
+
+
 def _access_strides(root: UOp) -> list[tuple[int, ...]] | None:
     """The strides, in `root`'s index space, of every buffer element an elementwise `root` reads, one tuple per read
     (a constant reads none); None when some read is no strided view of its buffer (a PAD's condition, a gather, a
     reduce, a reshape that is no view, a symbolic dim): then no two loops may be merged."""
     memo: dict[UOp, list[tuple[int, ...]] | None] = {}
     for u in root.toposort():
-        if any(type(n) is not int for n in u.shape):
+        # (16-bit floats keep their loops: gcc 12 vectorizes their integer conversions in a nest, not in one long
+        # loop, where it tries 32 halves per vector, finds no 32-float vector and gives up)
+        if any(type(n) is not int for n in u.shape) or u.dtype in HALF_FLOATS:
             return None
         if u.op is Ops.BUFFER:
             memo[u] = [(1,)]
@@ -198,7 +203,7 @@ def merged_shape(root: UOp) -> tuple[int, ...]:
     """`root`'s shape with each run of adjacent dims that every read walks in order (stride of a dim = its size
     times the stride of the next, in every buffer read) merged into one: an elementwise kernel over (128, 32, 14, 14)
     is one loop of 802816, not loops of 14 that gcc vectorizes with remainders (and unrolls at length, slowly).
-    Only for an elementwise root without padding: anything else keeps its shape."""
+    Only for an elementwise root without padding or 16-bit floats: anything else keeps its shape."""
     shape = [int(n) for n in root.shape] if all(type(n) is int for n in root.shape) else []
     if len(shape) < 2 or (reads := _access_strides(root)) is None:
         return tuple(root.shape)
