@@ -119,6 +119,35 @@ def test_jit_returned_tensors_stay_valid():
         np.testing.assert_allclose(o.numpy(), r, rtol=0, atol=0)
 
 
+def test_jit_writes_a_dropped_result_again_and_never_one_still_held():
+    # a replay writes its output into the last replay's when nothing holds that any more (no new pool storage);
+    # a result still held as a tensor, read by a lazy graph or seen by a NumPy view keeps its values
+    f = TinyJit(lambda a: (a * 2).realize())
+    x = Tensor(np.arange(16, dtype=np.float32))
+    f(x), f(x)
+    slot = lambda t: base_buffer(t.uop).arg.slot  # noqa: E731  (the BUFFER's identity, without holding it)
+    held = f(x)
+    other = f(Tensor(np.ones(16, np.float32)))
+    assert slot(other) != slot(held)
+    last = slot(other)
+    del other
+    again = f(x)
+    assert slot(again) == last  # dropped: its storage written again
+    lazy = again + 1
+    del again
+    third = f(Tensor(np.full(16, 5, np.float32)))
+    assert slot(third) != last
+    view = third.numpy()  # a copy: the tensor may go
+    del third
+    misses = pool.misses
+    fourth = f(x)
+    assert pool.misses == misses
+    np.testing.assert_array_equal(held.numpy(), np.arange(16) * 2)
+    np.testing.assert_array_equal(lazy.numpy(), np.arange(16) * 2 + 1)
+    np.testing.assert_array_equal(view, np.full(16, 10))
+    np.testing.assert_array_equal(fourth.numpy(), np.arange(16) * 2)
+
+
 def test_jit_replays_an_assign_it_does_not_return():
     """A step that assigns into a tensor it neither returns nor realizes (a KV cache written at a position given
     as a tensor): the capture realizes the assign with the step, so every replay writes it."""

@@ -16,8 +16,10 @@ read (parameters, optimizer state, constants) is bound by identity: a tensor tha
 followed to its current buffer, and written in place when the plan allows it (every read of the old value comes
 earlier, or at the element it writes: decided once, at capture) and nothing else reads the storage (no other graph
 or tensor holds it, no NumPy view of it was handed out: uopc.uop.read_only_by, checked on every replay); else it is
-written into fresh pool storage and the tensor is rebound. Returned Tensors are fresh
-buffers of that call, valid after later calls. A call whose Tensor shapes or dtypes, or whose other arguments,
+written into fresh pool storage and the tensor is rebound. Returned Tensors are buffers of that call, valid after
+later calls: a replay writes an output into the last replay's storage only when nothing holds that any more (the
+result was dropped: no tensor, graph or NumPy view refers to it), which saves a kernel of a few microseconds the
+allocation and the cold pages. A call whose Tensor shapes or dtypes, or whose other arguments,
 differ from the captured call raises ValueError naming the argument, as does a change of `Tensor.training` or
 `Tensor.no_grad` (the modes the step's graph depends on); `reset()` captures anew.
 Per-step Python values are frozen by replay: optimizers keep theirs (lr, step count) in state tensors. A size that
@@ -30,6 +32,7 @@ in place (as the same step would without the JIT); captures are per thread.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -218,6 +221,9 @@ class TinyJit:
         self._ret: Any = None  # the return value with its Tensors as _Returned/_Value bindings
         self._key: tuple | None = None  # the captured call's signature in a form compared with one ==
         self._sole: dict[int, tuple[int, bool]] = {}  # id(_Update) -> (readers epoch, _sole_reader then)
+        # per captured call, the fresh outputs of the last replay (root -> BUFFER): the next replay writes into one
+        # again when nothing holds it any more (the result was dropped), instead of taking new pool storage
+        self._spare: list[dict[int, UOp]] = []
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self.__call__, obj)
@@ -307,20 +313,35 @@ class TinyJit:
 
     def _replay(self, args: list[UOp], var_vals: dict[Variable, int] | None = None) -> Any:
         results: list[list[UOp]] = []
-        for call in self._calls:
+        if len(self._spare) != len(self._calls):
+            self._spare = [{} for _ in self._calls]
+        for call, spare in zip(self._calls, self._spare, strict=True):
             outs: list[UOp | None] = [None] * len(call.cp.plan.outs)
             for up in call.updates:
                 if up.in_place and self._sole_reader(up):
                     outs[up.root] = base_buffer(up.tensor.uop)
             fresh = tuple(up.root for up in call.updates if outs[up.root] is None) if call.updates else ()
+            while spare:
+                r, u = spare.popitem()
+                # held by nothing but `u` and this call's argument: no tensor, graph or view can see it change
+                if outs[r] is None and sys.getrefcount(u) == _UNHELD and not is_shared(u):
+                    outs[r] = u
+                del u
             binds = [b.get(args, results) for b in call.inputs]
             res = realize.run_plan(call.cp, binds, outs, tracked=fresh, var_vals=var_vals)
+            if call.cp.fresh:
+                updated = {up.root for up in call.updates}
+                spare.update((r, res[r]) for r in call.cp.fresh if r not in updated)
             for up in call.updates:
                 if outs[up.root] is None:  # written into fresh storage: the tensor follows it
                     t, u = up.tensor, res[up.root]
                     t.hold(u if u.shape == t.shape else u.reshape(t.shape))
             results.append(res)
         return _map(self._ret, lambda b: b.value(results, args, var_vals))
+
+
+# sys.getrefcount of a spare output that only the replay's local name refers to (the name and the call's argument)
+_UNHELD = 2
 
 
 def _flat(x: Any) -> list[Any]:
