@@ -470,7 +470,8 @@ def test_a_padded_value_reads_its_per_channel_operands_once_per_channel():
 def test_an_elementwise_kernel_runs_the_dims_its_reads_walk_in_order_as_one_loop(opt):
     # (8, 4, 5, 7) * c[4, 1, 1] + x.permute: the two last dims of every read are one run of 35 elements; the dims
     # before them are not (c repeats over dim 0, the permuted read walks dim 1 across rows). The kernel keeps its
-    # name, its loops are (8, 4, 35). reference: NumPy float32, rtol=1e-6, atol=1e-6 (the kernel contracts a*c+b to an FMA)
+    # name, its loops are (8, 4, 35). reference: NumPy float32, rtol=1e-6, atol=1e-6 (the kernel contracts a*c+b to
+    # an FMA)
     g = np.random.default_rng(3)
     a, c, b = (g.standard_normal(s).astype(np.float32) for s in ((8, 4, 5, 7), (4, 1, 1), (4, 8, 5, 7)))
     ta, tc, tb = Tensor(a), Tensor(c), Tensor(b)
