@@ -304,16 +304,17 @@ def test_strided_conv2d_is_im2col_then_a_gemm_shaped_reduce():
 
 
 def test_stride1_conv2d_reads_the_padded_input_in_place():
-    # no im2col: the padded input is copied once, flat per channel (11 * 13 + 2 tail zeros, + 11 for the positions
-    # rounded up = 156), the reduction over Cin*kh*kw runs over every column of the padded width (9 * 13 = 117
-    # positions, rounded up to 128: whole register tiles) reading that copy at each tap's offset, and the extra
-    # columns are cut by the consumer (here a copy, the plan's output)
+    # no im2col: the padded input is copied once, in its padded shape with one more row of zeros for the tail (11 * 13
+    # + 2 tail zeros, + 11 for the positions rounded up = 156 <= 12 * 13: e_2_32_12_13, read flat per channel), the
+    # reduction over Cin*kh*kw runs over every column of the padded width (9 * 13 = 117 positions, rounded up to
+    # 128: whole register tiles) reading that copy at each tap's offset, and the extra columns are cut by the
+    # consumer (here a copy, the plan's output)
     x, w = Tensor(r(2, 32, 9, 11)), Tensor(r(8, 32, 3, 3))
     plan, _ = make_plan([x.conv2d(w, padding=1).uop])
-    assert [k.name for k in plan.kernels] == ["e_2_32_156", "r_2_1_8_128", "e_2_8_9_11"]
+    assert [k.name for k in plan.kernels] == ["e_2_32_12_13", "r_2_1_8_128", "e_2_8_9_11"]
     # a consumer fuses the cut: conv + relu is the same three kernels, the relu in the last
     plan, _ = make_plan([x.conv2d(w, padding=1).relu().uop])
-    assert [k.name for k in plan.kernels] == ["e_2_32_156", "r_2_1_8_128", "e_2_8_9_11"]
+    assert [k.name for k in plan.kernels] == ["e_2_32_12_13", "r_2_1_8_128", "e_2_8_9_11"]
 
 
 def test_identical_kernels_are_lowered_once():
@@ -350,4 +351,4 @@ def test_conv2d_backward_is_two_gemms_and_no_window_sum():
     reduces = [k.name for k in plan.kernels if k.name.startswith("r_")]
     assert reduces == ["r_2_1_32_128", "r_1_288_8"], [k.name for k in plan.kernels]
     copies = [k.name for k in plan.kernels if k.name.startswith("e_")]
-    assert "e_2_32_156" in copies and "e_2_8_156" in copies, copies  # the flat padded input and gradient
+    assert "e_2_32_12_13" in copies and "e_2_8_12_13" in copies, copies  # the flat padded input and gradient

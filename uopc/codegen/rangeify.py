@@ -380,9 +380,12 @@ def _axis_order(o: Opts, n: int) -> list[tuple[int, AxisType]]:
     return [(k, AxisType.THREAD if k == o.thread else AxisType.LOOP) for k in order]
 
 
-def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[int, UOp]:
+def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int], chunked: bool = False) -> dict[int, UOp]:
     """The cache-block loops of one region's output axes (`shape`, `ups` copies per axis): axis -> loop over its
-    blocks. A block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache."""
+    blocks. A block of outputs reuses the same operand rows: all block loops go outside, so they stay in cache.
+    The THREAD axis's loop is made first and nests outermost: when other axes are blocked or the reduction is
+    `chunked` (Opts.ktile), an untiled THREAD axis becomes a block loop of its own (one parallel region per call:
+    nested inside the blocks or chunks, a pack ran 98 regions a call at 0.6 GB/s, a weight gradient 196)."""
     o = ctx.opts
     tiled = {
         k
@@ -393,7 +396,11 @@ def _block_loops(ctx: Ctx, shape: tuple[int, ...], ups: dict[int, int]) -> dict[
         and shape[k] % t == 0
         and t % ups.get(k, 1) == 0
     }
-    return {k: ctx.rng(shape[k] // o.tile[k], kind) for k, kind in _axis_order(o, len(shape)) if k in tiled}
+    th, n = o.thread, len(shape)
+    own = th is not None and th < n and th not in tiled and (tiled or chunked) and type(shape[th]) is not Variable
+    whole = {th} if own and shape[th] % ups.get(th, 1) == 0 else set()
+    sizes = {k: shape[k] // o.tile[k] if k in tiled else shape[k] // ups.get(k, 1) for k in tiled | whole}
+    return {k: ctx.rng(sizes[k], kind) for k, kind in _axis_order(o, n) if k in sizes}
 
 
 def _output_parts(
@@ -405,8 +412,8 @@ def _output_parts(
     parts: dict[int, tuple[UOp, int]] = {}
     for k, kind in _axis_order(o, len(shape)):
         f = ups.get(k, 1)
-        if k in blocks:
-            inner = o.tile[k] // f
+        if k in blocks:  # the block loop's trips divide the axis: a tile's, or 1 (a THREAD axis's own, untiled)
+            inner = shape[k] // (blocks[k].vmax + 1) // f
             parts[k] = (blocks[k] * inner + ctx.rng(inner) if inner > 1 else blocks[k], f)
         else:
             parts[k] = _axis_parts(ctx, shape[k], f, kind)
@@ -439,7 +446,7 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
     nests = []
     # each region (whole tiles, the remainders) is a loop nest of its own
     for offs, sizes, ups in regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
-        blocks = _block_loops(ctx, sizes, ups)
+        blocks = _block_loops(ctx, sizes, ups, chunked=bool(ktile))
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
         chunk = KChunk(ctx.rng(epilogue_reduce(root).src[0].shape[-1] // ktile), ktile, out) if ktile else None
         plist = _output_parts(ctx, sizes, ups, blocks)
