@@ -18,8 +18,8 @@ earlier, or at the element it writes: decided once, at capture) and nothing else
 or tensor holds it, no NumPy view of it was handed out: uopc.uop.read_only_by, checked on every replay); else it is
 written into fresh pool storage and the tensor is rebound. Returned Tensors are buffers of that call, valid after
 later calls: a replay writes an output into the last replay's storage only when nothing holds that any more (the
-result was dropped: no tensor, graph or NumPy view refers to it), which saves a kernel of a few microseconds the
-allocation and the cold pages. A call whose Tensor shapes or dtypes, or whose other arguments,
+result was dropped: no tensor, graph or NumPy view refers to it): a kernel of a few microseconds then pays for no
+allocation and writes warm pages. A call whose Tensor shapes or dtypes, or whose other arguments,
 differ from the captured call raises ValueError naming the argument, as does a change of `Tensor.training` or
 `Tensor.no_grad` (the modes the step's graph depends on); `reset()` captures anew.
 Per-step Python values are frozen by replay: optimizers keep theirs (lr, step count) in state tensors. A size that
