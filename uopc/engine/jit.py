@@ -340,8 +340,16 @@ class TinyJit:
         return _map(self._ret, lambda b: b.value(results, args, var_vals))
 
 
-# sys.getrefcount of a spare output that only the replay's local name refers to (the name and the call's argument)
-_UNHELD = 2
+def _unheld_count() -> int:
+    """sys.getrefcount of an object that only a local name refers to, taken out of a dict as _replay takes a spare
+    output (2 on CPython 3.11: the name and the call's argument). Measured, not assumed: an interpreter that counts
+    stack references differently must never make a held output look free."""
+    spare = {0: object()}
+    _, u = spare.popitem()
+    return sys.getrefcount(u)
+
+
+_UNHELD = _unheld_count()
 
 
 def _flat(x: Any) -> list[Any]:
