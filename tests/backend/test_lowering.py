@@ -481,5 +481,7 @@ def test_an_elementwise_kernel_runs_the_dims_its_reads_walk_in_order_as_one_loop
         (k,) = plan.kernels
         assert k.name == "e_8_4_5_7"
         src = render_c(k.ast, k.name)
-        assert [n for n in re.findall(r"ridx\d+ < (\d+);", src)] == ["8", "4", "35"], src
+        trips = re.findall(r"ridx\d+ < (\d+);", src)
+        # (the optimizer may cut the merged loop into vectors and a remainder on another machine: no 5 or 7 is left)
+        assert trips == ["8", "4", "35"] if opt == 0 else not {"5", "7"} & set(trips), src
         np.testing.assert_allclose(y.numpy(), a * c + b.transpose(1, 0, 2, 3), rtol=1e-6, atol=1e-6)
