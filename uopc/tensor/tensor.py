@@ -57,6 +57,10 @@ REPR_MAX_VALUES = 64
 _kept_graphs: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
 
 
+def _is_kept(u: UOp) -> bool:
+    return (u.op is Ops.BUFFER or (u.op is Ops.RESHAPE and u.src[0].op is Ops.BUFFER)) and u in _kept_graphs
+
+
 class _Pending(NamedTuple):
     """An assign not realized yet: the BUFFER it replaces (None if the tensor was lazy before its first assign)."""
 
@@ -373,7 +377,8 @@ class Tensor(
         if self.uop.size != 1:
             raise RuntimeError(f"grad can be implicitly created only for scalar outputs, got shape {self.uop.shape}")
         root, realized = self.uop, {}
-        while _kept_graphs and (found := {u: _kept_graphs[u] for u in root.toposort() if u in _kept_graphs}):
+        # (the keys are realized values: a BUFFER or a RESHAPE of one; only those nodes pay the weak lookup)
+        while _kept_graphs and (found := {u: _kept_graphs[u] for u in root.toposort() if _is_kept(u)}):
             realized.update({g: u for u, g in found.items()})
             root = root.substitute(found)
         return root, realized
