@@ -111,10 +111,16 @@ def interleave(
     rounds: int,
     on_round: Callable[[int, dict[str, list[float]]], None] | None = None,
 ) -> dict[str, list[float]]:
-    """Run each runner once per round, alternating, and collect what each returns (seconds per call) per round."""
+    """Run each runner once per round, alternating, and collect what each returns (seconds per call) per round.
+
+    Before each side runs, this process's threads are let go idle (wait_idle on our own pid: the waiting thread
+    sleeps, so only other threads count): onnxruntime's pool and the OpenMP teams of PyTorch and uopc spin after a
+    call, and a side timed while the previous side's threads still spin loses cores to them (ResNet-18 b1 timed
+    right after onnxruntime: uopc 32.9 ms, after its threads went idle 24.7 ms; onnxruntime's own time unchanged)."""
     times: dict[str, list[float]] = {k: [] for k in runners}
     for r in range(rounds):
         for name, run in runners.items():
+            wait_idle(os.getpid(), cap=1.0, quiet=0.05)
             times[name].append(run())
         if on_round is not None:
             on_round(r, times)
