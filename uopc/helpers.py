@@ -11,6 +11,7 @@ Settings (all optional):
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
   UOPC_POOL_MB      MiB of freed storage the allocation pool keeps for reuse (default 2048)
   UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first (default 512, 0: no cap)
+  UOPC_WINOGRAD     3x3 stride-1 convs by Winograd: 0 never, 1 by the cost rule (default), 2/4 F(2,3)/F(4,3) always
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Settings:
     PLAN_CACHE: int = 1024
     POOL_MB: int = 2048
     CACHE_MAX_MB: int = 512
+    WINOGRAD: int = 1
 
     def code_key(self) -> tuple:
         return (self.CHECK_OOB, self.CC, self.CFLAGS)
@@ -74,6 +76,7 @@ _ENV_SETTINGS = Settings(
     PLAN_CACHE=getenv("UOPC_PLAN_CACHE", 1024),
     POOL_MB=getenv("UOPC_POOL_MB", 2048),
     CACHE_MAX_MB=getenv("UOPC_CACHE_MAX_MB", 512),
+    WINOGRAD=getenv("UOPC_WINOGRAD", 1),
 )
 # a context variable, not a module global: a `Context` in one thread (or asyncio task) changes nothing in another,
 # and a new thread starts from the environment's values

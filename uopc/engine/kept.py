@@ -1,5 +1,5 @@
-"""Kept kernels: a kernel that computes a temp only from plan inputs its plan does not write runs once per change of
-those inputs, not once per call.
+"""Kept kernels: a kernel that computes a temp only from plan inputs its plan does not write (directly, or through
+other kept temps) runs once per change of those inputs, not once per call.
 
     weight W (an input no kernel writes) --pack--> tmp[0] (kept) --> r_128_2304 (runs every call)
 
@@ -28,27 +28,38 @@ from uopc.uop import UOp
 __all__ = ["Kept", "invariant_kernels"]
 
 
-def invariant_kernels(plan: Plan) -> tuple[int, ...]:
-    """The kernels a plan can keep from call to call: each computes a temp (no other kernel writes it) only from
-    plan inputs that no kernel of the plan writes, checks no index, loops over no symbolic size, and makes at most
-    twice the bytes it reads (a copy in another layout, not an expansion)."""
+def invariant_kernels(plan: Plan) -> dict[int, tuple[int, ...]]:
+    """The kernels a plan can keep from call to call, each with the plan inputs its temp is computed from: it
+    computes a temp (no other kernel writes it) only from plan inputs that no kernel of the plan writes and from
+    other kept temps (a weight folded with a BatchNorm's statistics, then reordered: both kept), checks no index,
+    loops over no symbolic size, and makes at most twice the bytes it reads (a copy in another layout, not an
+    expansion)."""
     written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
     writers: dict[Ref, int] = {}
     for k in plan.kernels:
         writers[k.refs[-1]] = writers.get(k.refs[-1], 0) + 1
-    kept = []
+    kept: dict[int, tuple[int, ...]] = {}
+    made_by: dict[Ref, int] = {}  # a kept temp -> the kernel that computes it
     for i, k in enumerate(plan.kernels):
         out, ins = k.refs[-1], k.refs[:-1]
         # (a kernel over a symbolic size computes something else for each value bound: never kept)
         if out.kind is not RefKind.TMP or writers[out] != 1 or k.copy is not None or not ins or k.vars:
             continue
-        if any(r.kind is not RefKind.IN or r.i in written_inputs for r in ins):
-            continue
-        t = plan.temps[out.i]
-        made = t.size * t.dtype.itemsize
-        if made <= 2 * (k.nbytes - made):
-            kept.append(i)
-    return tuple(kept)
+        roots: set[int] = set()
+        for r in ins:
+            if r.kind is RefKind.IN and r.i not in written_inputs:
+                roots.add(r.i)
+            elif r in made_by:
+                roots.update(kept[made_by[r]])
+            else:
+                break
+        else:
+            t = plan.temps[out.i]
+            made = t.size * t.dtype.itemsize
+            if made <= 2 * (k.nbytes - made):
+                kept[i] = tuple(sorted(roots))
+                made_by[out] = i
+    return kept
 
 
 class Kept:
@@ -56,7 +67,8 @@ class Kept:
     flag (the others follow, one per kept kernel); `where(ref)` the index in `bufs` of a kernel parameter."""
 
     def __init__(self, plan: Plan, first_flag: int):
-        self.plan, self.kernels, self.first_flag = plan, invariant_kernels(plan), first_flag
+        self.roots = invariant_kernels(plan)  # kernel index -> the plan inputs its temp is computed from
+        self.plan, self.kernels, self.first_flag = plan, tuple(self.roots), first_flag
         self.temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input slots and versions, its temp)
         self.lock = threading.Lock()
 
@@ -83,7 +95,7 @@ class Kept:
         computed = []
         for n, i in enumerate(self.kernels):
             k = self.plan.kernels[i]
-            ins = [inputs[r.i] for r in k.refs[:-1]]
+            ins = [inputs[j] for j in self.roots[i]]
             versions = [version(b) for b in ins]
             # None: a view of the storage is handed out, its contents unknown: an empty key, which never matches
             key = () if None in versions else tuple((b.arg.slot, v) for b, v in zip(ins, versions, strict=True))

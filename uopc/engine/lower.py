@@ -20,6 +20,7 @@ from uopc import helpers
 from uopc.codegen.attention import lower_attention
 from uopc.codegen.loops import merged_shape
 from uopc.codegen.rangeify import Ctx, lower, lower_scatter, lower_setitem
+from uopc.codegen.winograd import lower_winograd
 from uopc.helpers import prod
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
 from uopc.uop import Ops, UOp
@@ -60,6 +61,8 @@ def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
         machine = getattr(opt, "machine", None)
         width, cores = (machine.vector_bytes // 4, machine.cores) if machine else (8, 1)
         ast, opts = lower_attention(item.body, item.out, width, cores), None
+    elif item.body.op is Ops.WINOGRAD:  # a Winograd transform: fixed loops, sized and strided (codegen.winograd)
+        ast, opts = lower_winograd(item.body, item.out), None
     elif item.body.op is Ops.SETITEM:  # the region write: its loops cover the region alone
         ast, opts = lower_setitem(item.body, item.out, _region_thread(item.body, opt)), None
     else:

@@ -62,7 +62,7 @@ def _constant_along(x: UOp, axis: int) -> bool:
 
 def _plain(x: UOp, contiguous_axis: int | None) -> bool:
     """Is `x` a view of memory (no computation, no PAD gate), unit-stride along `contiguous_axis` if given?"""
-    if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION):
+    if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION, Ops.WINOGRAD):
         return False
     views = list(operand_views(x))
     if not views or any(last_axis_stride(v, b) is None for v, b in views):
@@ -133,7 +133,7 @@ def _stored(x: UOp) -> bool:
     """Is operand `x` a view of stored data (a buffer, through 16-bit floats widened), nothing computed?"""
     while x.op in MOVEMENT or (x.op is Ops.CAST and x.src[0].dtype.is_16bit_float):
         x = x.src[0]
-    return x.op in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION)
+    return x.op in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION, Ops.WINOGRAD)
 
 
 def _pack(x: UOp, along: int, tile: int) -> UOp:
@@ -178,10 +178,12 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         # A is read one broadcast element at a time: a plain view of memory is read where it is (measured at
         # 256^3 and the MLP shapes: the packing copy cost 10-15% and gained nothing); a computed A is packed so
         # it is computed once, not once per column block. B is packed unless its rows are contiguous along N and
-        # all of it fits in half of L2 (packing 4 MiB at 1024^3 gained ~15%; at 256^3 it cost 4%), or it reads its
-        # memory many times over (a convolution's windows: measured at (64,32,28,28) * (64,32,3,3), the GEMM read
-        # in place took 13-14 ms against 12 ms packed plus a 15 ms packing copy)
-        fits = prod(b.shape[:-3]) * b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
+        # one product's B fits in half of L2 (packing 4 MiB at 1024^3 gained ~15%; at 256^3 it cost 4%; a batch
+        # of small products, a Winograd convolution's alpha^2, each fits: packing ResNet-18's 36 x (64, 196) cost
+        # 0.33 ms against a 0.4 ms GEMM), or it reads its memory many times over (a convolution's windows: measured
+        # at (64,32,28,28) * (64,32,3,3), the GEMM read in place took 13-14 ms against 12 ms packed plus a 15 ms
+        # packing copy)
+        fits = b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
         pa = a if _plain(a, None) else _pack(a, -2, mr)
         pb = b if (fits or _rereads(b)) and _plain(b, -2) else _pack_narrow(b, nr)
         return (pa * pb).reduce(Ops.ADD, 1)

@@ -47,7 +47,7 @@ def row_fits(r: UOp, machine: Machine) -> bool:
         if u in seen:
             continue
         seen.add(u)
-        if u.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.ATTENTION) and u is not src:
+        if u.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.ATTENTION, Ops.WINOGRAD) and u is not src:
             if prod(u.shape) >= row:  # read along the row (a scalar or a per-row value is not)
                 inputs.add(u)
         else:

@@ -52,7 +52,7 @@ def operand_views(x: UOp) -> Iterator[tuple[UOp, UOp]]:
             base = u
             while base.op in MOVEMENT:
                 base = base.src[0]
-            if base.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.ATTENTION):
+            if base.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.ATTENTION, Ops.WINOGRAD):
                 yield u, base
 
 

@@ -66,7 +66,7 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozense
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION):
+        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION, Ops.WINOGRAD):
             points.append(u)
         elif u.op is Ops.REDUCE and not fuse_reduce and u not in epilogues:
             points.append(u)
@@ -86,9 +86,12 @@ strip_detach = PatternMatcher(
 
 
 def kernel_name(body: UOp) -> str:
-    """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8); fa_ for fused attention."""
+    """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8); fa_ for fused attention, wi_
+    and wo_ for a Winograd convolution's input and output transforms."""
     if body.op is Ops.ATTENTION:
         return "fa_" + "_".join(map(str, body.shape))
+    if body.op is Ops.WINOGRAD:
+        return f"w{body.arg.kind[0]}_" + "_".join(map(str, body.shape))
     red = any(u.op is Ops.REDUCE for u in body.toposort())
     return ("r_" if red else "e_") + "_".join(map(str, body.shape or (1,)))
 
@@ -101,6 +104,8 @@ def kernel_op(body: UOp) -> str:
     if body.op is Ops.ATTENTION:
         kind = "" if body.arg.kind == "out" else f" {body.arg.kind}"
         return "attention" + kind + (" causal" if body.arg.causal else "")
+    if body.op is Ops.WINOGRAD:
+        return f"winograd F({body.arg.m},3) {body.arg.kind}put transform"
     topo = body.toposort()
     alu = list(dict.fromkeys(x.op.name.lower() for x in topo if x.op in ALU and x.op is not Ops.CAST))
     red = [x for x in topo if x.op is Ops.REDUCE]
@@ -121,6 +126,10 @@ def _flops(body: UOp) -> int:
     if body.op is Ops.ATTENTION:  # the two products q k^T and p v (the backward's: four), causal or not
         q, k = body.src[0].shape, body.src[1].shape
         return (2 if body.arg.kind in ("out", "lse") else 4) * prod(q[:-1]) * int(k[-2]) * (q[-1] + k[-1])
+    if body.op is Ops.WINOGRAD:  # per tile, B^T d B (or A^T y A) as two small products of constant matrices
+        a = body.arg.m + 2
+        tiles = prod(body.shape) // a // a if body.arg.kind == "in" else prod(body.src[0].shape) // a // a
+        return tiles * 2 * a * a * (a + (a if body.arg.kind == "in" else body.arg.m))
     topo = body.toposort()
     alu = sum(prod(x.shape or (1,)) for x in topo if x.op in ALU)
     return alu + sum(prod(x.src[0].shape) for x in topo if x.op is Ops.REDUCE)
@@ -195,7 +204,7 @@ def _item(
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
-    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION):
+    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION, Ops.WINOGRAD):
         body = stage_rows(body)
     work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]

@@ -240,7 +240,7 @@ def _row_work(u: UOp) -> int:
 
 
 # a node's kernel reads what it was computed from: buffers and other kernels' results
-_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION)
+_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION, Ops.WINOGRAD)
 
 
 def _fused_work(u: UOp) -> int:
@@ -425,7 +425,8 @@ def broadcast_read(u: UOp) -> bool:
 
 
 def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[UOp], bool]:
-    """A fused attention kernel reads each source as an affine view of a buffer (uopc.codegen.attention). A source
+    """A fused attention kernel reads each source as an affine view of a buffer (uopc.codegen.attention), and so does
+    a Winograd transform (uopc.codegen.winograd). A source
     that is not one is staged: at the node under its views when those views are affine over it (q, k and v taken
     by reshapes and permutes from a projection's output, which is then materialized once, in its own layout), else
     the view itself (a padded or otherwise non-affine view is copied contiguously). A source already an affine view
@@ -438,7 +439,7 @@ def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[
     guard: dict[UOp, list[int]] = {}  # attention node -> the sources that get a barrier
     topo = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
     for u in topo:
-        if u.op is not Ops.ATTENTION:
+        if u.op not in (Ops.ATTENTION, Ops.WINOGRAD):
             continue
         for i, s in enumerate(u.src):
             base = s

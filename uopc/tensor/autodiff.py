@@ -102,7 +102,11 @@ def _stage(g: UOp) -> UOp:
     base = g
     while base.op in MOVEMENT:  # a view of a value that is already materialized recomputes nothing
         base = base.src[0]
-    return g if base.op in (Ops.REDUCE, Ops.STAGE, Ops.BUFFER, Ops.CONST, Ops.ATTENTION) else UOp(Ops.STAGE, (g,))
+    return (
+        g
+        if base.op in (Ops.REDUCE, Ops.STAGE, Ops.BUFFER, Ops.CONST, Ops.ATTENTION, Ops.WINOGRAD)
+        else UOp(Ops.STAGE, (g,))
+    )
 
 
 def _no_grad(g: UOp, x: UOp) -> tuple[None, ...]:

@@ -18,7 +18,9 @@ every tap without being copied once per tap.
 
 A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1
 one over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides);
-other strided ones copy their windows once into rows (im2col) for a GEMM.
+other strided ones copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32 convolution may
+instead run by Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around alpha^2 batched GEMMs,
+uopc.uop.winograd) where the cost rule _winograd_tile says it pays.
 
 Gradients come from a rule of their own (autodiff.with_gradient), not from differentiating the windows: the input's
 is a stride-1 convolution of the (zero-dilated, padded) output gradient with the flipped, transposed weight, through
@@ -30,10 +32,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Self
 
+import numpy as np
+
+from uopc import helpers
 from uopc.helpers import prod
 from uopc.tensor.autodiff import with_gradient
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
+from uopc.uop.dtype import dtypes
+from uopc.uop.winograd import MATRICES, winograd_in, winograd_out
 
 
 def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
@@ -82,6 +89,60 @@ def _conv_padding(padding: Any, n: int, ks: tuple[int, ...], dil: tuple[int, ...
     if isinstance(padding, str):
         raise ValueError(f"padding must be an int, a tuple of ints, 'valid' or 'same', got {padding!r}")
     return [(p, p) for p in _tuple(padding, n, "padding")]
+
+
+# a Winograd transform moves each float twice (written, then read by the next kernel): the cost rule counts a byte
+# moved as this many multiply-adds, the ratio of the FMA peak to the streaming bandwidth here (~100 G/s to 25 GB/s)
+WINOGRAD_FMA_PER_BYTE = 4
+# the products of a Winograd convolution are alpha^2 GEMMs with one column per tile: with fewer columns than this,
+# the microkernel's register tile is as slow as with this many (ResNet-18's 7x7 layers at batch 1 have 4 tiles)
+WINOGRAD_MIN_COLS = 16
+# ...and three kernels where a direct convolution has one: a fixed cost in multiply-adds (~3 us each)
+WINOGRAD_FIXED = 1 << 20
+
+
+def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int]) -> int | None:
+    """The m of the Winograd F(m x m, 3 x 3) a convolution runs by (uopc.uop.winograd), or None for the direct
+    GEMM: a 2-D 3x3 float32 convolution of stride 1, no dilation or groups, where the cost rule says it pays.
+
+    The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P
+    against alpha^2 K C max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed element written and
+    read. ResNet-18 at batch 1 picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input or a small
+    image keeps the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
+    rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
+    mode = helpers.settings().WINOGRAD
+    if mode not in (0, 1, *MATRICES):
+        raise ValueError(f"WINOGRAD must be 0 (never), 1 (by the cost rule), 2 or 4 (F(m,3) always), got {mode!r}")
+    if not mode or w.ndim != 4 or tuple(w.shape[2:]) != (3, 3) or groups != 1:
+        return None
+    if any(v != 1 for v in (*st, *dl)) or x.dtype is not dtypes.float32 or w.dtype is not dtypes.float32:
+        return None
+    if not all(isinstance(d, int) for d in x.shape) or any(lo < 0 or lo > 2 for lo, _ in pads):
+        return None
+    if mode in MATRICES:
+        return mode
+    N, C, K = x.shape[0], x.shape[1], w.shape[0]
+    best, cost = None, 9 * K * C * N * prod(outs)
+    for m in (2, 4):
+        a, T = m + 2, N * -(-outs[0] // m) * -(-outs[1] // m)
+        moved = 4 * 2 * (a * a * T * (C + K) + N * prod(outs) * K + N * C * prod(x.shape[2:]))
+        c = a * a * K * C * max(T, WINOGRAD_MIN_COLS) + WINOGRAD_FMA_PER_BYTE * moved + WINOGRAD_FIXED
+        if c < cost:
+            best, cost = m, c
+    return best
+
+
+_FILTER_MATRICES: dict[tuple[type, int], Any] = {}
+
+
+def _filter_matrix(cls: type, m: int) -> Any:
+    """F(m,3)'s G as a realized float32 tensor, one per process: a weight's transform reads the same buffer on
+    every call, so a plan keeps the transform while the weight is unchanged (a new buffer per call would look like
+    a new input every time)."""
+    if (cls, m) not in _FILTER_MATRICES:
+        G = MATRICES[m][1]
+        _FILTER_MATRICES[cls, m] = cls(np.array([[float(c) for c in r] for r in G], dtype=np.float32)).realize()
+    return _FILTER_MATRICES[cls, m]
 
 
 class ConvMixin:
@@ -170,7 +231,9 @@ class ConvMixin:
         outs = [_out_size(i, k, s, d, lo, hi) for i, k, s, d, (lo, hi) in zip(sp, ks, st, dl, pads, strict=True)]
         if any(o < 1 for o in outs):
             raise ValueError(f"conv{n}d: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
-        if all(v == 1 for v in st):
+        if (m := _winograd_tile(self, w, st, dl, pads, groups, outs)) is not None:
+            out = self._conv_winograd(w, pads, m, outs)
+        elif all(v == 1 for v in st):
             out = self._conv_in_place(w, pads, dl, groups)
         elif _space_to_depth_pays(ks, st, dl):
             out = self._conv_space_to_depth(w, pads, st, groups, outs)
@@ -237,6 +300,23 @@ class ConvMixin:
         out = (col * w.reshape(1, g, og, 1, cg * prod(ks))).sum(-1).reshape(N, cout, npos)
         out = out.shrink([None, None, (0, outs[0] * prod(sp[1:]))]).reshape(N, cout, outs[0], *sp[1:])
         return out.shrink([None, None, None, *[(0, o) for o in outs[1:]]])
+
+    def _conv_winograd(self, w: Self, pads: Sequence[tuple[int, int]], m: int, outs: Sequence[int]) -> Self:
+        """A 3x3 stride-1 convolution by Winograd's F(m x m, 3 x 3) (uopc.uop.winograd): the input tiles transformed
+        (a kernel of its own, reading the unpadded input), one GEMM per transformed point (alpha^2 of them, batched),
+        the products transformed back into outputs (another). The weight's transform G w G^T is two small
+        reductions that a plan keeps from call to call while the weight is unchanged (uopc.engine.kept)."""
+        N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
+        a = m + 2
+        g = _filter_matrix(type(self), m)
+        # U[p, q, k, c] = sum over (i, j) of G[p, i] w[k, c, i, j] G[q, j]: two reductions over 3 taps
+        t = (w.reshape(1, cout, cin, 3, 3) * g.reshape(a, 1, 1, 3, 1)).sum(3)  # (a, K, C, 3)
+        u = (t.reshape(a, 1, cout, cin, 3) * g.reshape(1, a, 1, 1, 3)).sum(-1).reshape(a * a, cout, 1, cin)
+        v = self._new(winograd_in(self.uop, m, (pads[0][0], pads[1][0]), tuple(outs)), self)
+        T = v.shape[2]
+        y = (u * v.permute(1, 2, 0).reshape(a * a, 1, T, cin)).sum(-1)  # (a^2, K, T): the batched products
+        tiles = (-(-outs[0] // m), -(-outs[1] // m))
+        return y._new(winograd_out(y.uop, m, tiles, (N, cout, *outs)), y)
 
     def _conv_space_to_depth(self, w: Self, pads: list, st: tuple[int, ...], groups: int, outs: list) -> Self:
         """A strided convolution as a stride-1 one, read in place (no im2col): with kernel k padded to k' = s*kk,

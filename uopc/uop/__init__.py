@@ -21,6 +21,7 @@ from uopc.uop.ops import (
     ParamArg,
     RangeArg,
     Span,
+    Winograd,
 )
 from uopc.uop.readers import add_reader, forget_reader, note_new_reader, read_only_by, readers_epoch, track
 from uopc.uop.uop import UOp, base_buffer, epilogue_reduce, identity_element, sink, structure_key
@@ -41,6 +42,7 @@ __all__ = [
     "ParamArg",
     "RangeArg",
     "Span",
+    "Winograd",
     "UOp",
     "add_reader",
     "base_buffer",

@@ -58,6 +58,9 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # fused attention (arg: an Attention): softmax(q k^T * scale + mask) v, or a piece of its backward, computed by
     # one kernel that streams the keys in blocks (uopc.codegen.attention); its sources are read as strided views
     ATTENTION = auto()
+    # a Winograd transform (arg: a Winograd): the input's overlapping tiles into the transformed domain, or a
+    # batched product's result back into outputs (uopc.uop.winograd); its source is read as a strided view
+    WINOGRAD = auto()
     # ALU: unary
     NEG = auto()
     RECIP = auto()
@@ -148,6 +151,22 @@ class Attention(NamedTuple):
     offset: int = 0
     mask: str = ""
     groups: int = 1
+
+
+class Winograd(NamedTuple):
+    """The arg of a WINOGRAD node, one half of a convolution F(m x m, 3 x 3) (uopc.uop.winograd), with alpha = m + 2
+    and `tiles` = (th, tw) tiles of m x m outputs per image:
+      kind "in":  the input (N, C, H, W), zero-padded by `pads` (top, left) and as far past its end as the tiles
+                  reach -> (C, alpha^2, N*th*tw), B^T d B of every tile d
+      kind "out": the products (alpha^2, K, N*th*tw) -> `shape` (N, K, OH, OW), A^T y A of every tile y, cut to
+                  OH x OW
+    `shape` is the node's shape."""
+
+    kind: str
+    m: int
+    tiles: tuple[int, int]
+    shape: tuple[int, ...]
+    pads: tuple[int, int] = (0, 0)
 
 
 class Span(NamedTuple):

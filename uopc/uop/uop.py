@@ -26,7 +26,7 @@ from typing import Any
 from uopc.helpers import in_forked_child, prod
 from uopc.uop.bounds import bounds
 from uopc.uop.dtype import DType, dtypes, truncate
-from uopc.uop.ops import ALU, COMPARE, REDUCE_OPS, Attention, Ops, ParamArg, Span
+from uopc.uop.ops import ALU, COMPARE, REDUCE_OPS, Attention, Ops, ParamArg, Span, Winograd
 from uopc.uop.readers import add_reader
 from uopc.uop.variable import Variable, as_dim, symbolic_reshape_ok
 
@@ -497,6 +497,8 @@ def _shape(self: UOp) -> tuple[int, ...]:
     if op is Ops.REDUCE:
         s = self.src[0].shape
         return s[: len(s) - arg[1]]
+    if op is Ops.WINOGRAD and isinstance(arg, Winograd):  # (a lowered transform's arg is another record)
+        return arg.shape
     if op is Ops.ATTENTION and isinstance(arg, Attention):  # (a lowered attention kernel's arg is another record)
         q, k = self.src[0].shape, self.src[1].shape  # rows stored before heads: (*batch, L, heads, E)
         if arg.kind in ("lse", "ds"):

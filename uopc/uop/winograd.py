@@ -1,0 +1,83 @@
+"""Winograd's minimal filtering F(m x m, 3 x 3): the transform matrices and the WINOGRAD nodes (ops.Winograd).
+
+A 3x3 convolution of stride 1 computes each m x m tile of outputs from an alpha x alpha tile of inputs
+(alpha = m + 2) as
+
+    Y = A^T [ (G w G^T) . (B^T d B) ] A        (. elementwise, summed over input channels)
+
+so the (alpha^2, K, C) x (alpha^2, C, tiles) products replace 9 multiply-adds per output by alpha^2 / m^2 of them
+(F(2,3): 16/4 = 4, 2.25x fewer; F(4,3): 36/16 = 2.25, 4x fewer), at the cost of the two transforms and of a larger
+rounding error (F(4,3)'s constants reach 8 and 1/24: about 1e-5 of the output's scale in float32, where the direct
+sum gives 1e-6). uopc.tensor.conv chooses it; the matrices are Lavin and Gray's ("Fast Algorithms for
+Convolutional Neural Networks", 2015), points 0, +-1, +-2 and infinity for F(4,3).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction as Fr
+
+from uopc.uop.ops import Ops, Winograd
+from uopc.uop.uop import UOp
+
+__all__ = ["MATRICES", "winograd_in", "winograd_out"]
+
+# m -> (B^T: alpha x alpha, G: alpha x 3, A^T: m x alpha), exact
+MATRICES: dict[int, tuple[tuple[tuple[Fr, ...], ...], ...]] = {
+    2: (
+        ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+        ((1, 0, 0), (Fr(1, 2), Fr(1, 2), Fr(1, 2)), (Fr(1, 2), Fr(-1, 2), Fr(1, 2)), (0, 0, 1)),
+        ((1, 1, 1, 0), (0, 1, -1, -1)),
+    ),
+    4: (
+        (
+            (4, 0, -5, 0, 1, 0),
+            (0, -4, -4, 1, 1, 0),
+            (0, 4, -4, -1, 1, 0),
+            (0, -2, -1, 2, 1, 0),
+            (0, 2, -1, -2, 1, 0),
+            (0, 4, 0, -5, 0, 1),
+        ),
+        (
+            (Fr(1, 4), 0, 0),
+            (Fr(-1, 6), Fr(-1, 6), Fr(-1, 6)),
+            (Fr(-1, 6), Fr(1, 6), Fr(-1, 6)),
+            (Fr(1, 24), Fr(1, 12), Fr(1, 6)),
+            (Fr(1, 24), Fr(-1, 12), Fr(1, 6)),
+            (0, 0, 1),
+        ),
+        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1)),
+    ),
+}
+
+
+def _check(m: int, tiles: tuple[int, int]) -> int:
+    if m not in MATRICES:
+        raise ValueError(f"winograd: F({m}, 3) is not known (m is one of {sorted(MATRICES)})")
+    if len(tiles) != 2 or min(tiles) < 1:
+        raise ValueError(f"winograd: tiles must be two positive counts, got {tiles}")
+    return m + 2
+
+
+def winograd_in(x: UOp, m: int, pads: tuple[int, int], out: tuple[int, int]) -> UOp:
+    """B^T d B of every alpha x alpha input tile d of x (N, C, H, W), zero-padded by `pads` = (top, left) and as far
+    past its end as the tiles reach: (C, alpha^2, N * th * tw), the th x tw tiles of m x m outputs that cover `out`
+    = (OH, OW), the output of the 3x3 convolution."""
+    if len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape) or len(pads) != 2 or min(pads) < 0:
+        raise ValueError(f"winograd: input must be (N, C, H, W) with two pads >= 0, got {x.shape} and {pads}")
+    N, C, H, W = x.shape
+    if len(out) != 2 or min(out) < 1:
+        raise ValueError(f"winograd: the output size must be two positive counts, got {out}")
+    tiles = (-(-out[0] // m), -(-out[1] // m))
+    a = _check(m, tiles)
+    shape = (C, a * a, N * tiles[0] * tiles[1])
+    return UOp(Ops.WINOGRAD, (x,), Winograd("in", m, tiles, shape, tuple(pads)), x.dtype)
+
+
+def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, int, int]) -> UOp:
+    """A^T y A of every tile y of the products y (alpha^2, K, N * th * tw): the convolution's output `shape`
+    (N, K, OH, OW), OH <= th * m and OW <= tw * m (the last tiles' extra outputs are not stored)."""
+    a = _check(m, tiles)
+    N, K, OH, OW = shape
+    if y.shape != (a * a, K, N * tiles[0] * tiles[1]) or OH > tiles[0] * m or OW > tiles[1] * m:
+        raise ValueError(f"winograd: products {y.shape} with {tiles} tiles of F({m}, 3) do not make {shape}")
+    return UOp(Ops.WINOGRAD, (y,), Winograd("out", m, tiles, tuple(shape)), y.dtype)
