@@ -14,7 +14,7 @@ from uopc.engine import realize
 from uopc.helpers import Context
 from uopc.tensor.conv import _winograd_tile
 from uopc.uop import UOp
-from uopc.uop.winograd import MATRICES, winograd_in, winograd_out
+from uopc.uop.winograd import MATRICES, winograd_in, winograd_out, winograd_weight
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -103,15 +103,15 @@ def test_gradients_match_torch(m):
 
 
 def test_weight_transform_is_kept_until_the_weight_changes():
-    """G w G^T (two reductions, here after a scale folded into the weight: three kept kernels in a chain) runs once
-    per weight: a later call of the same plan skips it, an assign of a new weight (or a new scale, which reaches
-    the transform only through the fold) makes the next call transform again."""
-    x = Tensor(rng.standard_normal((1, 8, 12, 12)).astype(np.float32)).realize()
+    """G w G^T (here after a scale folded into the weight: two kept kernels in a chain) runs once per weight: a later
+    call of the same plan skips it, an assign of a new weight (or a new scale, which reaches the transform only
+    through the fold) makes the next call transform again."""
     wn, sn = rng.standard_normal((8, 8, 3, 3)).astype(np.float32), np.float32([0.5] * 8)
     w, s = Tensor(wn).realize(), Tensor(sn).realize()
 
     def run() -> tuple[np.ndarray, set[str]]:
         names.clear()
+        x = Tensor(rng.standard_normal((1, 8, 12, 12)).astype(np.float32))  # a new input: its transform runs
         with Context(WINOGRAD=4), no_grad():
             out = x.conv2d(w * s.reshape(8, 1, 1, 1), padding=1).numpy()
         ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(wn * sn.reshape(8, 1, 1, 1)), padding=1).numpy()
@@ -119,16 +119,16 @@ def test_weight_transform_is_kept_until_the_weight_changes():
         return set(names)
 
     names = _names()
-    assert any(n.startswith("r_6_") for n in run())
+    assert any(n.startswith("ww_") for n in run())
     ran = run()
-    assert any(n.startswith("wi_") for n in ran) and not any(n.startswith("r_6_") for n in ran), ran
+    assert any(n.startswith("wi_") for n in ran) and not any(n.startswith("ww_") for n in ran), ran
     wn = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)
     w.assign(Tensor(wn)).realize()
-    assert any(n.startswith("r_6_") for n in run())
+    assert any(n.startswith("ww_") for n in run())
     sn = np.float32([2.0] * 8)
     s.assign(Tensor(sn)).realize()
-    assert any(n.startswith("r_6_") for n in run())
-    assert not any(n.startswith("r_6_") for n in run())
+    assert any(n.startswith("ww_") for n in run())
+    assert not any(n.startswith("ww_") for n in run())
 
 
 def test_cost_rule_on_resnet18_shapes():
@@ -156,11 +156,24 @@ def test_cost_rule_on_resnet18_shapes():
         pick(1, 64, 64, 56)
 
 
+def test_trained_weight_counts_its_transform():
+    """A weight that requires grad changes every step, so its transform's traffic joins the cost: a 16-channel
+    convolution on a tiny batch takes the direct GEMM when trained and Winograd for inference."""
+    x = Tensor.empty(1, 256, 7, 7)
+    outs = [7, 7]
+    with Context(WINOGRAD=1):
+        assert _winograd_tile(x, Tensor.empty(256, 256, 3, 3), (1, 1), (1, 1), [(1, 1)] * 2, 1, outs) == 2
+        wt = Tensor.empty(256, 256, 3, 3, requires_grad=True)
+        assert _winograd_tile(x, wt, (1, 1), (1, 1), [(1, 1)] * 2, 1, outs) is None
+
+
 def test_bad_transform_arguments_raise():
     x = UOp.empty((1, 2, 5, 5)) if hasattr(UOp, "empty") else Tensor.empty(1, 2, 5, 5).uop
     with pytest.raises(ValueError, match="F\\(3, 3\\)"):
         winograd_in(x, 3, (1, 1), (5, 5))
     with pytest.raises(ValueError, match="pads"):
         winograd_in(x, 2, (-1, 1), (5, 5))
+    with pytest.raises(ValueError, match="weight must be"):
+        winograd_weight(x, 4)
     with pytest.raises(ValueError, match="do not make"):
         winograd_out(winograd_in(x, 2, (1, 1), (5, 5)), 2, (3, 3), (1, 2, 5, 5))  # (C, 16, T): not (16, K, T)

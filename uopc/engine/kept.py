@@ -28,12 +28,16 @@ from uopc.uop import UOp
 __all__ = ["Kept", "invariant_kernels"]
 
 
+# a kept temp may be this many times the bytes its kernel reads: a copy in another layout (1x), a Winograd weight
+# transform (F(4,3): 36 values per 9 taps, 4x), not a broadcast of a small input over a large shape
+KEPT_EXPANSION = 4
+
+
 def invariant_kernels(plan: Plan) -> dict[int, tuple[int, ...]]:
     """The kernels a plan can keep from call to call, each with the plan inputs its temp is computed from: it
     computes a temp (no other kernel writes it) only from plan inputs that no kernel of the plan writes and from
     other kept temps (a weight folded with a BatchNorm's statistics, then reordered: both kept), checks no index,
-    loops over no symbolic size, and makes at most twice the bytes it reads (a copy in another layout, not an
-    expansion)."""
+    loops over no symbolic size, and makes at most KEPT_EXPANSION times the bytes it reads."""
     written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
     writers: dict[Ref, int] = {}
     for k in plan.kernels:
@@ -56,7 +60,7 @@ def invariant_kernels(plan: Plan) -> dict[int, tuple[int, ...]]:
         else:
             t = plan.temps[out.i]
             made = t.size * t.dtype.itemsize
-            if made <= 2 * (k.nbytes - made):
+            if made <= KEPT_EXPANSION * (k.nbytes - made):
                 kept[i] = tuple(sorted(roots))
                 made_by[out] = i
     return kept

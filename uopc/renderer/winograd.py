@@ -1,5 +1,7 @@
 """A Winograd transform as C, for a lowered WINOGRAD (uopc.codegen.winograd; the matrices: uopc.uop.winograd).
 
+    kind "w", w (K, C, 3, 3) -> U (alpha^2, K, C): G g G^T of each filter g, a (k, c) pair per iteration, on threads.
+
     kind "in", x (N, C, H, W) -> V (C, alpha^2, T):        kind "out", Y (alpha^2, K, T) -> out (N, K, OH, OW):
     for each (image, channel), on threads:                  for each (image, output channel), on threads:
         for each tile (ty, tx):                                 for each tile (ty, tx):
@@ -76,13 +78,40 @@ def render_winograd(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], st
     w = k.op
     m, (th, tw) = w.m, w.tiles
     a = m + 2
-    BT, _, AT = MATRICES[m]
+    BT, G, AT = MATRICES[m]
     bufs = sorted({src, out}, key=lambda b: b.arg.slot)
     params = [f"float* restrict data{b.arg.slot}" for b in bufs]
     x, o = f"data{src.arg.slot}", f"data{out.arg.slot}"
-    body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else _output(k, a, m, th, tw, AT, x, o)
+    if w.kind == "w":
+        body = _weight(k, a, G, x, o)
+    else:
+        body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else _output(k, a, m, th, tw, AT, x, o)
     lines = [f"  {line}" if line else "" for line in body]
     return {}, params, "\n".join(lines), bufs, (), ("float",) * len(bufs)
+
+
+def _weight(k, a: int, G, x: str, o: str) -> list[str]:
+    K, C, _, _ = k.src_shape
+    sK, sC, sH, sW = k.strides
+    KC, B = K * C, 64  # filters per block: each of the alpha^2 rows is written 64 floats at a time
+    g = [[f"ws[{i * sH + j * sW}LL]" for j in range(3)] for i in range(3)]
+    prods, u = _products(G, g, G, "")
+    return [
+        f"#pragma omp parallel for schedule(static) if ({KC}LL > 4096)",
+        f"for (long long b0 = 0; b0 < {KC}LL; b0 += {B}) {{",
+        f"  const int nb = {KC}LL - b0 < {B} ? (int)({KC}LL - b0) : {B};",
+        f"  float blk[{a * a}][{B}];  // (the rows are K*C floats apart: stored one filter at a time, at K*C a",
+        "  // multiple of 4 KiB, every store of a filter went to one L1 set)",
+        "  for (int f = 0; f < nb; f++) {",
+        "    const long long kc = b0 + f;",
+        f"    const float* restrict ws = {x} + {k.offset}LL + kc / {C}LL * {sK}LL + kc % {C}LL * {sC}LL;",
+        *(f"    {line}" for line in prods),
+        *(f"    blk[{i * a + j}][f] = {u[i][j]};" for i in range(a) for j in range(a)),
+        "  }",
+        f"  for (int r = 0; r < {a * a}; r++)",
+        f"    for (int f = 0; f < nb; f++) {o}[r * {KC}LL + b0 + f] = blk[r][f];",
+        "}",
+    ]
 
 
 def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]:

@@ -87,7 +87,7 @@ strip_detach = PatternMatcher(
 
 def kernel_name(body: UOp) -> str:
     """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8); fa_ for fused attention, wi_
-    and wo_ for a Winograd convolution's input and output transforms."""
+    wo_ and ww_ for a Winograd convolution's input, output and weight transforms."""
     if body.op is Ops.ATTENTION:
         return "fa_" + "_".join(map(str, body.shape))
     if body.op is Ops.WINOGRAD:
@@ -105,7 +105,8 @@ def kernel_op(body: UOp) -> str:
         kind = "" if body.arg.kind == "out" else f" {body.arg.kind}"
         return "attention" + kind + (" causal" if body.arg.causal else "")
     if body.op is Ops.WINOGRAD:
-        return f"winograd F({body.arg.m},3) {body.arg.kind}put transform"
+        what = {"in": "input", "out": "output", "w": "weight"}[body.arg.kind]
+        return f"winograd F({body.arg.m},3) {what} transform"
     topo = body.toposort()
     alu = list(dict.fromkeys(x.op.name.lower() for x in topo if x.op in ALU and x.op is not Ops.CAST))
     red = [x for x in topo if x.op is Ops.REDUCE]
@@ -128,6 +129,8 @@ def _flops(body: UOp) -> int:
         return (2 if body.arg.kind in ("out", "lse") else 4) * prod(q[:-1]) * int(k[-2]) * (q[-1] + k[-1])
     if body.op is Ops.WINOGRAD:  # per tile, B^T d B (or A^T y A) as two small products of constant matrices
         a = body.arg.m + 2
+        if body.arg.kind == "w":  # per filter, G g (alpha x 3 x 3) then (G g) G^T (alpha x alpha x 3)
+            return prod(body.shape) // a // a * 2 * 3 * a * (3 + a)
         tiles = prod(body.shape) // a // a if body.arg.kind == "in" else prod(body.src[0].shape) // a // a
         return tiles * 2 * a * a * (a + (a if body.arg.kind == "in" else body.arg.m))
     topo = body.toposort()

@@ -32,15 +32,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Self
 
-import numpy as np
-
 from uopc import helpers
 from uopc.helpers import prod
 from uopc.tensor.autodiff import with_gradient
 from uopc.tensor.elementwise import opmath
 from uopc.tensor.shape import is_int
 from uopc.uop.dtype import dtypes
-from uopc.uop.winograd import MATRICES, winograd_in, winograd_out
+from uopc.uop.winograd import MATRICES, winograd_in, winograd_out, winograd_weight
 
 
 def _tuple(v: Any, n: int, name: str) -> tuple[int, ...]:
@@ -107,9 +105,10 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
 
     The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P
     against alpha^2 K C max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed element written and
-    read. ResNet-18 at batch 1 picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input or a small
-    image keeps the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
-    rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
+    read (and the weight's transform, when the weight is trained: it changes every step). ResNet-18 at batch 1
+    picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input or a small image keeps the direct GEMM.
+    The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this rule, 2 or 4 F(2,3) or F(4,3)
+    for every convolution it can take."""
     mode = helpers.settings().WINOGRAD
     if mode not in (0, 1, *MATRICES):
         raise ValueError(f"WINOGRAD must be 0 (never), 1 (by the cost rule), 2 or 4 (F(m,3) always), got {mode!r}")
@@ -126,23 +125,12 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     for m in (2, 4):
         a, T = m + 2, N * -(-outs[0] // m) * -(-outs[1] // m)
         moved = 4 * 2 * (a * a * T * (C + K) + N * prod(outs) * K + N * C * prod(x.shape[2:]))
+        if w.requires_grad and not type(x).no_grad:  # a trained weight changes every step: so does its transform
+            moved += 4 * (a * a + 9) * K * C
         c = a * a * K * C * max(T, WINOGRAD_MIN_COLS) + WINOGRAD_FMA_PER_BYTE * moved + WINOGRAD_FIXED
         if c < cost:
             best, cost = m, c
     return best
-
-
-_FILTER_MATRICES: dict[tuple[type, int], Any] = {}
-
-
-def _filter_matrix(cls: type, m: int) -> Any:
-    """F(m,3)'s G as a realized float32 tensor, one per process: a weight's transform reads the same buffer on
-    every call, so a plan keeps the transform while the weight is unchanged (a new buffer per call would look like
-    a new input every time)."""
-    if (cls, m) not in _FILTER_MATRICES:
-        G = MATRICES[m][1]
-        _FILTER_MATRICES[cls, m] = cls(np.array([[float(c) for c in r] for r in G], dtype=np.float32)).realize()
-    return _FILTER_MATRICES[cls, m]
 
 
 class ConvMixin:
@@ -304,14 +292,11 @@ class ConvMixin:
     def _conv_winograd(self, w: Self, pads: Sequence[tuple[int, int]], m: int, outs: Sequence[int]) -> Self:
         """A 3x3 stride-1 convolution by Winograd's F(m x m, 3 x 3) (uopc.uop.winograd): the input tiles transformed
         (a kernel of its own, reading the unpadded input), one GEMM per transformed point (alpha^2 of them, batched),
-        the products transformed back into outputs (another). The weight's transform G w G^T is two small
-        reductions that a plan keeps from call to call while the weight is unchanged (uopc.engine.kept)."""
+        the products transformed back into outputs (another). The weight's transform G w G^T is a third, which a
+        plan keeps from call to call while the weight is unchanged (uopc.engine.kept)."""
         N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
         a = m + 2
-        g = _filter_matrix(type(self), m)
-        # U[p, q, k, c] = sum over (i, j) of G[p, i] w[k, c, i, j] G[q, j]: two reductions over 3 taps
-        t = (w.reshape(1, cout, cin, 3, 3) * g.reshape(a, 1, 1, 3, 1)).sum(3)  # (a, K, C, 3)
-        u = (t.reshape(a, 1, cout, cin, 3) * g.reshape(1, a, 1, 1, 3)).sum(-1).reshape(a * a, cout, 1, cin)
+        u = w._new(winograd_weight(w.uop, m), w).reshape(a * a, cout, 1, cin)
         v = self._new(winograd_in(self.uop, m, (pads[0][0], pads[1][0]), tuple(outs)), self)
         T = v.shape[2]
         y = (u * v.permute(1, 2, 0).reshape(a * a, 1, T, cin)).sum(-1)  # (a^2, K, T): the batched products

@@ -154,8 +154,9 @@ class Attention(NamedTuple):
 
 
 class Winograd(NamedTuple):
-    """The arg of a WINOGRAD node, one half of a convolution F(m x m, 3 x 3) (uopc.uop.winograd), with alpha = m + 2
-    and `tiles` = (th, tw) tiles of m x m outputs per image:
+    """The arg of a WINOGRAD node, one transform of a convolution F(m x m, 3 x 3) (uopc.uop.winograd), with alpha =
+    m + 2 and `tiles` = (th, tw) tiles of m x m outputs per image (kind "w": unused, (1, 1)):
+      kind "w":   the weight (K, C, 3, 3) -> (alpha^2, K, C), G w G^T of every 3x3 filter
       kind "in":  the input (N, C, H, W), zero-padded by `pads` (top, left) and as far past its end as the tiles
                   reach -> (C, alpha^2, N*th*tw), B^T d B of every tile d
       kind "out": the products (alpha^2, K, N*th*tw) -> `shape` (N, K, OH, OW), A^T y A of every tile y, cut to

@@ -19,7 +19,7 @@ from fractions import Fraction as Fr
 from uopc.uop.ops import Ops, Winograd
 from uopc.uop.uop import UOp
 
-__all__ = ["MATRICES", "winograd_in", "winograd_out"]
+__all__ = ["MATRICES", "winograd_in", "winograd_out", "winograd_weight"]
 
 # m -> (B^T: alpha x alpha, G: alpha x 3, A^T: m x alpha), exact
 MATRICES: dict[int, tuple[tuple[tuple[Fr, ...], ...], ...]] = {
@@ -56,6 +56,14 @@ def _check(m: int, tiles: tuple[int, int]) -> int:
     if len(tiles) != 2 or min(tiles) < 1:
         raise ValueError(f"winograd: tiles must be two positive counts, got {tiles}")
     return m + 2
+
+
+def winograd_weight(w: UOp, m: int) -> UOp:
+    """G g G^T of every 3x3 filter g of the weight w (K, C, 3, 3): (alpha^2, K, C), the GEMMs' left operands."""
+    if len(w.shape) != 4 or tuple(w.shape[2:]) != (3, 3) or not all(isinstance(d, int) for d in w.shape):
+        raise ValueError(f"winograd: the weight must be (K, C, 3, 3), got {w.shape}")
+    a = _check(m, (1, 1))
+    return UOp(Ops.WINOGRAD, (w,), Winograd("w", m, (1, 1), (a * a, *w.shape[:2])), w.dtype)
 
 
 def winograd_in(x: UOp, m: int, pads: tuple[int, int], out: tuple[int, int]) -> UOp:
