@@ -23,7 +23,7 @@ import numpy as np
 
 from uopc.runtime.buffer import aligned_empty, version
 from uopc.schedule import Plan, Ref, RefKind
-from uopc.uop import UOp
+from uopc.uop import AxisType, Ops, UOp
 
 __all__ = ["Kept", "invariant_kernels"]
 
@@ -33,11 +33,28 @@ __all__ = ["Kept", "invariant_kernels"]
 KEPT_EXPANSION = 4
 
 
+# ...and reduces at most this many elements per value: a reorder, a fold or a transform of a weight is kept, a
+# product is not (a GEMM whose inputs did not change, a benchmark's fixed input, still runs: kept temps are a
+# weight's preprocessing, not a memo of the model's work)
+KEPT_REDUCTION = 16
+
+
+def _reduction(ast: UOp) -> int:
+    """How many elements a lowered kernel reduces per value: the product of its reduction loops' trip counts."""
+    n = 1
+    for u in ast.toposort():
+        if u.op is Ops.RANGE and u.arg.kind is AxisType.REDUCE:
+            end = u.src[0]
+            n *= end.arg if end.op is Ops.CONST else 1 << 30
+    return n
+
+
 def invariant_kernels(plan: Plan) -> dict[int, tuple[int, ...]]:
     """The kernels a plan can keep from call to call, each with the plan inputs its temp is computed from: it
     computes a temp (no other kernel writes it) only from plan inputs that no kernel of the plan writes and from
     other kept temps (a weight folded with a BatchNorm's statistics, then reordered: both kept), checks no index,
-    loops over no symbolic size, and makes at most KEPT_EXPANSION times the bytes it reads."""
+    loops over no symbolic size, makes at most KEPT_EXPANSION times the bytes it reads and reduces at most
+    KEPT_REDUCTION elements per value."""
     written_inputs = {r.i for k in plan.kernels for r in k.refs[-1:] if r.kind is RefKind.IN}
     writers: dict[Ref, int] = {}
     for k in plan.kernels:
@@ -60,7 +77,7 @@ def invariant_kernels(plan: Plan) -> dict[int, tuple[int, ...]]:
         else:
             t = plan.temps[out.i]
             made = t.size * t.dtype.itemsize
-            if made <= KEPT_EXPANSION * (k.nbytes - made):
+            if made <= KEPT_EXPANSION * (k.nbytes - made) and _reduction(k.ast) <= KEPT_REDUCTION:
                 kept[i] = tuple(sorted(roots))
                 made_by[out] = i
     return kept
