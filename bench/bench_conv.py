@@ -17,8 +17,9 @@ title says F(m,3)) is counted at the direct convolution's FLOPs, so its GFLOP/s 
 the peak.
 
 Each round times every side back to back; ratios are of the medians (below 1: uopc is faster). Allocation: uopc's
-replays write into the buffers their plans hold (temporaries from its pool); PyTorch allocates through glibc each
-call; onnxruntime from its arena. OpenBLAS is on no side's path.
+replays write into the buffers their plans hold (temporaries from its pool); its inputs count as new ones each call
+(uopc.tools.harness.new_inputs: nothing computed from them is kept across calls, only a weight's prepacking);
+PyTorch allocates through glibc each call; onnxruntime from its arena. OpenBLAS is on no side's path.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from uopc.nn import AdamW, BatchNorm2d, Conv2d, Linear, Sequential, parameters
 from uopc.runtime import compiler as runtime
 from uopc.tensor import Tensor
 from uopc.tensor.conv import _winograd_tile
-from uopc.tools.harness import interleave, medians, timed
+from uopc.tools.harness import interleave, medians, new_inputs, timed
 
 try:
     import torch
@@ -50,7 +51,8 @@ except ImportError:  # the benchmark still times uopc alone
 
 
 def conv_uopc(x: np.ndarray, w: np.ndarray, g: np.ndarray):
-    xt, wt, gt = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True), Tensor(g)
+    # (a training step's input, weight and output gradient all change from step to step: nothing of theirs is kept)
+    xt, wt, gt = new_inputs(Tensor(x, requires_grad=True), Tensor(w, requires_grad=True), Tensor(g))
 
     def run() -> None:
         out = xt.conv2d(wt, padding=1)
@@ -176,7 +178,7 @@ def table(title: str, runners: dict, rounds: int, flops: float | None = None, pe
 def jit_step(args) -> None:
     """bench/models.py's CNN step: uopc under TinyJit, PyTorch eager and torch.compile."""
     w = models.build("cnn", "uopc")
-    xs = [Tensor(a) for a in w.inputs]
+    xs = new_inputs(*(Tensor(a) for a in w.inputs))
     step = TinyJit(lambda *a: w.call(*a).realize())
     runners = {"uopc": timed(lambda: step(*xs))}
     if torch is not None:
@@ -195,7 +197,7 @@ def resnet(args) -> None:
         ort = None
     for batch in (1, 8):
         w = models.build("resnet18", "uopc", batch=batch, seq=224)
-        xs = [Tensor(a) for a in w.inputs]
+        xs = new_inputs(*(Tensor(a) for a in w.inputs))
         fwd = TinyJit(lambda *a, w=w: w.call(*a).realize())
         runners = {"uopc": timed(lambda fwd=fwd, xs=xs: fwd(*xs))}
         if torch is not None:
@@ -234,7 +236,7 @@ def convs(args, peak: float) -> None:
     for cin, cout, size, stride in RESNET18_3X3:
         x = g.standard_normal((1, cin, size, size)).astype(np.float32)
         wt = (g.standard_normal((cout, cin, 3, 3)) * 0.05).astype(np.float32)
-        xu, wu = Tensor(x), Tensor(wt)
+        (xu,), wu = new_inputs(Tensor(x)), Tensor(wt)
         fwd = TinyJit(lambda x, wu=wu, stride=stride: x.conv2d(wu, padding=1, stride=stride).realize())
         runners = {"uopc": timed(lambda fwd=fwd, xu=xu: fwd(xu))}
         if torch is not None:

@@ -41,7 +41,7 @@ from uopc import nn  # noqa: E402
 from uopc.engine.jit import TinyJit  # noqa: E402
 from uopc.runtime import compiler as runtime  # noqa: E402
 from uopc.tensor import Tensor  # noqa: E402
-from uopc.tools.harness import interleave, medians, probe_bandwidth, timed  # noqa: E402
+from uopc.tools.harness import interleave, medians, new_inputs, probe_bandwidth, timed  # noqa: E402
 
 try:
     import torch
@@ -83,7 +83,7 @@ def _torch_flops(fn) -> float | None:
 
 def model(name: str, title: str, args, seq: int | None = None, ort_too: bool = False) -> None:
     w = models.build(name, "uopc", seq=seq)
-    xs = [Tensor(a) for a in w.inputs]
+    xs = new_inputs(*(Tensor(a) for a in w.inputs))
     run = TinyJit(lambda *a: w.call(*a).realize())
     runners = {"uopc": timed(lambda: run(*xs))}
     flops = None

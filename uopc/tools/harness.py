@@ -31,6 +31,7 @@ __all__ = [
     "interleave",
     "machine",
     "medians",
+    "new_inputs",
     "ratio",
     "time_n",
     "timed",
@@ -125,6 +126,23 @@ def interleave(
         if on_round is not None:
             on_round(r, times)
     return times
+
+
+def new_inputs(*tensors):
+    """`tensors`, realized, with their storage handed out (a NumPy view): a benchmark times one input over and over
+    where a caller gives a new one each call, and uopc keeps across calls what it computes from unchanged inputs
+    (uopc.engine.kept: a weight's panels or Winograd transform). Storage whose contents may change unseen keeps
+    nothing, so every call computes what a new input would make it compute. Weights stay as they are: prepacked
+    once, as onnxruntime and oneDNN do. Returns the tensors as a list."""
+    from uopc.runtime.buffer import buffer_data
+    from uopc.uop import base_buffer
+
+    out = []
+    for t in tensors:
+        t.realize()
+        buffer_data(base_buffer(t.uop))
+        out.append(t)
+    return out
 
 
 def medians(times: dict[str, list[float]]) -> dict[str, float]:
