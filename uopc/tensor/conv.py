@@ -95,6 +95,9 @@ WINOGRAD_FMA_PER_BYTE = 4
 # the products of a Winograd convolution are alpha^2 GEMMs with one column per tile: with fewer columns than this,
 # the microkernel's register tile is as slow as with this many (ResNet-18's 7x7 layers at batch 1 have 4 tiles)
 WINOGRAD_MIN_COLS = 16
+# ...and with a reduction (input channels) shorter than this, as slow per multiply-add as with this many: the conv
+# benchmark's (64,32,28,28) x (64,32,3,3) forward and backward took 46-47 ms direct, 48-49 ms with F(4,3) forward
+WINOGRAD_MIN_K = 64
 # ...and three kernels where a direct convolution has one: a fixed cost in multiply-adds (~3 us each)
 WINOGRAD_FIXED = 1 << 20
 
@@ -104,11 +107,11 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     GEMM: a 2-D 3x3 float32 convolution of stride 1, no dilation or groups, where the cost rule says it pays.
 
     The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P
-    against alpha^2 K C max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed element written and
-    read (and the weight's transform, when the weight is trained: it changes every step). ResNet-18 at batch 1
-    picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input or a small image keeps the direct GEMM.
-    The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this rule, 2 or 4 F(2,3) or F(4,3)
-    for every convolution it can take."""
+    against alpha^2 K max(C, WINOGRAD_MIN_K) max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed
+    element written and read (and the weight's transform, when the weight is trained: it changes every step).
+    ResNet-18 at batch 1 picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input, few channels or a
+    small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
+    rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
     mode = helpers.settings().WINOGRAD
     if mode not in (0, 1, *MATRICES):
         raise ValueError(f"WINOGRAD must be 0 (never), 1 (by the cost rule), 2 or 4 (F(m,3) always), got {mode!r}")
@@ -127,7 +130,8 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
         moved = 4 * 2 * (a * a * T * (C + K) + N * prod(outs) * K + N * C * prod(x.shape[2:]))
         if w.requires_grad and not type(x).no_grad:  # a trained weight changes every step: so does its transform
             moved += 4 * (a * a + 9) * K * C
-        c = a * a * K * C * max(T, WINOGRAD_MIN_COLS) + WINOGRAD_FMA_PER_BYTE * moved + WINOGRAD_FIXED
+        c = a * a * K * max(C, WINOGRAD_MIN_K) * max(T, WINOGRAD_MIN_COLS) + WINOGRAD_FMA_PER_BYTE * moved
+        c += WINOGRAD_FIXED
         if c < cost:
             best, cost = m, c
     return best
