@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from uopc import Tensor, dtypes
+from uopc.helpers import Context
 
 
 @dataclass(frozen=True)
@@ -610,6 +611,11 @@ def _sizes(x):
 
 
 CONV1 = [(1, 1, 1, 1), (1, "same", 1, 1), (2, 0, 2, 3)]
+def _winograd_conv(x, w, b, i):
+    with Context(WINOGRAD=(2, 4)[i]):
+        return x.conv2d(w, b, padding=1)
+
+
 CONV2 = [(1, 1, 1, 1), (2, 0, 2, 1), (1, (1, 2), 1, 2)]  # (stride, padding, dilation, groups) per case
 POOL = [
     dict(kernel_size=2),
@@ -1055,6 +1061,19 @@ ROWS += [
         ],
         "mid",
         variant=True,
+    ),
+    Row(  # Winograd's F(2,3) and F(4,3) (forced: the cost rule takes larger convolutions), gradients by the rule
+        "conv2d winograd",
+        lambda x, w, b, i: _winograd_conv(x, w, b, i),
+        lambda x, w, b, i: F.conv2d(x, w, b, padding=1),
+        [
+            (Inp(F32, C4, "nc"), Inp(F32, (4, 3, 3, 3)), Inp(F32, (4,))),
+            (Inp(F32, (2, 4, 6, 7)), Inp(F32, (3, 4, 3, 3), "nc"), Inp(F32, (3,))),
+        ],
+        "mid",
+        variant=True,
+        cover_name=False,
+        tol=dict(rtol=1e-3, atol=1e-4),  # F(4,3)'s rounding: ~1e-5 of the output's scale
     ),
     Row(
         "conv1d",
