@@ -611,6 +611,8 @@ def _sizes(x):
 
 
 CONV1 = [(1, 1, 1, 1), (1, "same", 1, 1), (2, 0, 2, 3)]
+
+
 def _winograd_conv(x, w, b, i):
     with Context(WINOGRAD=(2, 4)[i]):
         return x.conv2d(w, b, padding=1)
