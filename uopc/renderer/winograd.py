@@ -114,6 +114,15 @@ def _weight(k, a: int, G, x: str, o: str) -> list[str]:
     ]
 
 
+def _planes(flat: str, chan: str, N: int, C: int, tiles: int) -> list[str]:
+    """The parallel loop over (image n, channel `chan`) planes, flattened as `flat`, on threads past 64 tiles."""
+    return [
+        f"#pragma omp parallel for schedule(static) if ({N * C * tiles}LL > 64)",
+        f"for (long long {flat} = 0; {flat} < {N * C}LL; {flat}++) {{",
+        f"  const long long n = {flat} / {C}LL, {chan} = {flat} % {C}LL;",
+    ]
+
+
 def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]:
     N, C, H, W = k.src_shape
     sN, sC, sH, sW = k.strides
@@ -124,9 +133,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     d = [[f"rows[{i}][tx * {m} + {j}]" for j in range(a)] for i in range(a)]
     prods, v = _products(BT, d, BT, "")
     return [
-        f"#pragma omp parallel for schedule(static) if ({N * C * th * tw}LL > 64)",
-        f"for (long long nc = 0; nc < {N * C}LL; nc++) {{",
-        f"  const long long n = nc / {C}LL, c = nc % {C}LL;",
+        *_planes("nc", "c", N, C, th * tw),
         f"  const float* restrict xs = {x} + {k.offset}LL + n * {sN}LL + c * {sC}LL;",
         f"  float* restrict vs = {o} + c * {a * a * T}LL + n * {th * tw}LL;",
         f"  float rows[{a}][{PW}];",
@@ -165,9 +172,7 @@ def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str
     yy = [[f"ys[{(i * a + j) * s0}LL + t]" for j in range(a)] for i in range(a)]
     prods, r = _products(AT, yy, AT, "")
     return [
-        f"#pragma omp parallel for schedule(static) if ({N * K * th * tw}LL > 64)",
-        f"for (long long nk = 0; nk < {N * K}LL; nk++) {{",
-        f"  const long long n = nk / {K}LL, kk = nk % {K}LL;",
+        *_planes("nk", "kk", N, K, th * tw),
         f"  const float* restrict ys0 = {y} + {k.offset}LL + kk * {s1}LL + n * {th * tw * s2}LL;",
         f"  float* restrict os = {o} + nk * {OH * OW}LL;",
         f"  float rows[{m}][{tw * m}];  // one tile row's outputs, then copied out (the last tiles' cut)",
