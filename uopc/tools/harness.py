@@ -23,8 +23,10 @@ import numpy as np
 from uopc import helpers
 from uopc.helpers import atomic_write
 from uopc.runtime import compiler as runtime
+from uopc.runtime.buffer import buffer_data
 from uopc.runtime.compiler import Program, compiler_identity
 from uopc.runtime.threads import get_num_threads
+from uopc.uop import base_buffer
 
 __all__ = [
     "calibrate",
@@ -134,9 +136,6 @@ def new_inputs(*tensors):
     (uopc.engine.kept: a weight's panels or Winograd transform). Storage whose contents may change unseen keeps
     nothing, so every call computes what a new input would make it compute. Weights stay as they are: prepacked
     once, as onnxruntime and oneDNN do. Returns the tensors as a list."""
-    from uopc.runtime.buffer import buffer_data
-    from uopc.uop import base_buffer
-
     out = []
     for t in tensors:
         t.realize()
