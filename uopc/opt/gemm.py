@@ -19,7 +19,7 @@ from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
-from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
+from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
 from uopc.uop.rewrite import graph_rewrite
 from uopc.uop.variable import symbolic
@@ -62,7 +62,7 @@ def _constant_along(x: UOp, axis: int) -> bool:
 
 def _plain(x: UOp, contiguous_axis: int | None) -> bool:
     """Is `x` a view of memory (no computation, no PAD gate), unit-stride along `contiguous_axis` if given?"""
-    if x.op not in MOVEMENT and x.op not in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION, Ops.WINOGRAD):
+    if x.op not in MOVEMENT and x.op not in STORED:
         return False
     views = list(operand_views(x))
     if not views or any(last_axis_stride(v, b) is None for v, b in views):
@@ -133,7 +133,7 @@ def _stored(x: UOp) -> bool:
     """Is operand `x` a view of stored data (a buffer, through 16-bit floats widened), nothing computed?"""
     while x.op in MOVEMENT or (x.op is Ops.CAST and x.src[0].dtype.is_16bit_float):
         x = x.src[0]
-    return x.op in (Ops.BUFFER, Ops.STAGE, Ops.REDUCE, Ops.ATTENTION, Ops.WINOGRAD)
+    return x.op in STORED
 
 
 def _pack(x: UOp, along: int, tile: int) -> UOp:

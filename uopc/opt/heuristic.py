@@ -15,7 +15,7 @@ from uopc.opt.gemm import gemm_opts, uses_microkernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views
-from uopc.uop import MOVEMENT, Ops, UOp, epilogue_reduce
+from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.variable import Variable, symbolic
 
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;
@@ -47,7 +47,7 @@ def row_fits(r: UOp, machine: Machine) -> bool:
         if u in seen:
             continue
         seen.add(u)
-        if u.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.ATTENTION, Ops.WINOGRAD) and u is not src:
+        if u.op in STORED and u is not src:
             if prod(u.shape) >= row:  # read along the row (a scalar or a per-row value is not)
                 inputs.add(u)
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import lru_cache
 
-from uopc.uop import ALU, MOVEMENT, AxisType, Ops, RangeArg, UOp
+from uopc.uop import ALU, MOVEMENT, STORED, AxisType, Ops, RangeArg, UOp
 from uopc.uop.indexing import flat_index
 from uopc.uop.rewrite import PatternMatcher, UPat
 from uopc.uop.symbolic import eval_int, simplify
@@ -52,7 +52,7 @@ def operand_views(x: UOp) -> Iterator[tuple[UOp, UOp]]:
             base = u
             while base.op in MOVEMENT:
                 base = base.src[0]
-            if base.op in (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.ATTENTION, Ops.WINOGRAD):
+            if base.op in STORED:
                 yield u, base
 
 

@@ -28,7 +28,7 @@ from uopc.renderer.attention import render_attention
 from uopc.renderer.c_math import F32_BITS, F32_MATH
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.renderer.winograd import render_winograd
-from uopc.uop import ALU, AxisType, Ops, UOp
+from uopc.uop import ALU, OWN_KERNEL, AxisType, Ops, UOp
 from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits
 from uopc.uop.variable import Variable
 
@@ -500,7 +500,7 @@ def _storage_ctype(dt: DType, accumulates: bool) -> str:
 
 def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
     """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global."""
-    if ast.src and ast.src[0].op in (Ops.ATTENTION, Ops.WINOGRAD):  # C of their own (renderer.attention, .winograd)
+    if ast.src and ast.src[0].op in OWN_KERNEL:  # C of their own (renderer.attention, renderer.winograd)
         own = render_attention if ast.src[0].op is Ops.ATTENTION else render_winograd
         hs, params, body, bufs, avars, ptr_types = own(ast)
         if helpers.settings().CHECK_OOB and oob_param:  # nothing to check (no data-dependent index), same signature

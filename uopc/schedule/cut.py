@@ -41,7 +41,7 @@ from uopc.schedule.fusion import (
     stage_shared_chains,
 )
 from uopc.schedule.plan import Copy, Out, Ref, RefKind, Schedule, ScheduleItem, Temp
-from uopc.uop import ALU, Ops, ParamArg, UOp, base_buffer
+from uopc.uop import ALU, OWN_KERNEL, Ops, ParamArg, UOp, base_buffer
 from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite_all
 
 __all__ = [
@@ -66,7 +66,7 @@ def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozense
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION, Ops.WINOGRAD):
+        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM) or u.op in OWN_KERNEL:
             points.append(u)
         elif u.op is Ops.REDUCE and not fuse_reduce and u not in epilogues:
             points.append(u)
@@ -207,7 +207,7 @@ def _item(
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
     out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
     body = body.substitute(local)
-    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION, Ops.WINOGRAD):
+    if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM) and body.op not in OWN_KERNEL:
         body = stage_rows(body)
     work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
     refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]

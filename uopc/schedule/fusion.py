@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from uopc.helpers import prod
-from uopc.uop import ALU, MOVEMENT, Ops, UOp
+from uopc.uop import ALU, MOVEMENT, OWN_KERNEL, STORED, Ops, UOp
 from uopc.uop.indexing import affine_view
 
 __all__ = [
@@ -240,7 +240,7 @@ def _row_work(u: UOp) -> int:
 
 
 # a node's kernel reads what it was computed from: buffers and other kernels' results
-_MATERIALIZED = (Ops.BUFFER, Ops.REDUCE, Ops.STAGE, Ops.SCATTER, Ops.SETITEM, Ops.ATTENTION, Ops.WINOGRAD)
+_MATERIALIZED = STORED | {Ops.SCATTER, Ops.SETITEM}
 
 
 def _fused_work(u: UOp) -> int:
@@ -439,7 +439,7 @@ def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[
     guard: dict[UOp, list[int]] = {}  # attention node -> the sources that get a barrier
     topo = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
     for u in topo:
-        if u.op not in (Ops.ATTENTION, Ops.WINOGRAD):
+        if u.op not in OWN_KERNEL:
             continue
         for i, s in enumerate(u.src):
             base = s

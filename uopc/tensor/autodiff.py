@@ -24,7 +24,7 @@ import operator
 from collections.abc import Callable
 
 from uopc.helpers import argsort
-from uopc.uop import ALU, MOVEMENT, GradFn, Ops, Span, UOp
+from uopc.uop import ALU, MOVEMENT, STORED, GradFn, Ops, Span, UOp
 from uopc.uop.dtype import DType, dtypes
 
 # ---------------------------------------------------------------------------------------------------
@@ -102,11 +102,7 @@ def _stage(g: UOp) -> UOp:
     base = g
     while base.op in MOVEMENT:  # a view of a value that is already materialized recomputes nothing
         base = base.src[0]
-    return (
-        g
-        if base.op in (Ops.REDUCE, Ops.STAGE, Ops.BUFFER, Ops.CONST, Ops.ATTENTION, Ops.WINOGRAD)
-        else UOp(Ops.STAGE, (g,))
-    )
+    return g if base.op in STORED or base.op is Ops.CONST else UOp(Ops.STAGE, (g,))
 
 
 def _no_grad(g: UOp, x: UOp) -> tuple[None, ...]:

@@ -114,6 +114,10 @@ ALU = UNARY | BINARY | TERNARY
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE})
 REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX})
+# ops computed by a kernel with fixed loops and C of its own (uopc.codegen.attention, uopc.codegen.winograd)
+OWN_KERNEL = frozenset({Ops.ATTENTION, Ops.WINOGRAD})
+# nodes a kernel reads from memory: a buffer, or a value another kernel stored
+STORED = frozenset({Ops.BUFFER, Ops.STAGE, Ops.REDUCE}) | OWN_KERNEL
 
 
 class ParamArg(NamedTuple):
