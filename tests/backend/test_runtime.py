@@ -529,6 +529,30 @@ def test_register_tiled_kernels_carry_o2_under_the_default_flags(context, monkey
             assert (TILED_OPTIMIZE in unit.src) == (k.register_tile and flags is None), k.name
 
 
+def test_kernels_with_c_of_their_own_carry_o2_under_the_default_flags(context, monkeypatch):
+    """Fused attention (and Winograd's transforms) are written by hand and take TILED_OPTIMIZE too; the entry point,
+    which only calls kernels, is compiled at -O0."""
+    from uopc.renderer.c import TILED_OPTIMIZE
+    from uopc.renderer.plan import kernel_unit
+    from uopc.uop import OWN_KERNEL
+
+    if helpers.settings().CFLAGS is not None:
+        pytest.skip("CFLAGS set: the attributes apply under uopc's default flags only")
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float32) for _ in range(3))
+    got = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), is_causal=True).numpy()
+    s = np.where(np.tril(np.ones((40, 40), bool)), q @ k.transpose(0, 1, 3, 2) / 4.0, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, p / p.sum(-1, keepdims=True) @ v, rtol=1e-4, atol=1e-5)
+    cp = next(reversed(realize._plans.values()))
+    own = [kr for kr in cp.kernels if kr.ast.src[0].op in OWN_KERNEL]
+    assert own, [kr.name for kr in cp.kernels]
+    for kr in own:
+        assert TILED_OPTIMIZE in kernel_unit(kr.ast, kr.name, kr.register_tile).src
+    assert '__attribute__((optimize("O0"))) void plan(' in cp.srcs[-1]
+
+
 def _fresh_plans():
     from uopc.engine import plan_store
 

@@ -532,7 +532,7 @@ def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude). `tiled`: it was
     lowered with a register tile (Opts.register_tile), see TILED_OPTIMIZE."""
     fn = _render_function(ast)
-    return PRELUDE + _helper_text(fn.helpers) + "\n" + optimize_attribute(tiled) + fn.definition(name)
+    return PRELUDE + _helper_text(fn.helpers) + "\n" + optimize_attribute(ast, tiled) + fn.definition(name)
 
 
 # A kernel that keeps a register tile of vectors (the GEMM microkernel, convolutions through it) is compiled at gcc's
@@ -540,12 +540,17 @@ def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
 # completely even where the code grows (-fpeel-loops): around a tile uopc already unrolled (a convolution's taps
 # around its MR x NR FMAs) the conv kernels ran up to 1.8x slower. Measured on a Zen 4, both forms in one process,
 # alternating: ResNet-18 inference at batch 1 45.0 -> 32.4 ms; plain GEMMs 256-2048, the GPT-2 forward, the CNN and
-# char-GPT steps unchanged within noise. Other kernels keep -O3: small window loops that gcc unrolls and vectorizes
-# there ran up to 4x slower at -O2 (the CNN step's pooling).
+# char-GPT steps unchanged within noise. The kernels with C of their own (OWN_KERNEL: attention, Winograd's
+# transforms) are unrolled by hand where it pays and take the same attribute: per kernel, alternating in one process,
+# char-GPT's four attention kernels 8.49 -> 8.36 ms a step and ResNet-18's Winograd transforms 5.35 -> 5.30 ms a call,
+# while gcc took half the time on them (0.50 -> 0.15 s on char-GPT's forward attention). Other kernels keep -O3:
+# small window loops that gcc unrolls and vectorizes there ran up to 4x slower at -O2 (the CNN step's pooling, 2.3x;
+# ResNet's im2col copies, 2x), and some copies and small reductions 1.2-1.3x.
 TILED_OPTIMIZE = '__attribute__((optimize("O2", "vect-cost-model=dynamic"))) '
 
 
-def optimize_attribute(tiled: bool) -> str:
-    """The attributes of a kernel's definition: TILED_OPTIMIZE for a register-tiled kernel under uopc's default
-    flags, else none."""
-    return TILED_OPTIMIZE if tiled and helpers.settings().CFLAGS is None else ""
+def optimize_attribute(ast: UOp, tiled: bool) -> str:
+    """The attributes of a kernel's definition: TILED_OPTIMIZE for a register-tiled kernel (`tiled`) or one with C of
+    its own under uopc's default flags, else none."""
+    own = bool(ast.src) and ast.src[0].op in OWN_KERNEL
+    return TILED_OPTIMIZE if (tiled or own) and helpers.settings().CFLAGS is None else ""
