@@ -14,7 +14,9 @@ Each op's C form is one entry of a table.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Callable
 from enum import IntEnum
 from typing import NamedTuple
@@ -34,7 +36,11 @@ from uopc.uop.variable import Variable
 
 # No #include: <math.h> and <stdint.h> were a third of gcc's time on a small kernel (measured: 81 vs 48 ms for a
 # 64-element loop, -O3). The integer types come from gcc's predefined macros, inf and NaN and libm from its builtins.
-PRELUDE = """typedef __INT8_TYPE__ int8_t;
+# The prelude and every helper are guarded (#ifndef), so that kernel units concatenate into one translation unit:
+# the runtime compiles several small kernels in one gcc run (uopc.runtime.objects).
+PRELUDE = """#ifndef UOPC_PRELUDE
+#define UOPC_PRELUDE
+typedef __INT8_TYPE__ int8_t;
 typedef __UINT8_TYPE__ uint8_t;
 typedef __INT16_TYPE__ int16_t;
 typedef __UINT16_TYPE__ uint16_t;
@@ -46,6 +52,7 @@ typedef __UINT64_TYPE__ uint64_t;
 #define NAN (__builtin_nanf(""))
 #if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
 #error "uopc kernels need IEEE inf and NaN: remove -ffast-math / -ffinite-math-only from CFLAGS"
+#endif
 #endif
 """
 
@@ -123,8 +130,16 @@ class Helper(NamedTuple):
 
 
 def _helper_text(hs: dict[str, Helper]) -> str:
-    """The helpers' definitions in the order their ranks give."""
-    return "".join(h.code for _, h in sorted(hs.items(), key=lambda kv: (kv[1].rank, kv[0])))
+    """The helpers' definitions in the order their ranks give, each under an include guard named by what it defines
+    and a digest of its code: units concatenate (see PRELUDE), and two different definitions of one name would fail
+    to compile rather than one silently standing for the other."""
+    return "".join(_guarded(name, h.code) for name, h in sorted(hs.items(), key=lambda kv: (kv[1].rank, kv[0])))
+
+
+def _guarded(name: str, code: str) -> str:
+    ident, digest = re.sub(r"\W", "_", name), hashlib.sha256(code.encode()).hexdigest()[:8]
+    body = code if code.endswith("\n") else code + "\n"
+    return f"#ifndef UOPC_HAVE_{ident}_{digest}\n#define UOPC_HAVE_{ident}_{digest}\n{body}#endif\n"
 
 
 def _base(buf: UOp) -> UOp:

@@ -31,8 +31,11 @@ class KernelUnit(NamedTuple):
     attr: str = ""  # the attributes its definition carries (TILED_OPTIMIZE or none)
 
 
-# hidden: a plan's entry point calls each kernel directly, not through the PLT, and no other object can interpose it
+# hidden: a plan's entry point calls each kernel directly, not through the PLT, and no other object can interpose it.
+# A definition is also weak: the runtime may compile several units into one object (uopc.runtime.objects), so a
+# plan's link can meet one kernel in two objects, the same code under the same name; the linker keeps one.
 _HIDDEN = '__attribute__((visibility("hidden"))) '
+_DEFINED = '__attribute__((visibility("hidden"), weak)) '
 # (ast, shape name, index checks) -> KernelUnit: the engine renders a big plan's kernels as it lowers them (to start
 # gcc early) and render_plan renders them again. Bounded: the entries keep their ASTs alive.
 _UNITS_MAX = 1024
@@ -54,7 +57,7 @@ def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
     helper_text = _helper_text(fn.helpers)
     digest = hashlib.sha256((PRELUDE + helper_text + attr + fn.definition("uopc_kernel")).encode()).hexdigest()
     sym = f"{base}_{digest[:16]}"
-    unit = KernelUnit(sym, fn, PRELUDE + helper_text + "\n" + _HIDDEN + attr + fn.definition(sym), attr)
+    unit = KernelUnit(sym, fn, PRELUDE + helper_text + "\n" + _DEFINED + attr + fn.definition(sym), attr)
     with _units_lock:
         _units[key] = unit
         while len(_units) > _UNITS_MAX:
@@ -66,11 +69,15 @@ def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
 # 0.69 s, and the calls run no slower (each passes pointers read from `bufs`). Under uopc's default flags only, as
 # renderer.c.optimize_attribute.
 _ENTRY_OPTIMIZE = '__attribute__((optimize("O0"))) '
-_PLAN_TIMER = """static inline long long uopc_now(void) {
+_PLAN_TIMER = """#include <time.h>
+#ifndef UOPC_HAVE_NOW
+#define UOPC_HAVE_NOW
+static inline long long uopc_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
+#endif
 """
 
 
@@ -129,6 +136,6 @@ def render_plan(
         for u in units.values():
             hs.update(u.fn.helpers)
         fns = "\n".join("static " + d for d in defs.values())
-        return [PRELUDE + "#include <time.h>\n" + _helper_text(hs) + _PLAN_TIMER + fns + body]
+        return [PRELUDE + _helper_text(hs) + _PLAN_TIMER + fns + body]
     protos = "".join(_HIDDEN + u.fn.declaration(sym) + ";\n" for sym, u in units.items())
-    return [*(u.src for u in units.values()), "#include <stdint.h>\n#include <time.h>\n" + _PLAN_TIMER + protos + body]
+    return [*(u.src for u in units.values()), PRELUDE + _PLAN_TIMER + protos + body]

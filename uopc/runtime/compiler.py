@@ -13,8 +13,6 @@ used entries are deleted (under a lock file, see `evict`). OpenMP threads: `set_
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import ctypes
 import ctypes.util
 import hashlib
@@ -24,13 +22,14 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField, oob_error
-from uopc.machine import Machine, available_cpus, cpu_fingerprint, probe
+from uopc.machine import Machine, cpu_fingerprint, probe
+from uopc.runtime import objects
 from uopc.runtime.disk_cache import (  # re-exported: the runtime's names
     CacheDirError,
     check_cache_dir,
@@ -41,6 +40,7 @@ from uopc.runtime.disk_cache import (  # re-exported: the runtime's names
     unlink_quiet,
     write_entry,
 )
+from uopc.runtime.objects import Unit, stats, unit_object  # stats re-exported: the runtime's counters
 from uopc.runtime.threads import ensure_threads, get_num_threads, set_num_threads  # re-exported: runtime's old names
 
 __all__ = [
@@ -86,7 +86,6 @@ _FIXED_FLAGS = ["-shared", "-fPIC"]
 # Libraries go after the input on the command line (link order matters for static archives).
 _LIBS = ["-lm"]
 
-stats: dict[str, int] = {"compiles": 0, "loads": 0, "disk_hits": 0, "rebuilds": 0, "object_hits": 0}
 
 
 class CompileError(RuntimeError):
@@ -190,191 +189,47 @@ def _compile_error(
     )
 
 
-def _object_command(cc_path: str, flags: list[str], out: str, c_file: str) -> list[str]:
-    """The command compiling one translation unit to an object file (a plan's kernel, linked later)."""
-    return [cc_path, *flags, "-fPIC", "-c", "-o", out, c_file]
-
-
 def _object_key(src: str, cc_path: str, flags: list[str]) -> str:
     """The cache key of one translation unit compiled to an object file (`-c`): its own source, compiler, flags."""
     return _cache_key(("object", src), cc_path, flags)
 
 
-class _Prefetch(NamedTuple):
-    """One object compile started ahead of its plan's link (see prefetch)."""
-
-    proc: subprocess.Popen
-    c_file: str
-    tmp_obj: str
-    obj: str
-
-
-# object key -> its compile, running or waiting for a free CPU; guarded by _prefetch_lock
-_prefetch_running: dict[str, _Prefetch] = {}
-_prefetch_queue: dict[str, tuple[str, str, list[str], str]] = {}  # object key -> (source, compiler, flags, object)
-_prefetch_lock = threading.Lock()
-
-
 def prefetch(src: str) -> str:
-    """Start compiling one translation unit of a plan (a kernel's) into the object cache in the background, and
-    return at once: the engine calls this for a big plan's kernels as it lowers them, so gcc runs on the other cores
-    while Python lowers the rest. At most as many compiles run as this process has CPUs; the rest wait their turn.
-    The plan's link (`_build_parts`) waits for a running compile of its unit, or takes a waiting one over. A failed
-    compile leaves nothing: the link compiles that unit again and reports the error. Returns the unit's object key
-    (for cancel_prefetches)."""
+    """Start compiling one kernel unit of a plan into the object cache in the background and return at once (see
+    uopc.runtime.objects.prefetch); returns the unit's object path, for cancel_prefetches."""
     cc_path, flags = _resolve_compiler(), cflags()
-    okey = _object_key(src, cc_path, flags)
-    cache = check_cache_dir(helpers.cache_dir())
-    obj = os.path.join(cache, "obj", f"{okey}.o")
-    with _prefetch_lock:
-        if okey not in _prefetch_running and okey not in _prefetch_queue:
-            if not entry_ok(obj, os.path.splitext(obj)[0] + ".json"):
-                _prefetch_queue[okey] = (src, cc_path, flags, obj)
-                _pump_prefetches()
-    return okey
+    obj = unit_object(check_cache_dir(helpers.cache_dir()), _object_key(src, cc_path, flags))
+    objects.prefetch(Unit(src, obj), cc_path, flags)
+    return obj
 
 
-def _pump_prefetches() -> None:
-    """Finish the compiles that exited, start waiting ones while CPUs are free (under _prefetch_lock)."""
-    for okey, job in list(_prefetch_running.items()):
-        if job.proc.poll() is not None:
-            _finish_prefetch(okey)
-    width = max(1, available_cpus())
-    while _prefetch_queue and len(_prefetch_running) < width:
-        okey = next(iter(_prefetch_queue))
-        src, cc_path, flags, obj = _prefetch_queue.pop(okey)
-        os.makedirs(os.path.dirname(obj), mode=0o700, exist_ok=True)
-        stem = os.path.join(os.path.dirname(obj), f".prefetch-{os.getpid()}-{okey}")
-        c_file, tmp_obj = stem + ".c", stem + ".o"
-        with open(c_file, "w") as f:
-            f.write(src)
-        try:
-            proc = subprocess.Popen(
-                _object_command(cc_path, flags, tmp_obj, c_file), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-        except OSError:  # the link compiles it and reports why
-            unlink_quiet(c_file)
-            continue
-        _prefetch_running[okey] = _Prefetch(proc, c_file, tmp_obj, obj)
-
-
-def _finish_prefetch(okey: str) -> None:
-    """Wait for one running compile and, if it succeeded, put its object in the cache (under _prefetch_lock)."""
-    job = _prefetch_running.pop(okey)
-    try:
-        if job.proc.wait() == 0:
-            stats["compiles"] += 1
-            with open(job.tmp_obj, "rb") as f:
-                write_entry(job.obj, f.read(), 0o600)
-    except OSError:
-        pass  # the link compiles it again
-    finally:
-        _remove_files(job)
-
-
-def _claim_prefetch(okey: str) -> None:
-    """Before a link uses unit `okey`: wait for its running compile, or take it off the queue (the link compiles it
-    with the rest)."""
-    with _prefetch_lock:
-        _prefetch_queue.pop(okey, None)
-        if okey in _prefetch_running:
-            _finish_prefetch(okey)
-
-
-def cancel_prefetches(okeys: list[str]) -> None:
-    """Drop the early compiles (by the object keys prefetch returned) that no link claimed (the plan's whole object
-    was already in the cache, or its build failed): waiting ones leave the queue, running ones are stopped and their
-    files removed."""
-    with _prefetch_lock:
-        for okey in okeys:
-            _prefetch_queue.pop(okey, None)
-            if (job := _prefetch_running.pop(okey, None)) is not None:
-                _kill(job)
-
-
-def _kill(job: _Prefetch) -> None:
-    with contextlib.suppress(OSError):
-        job.proc.kill()
-        job.proc.wait()
-    _remove_files(job)
-
-
-def _remove_files(job: _Prefetch) -> None:
-    unlink_quiet(job.c_file)
-    unlink_quiet(job.tmp_obj)
-
-
-def _stop_prefetches() -> None:
-    """At exit: end the compiles still running (their objects were never needed) and remove their files."""
-    with _prefetch_lock:
-        _prefetch_queue.clear()
-        for job in _prefetch_running.values():
-            _kill(job)
-        _prefetch_running.clear()
-
-
-atexit.register(_stop_prefetches)
+def cancel_prefetches(objs: list[str]) -> None:
+    """Drop the early compiles (by the object paths prefetch returned) that no link claimed."""
+    objects.cancel(objs)
 
 
 def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: str, key: str, tmpdir: str) -> str:
-    """Link translation units into one shared object: each unit's object file comes from the object cache
-    (`<cache>/obj/`, keyed by its own source, so a kernel shared by two plans or two models compiles once; a compile
-    `prefetch` started is waited for), or is compiled now, as many compiler processes at a time as this process has
-    CPUs."""
-    objdir = os.path.join(cache, "obj")
-    os.makedirs(objdir, mode=0o700, exist_ok=True)
-    objs, todo = [], []
-    for i, src in enumerate(dict.fromkeys(srcs)):  # a unit twice is one object
-        okey = _object_key(src, cc_path, flags)
-        _claim_prefetch(okey)
-        obj, local = os.path.join(objdir, f"{okey}.o"), os.path.join(tmpdir, f"part{i}.o")
-        objs.append(local)
-        try:  # a hard link keeps the object for the link step even if another process evicts it meanwhile
-            if not entry_ok(obj, os.path.join(objdir, f"{okey}.json")):
-                raise FileNotFoundError(obj)
-            os.link(obj, local)
-            stats["object_hits"] += 1
-            with contextlib.suppress(OSError):
-                os.utime(obj)
-        except OSError:
-            todo.append((i, src, obj))
-    running: list[tuple[list[str], str, str, str, subprocess.Popen]] = []
-    failed = None
+    """Link a plan into one shared object: its kernel units (all of `srcs` but the last) from the object cache
+    (uopc.runtime.objects: keyed by each unit's own source, so a kernel shared by two plans or two models compiles
+    once; missing ones compile now, several to a compiler run, in parallel), and its entry point (the last unit),
+    compiled by the link's own compiler run."""
+    units = [Unit(src, unit_object(cache, _object_key(src, cc_path, flags))) for src in srcs[:-1]]
 
-    def finish(job: tuple[list[str], str, str, str, subprocess.Popen]) -> None:
-        nonlocal failed
-        cmd, src, tmp_obj, obj, proc = job
-        stderr = proc.communicate()[1].decode(errors="replace")
-        stats["compiles"] += 1
-        if proc.returncode != 0:
-            if failed is None:
-                failed = _compile_error(proc.returncode, cmd, stderr, src, cc_path, flags, cache, key)
-            return
-        with open(tmp_obj, "rb") as f:
-            write_entry(obj, f.read(), 0o600)
+    def fail(rc: int, cmd: list[str], stderr: str, src: str) -> CompileError:
+        return _compile_error(rc, cmd, stderr, src, cc_path, flags, cache, key)
 
-    width = max(1, available_cpus())
-    for i, src, obj in todo:
-        if len(running) >= width:
-            finish(running.pop(0))
-        c_file, tmp_obj = os.path.join(tmpdir, f"part{i}.c"), os.path.join(tmpdir, f"part{i}.o")
-        with open(c_file, "w") as f:
-            f.write(src)
-        cmd = _object_command(cc_path, flags, tmp_obj, c_file)
-        try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        except OSError as e:
-            raise _not_found(cc_path, f"could not be executed ({e})") from e
-        running.append((cmd, src, tmp_obj, obj, proc))
-    for job in running:
-        finish(job)
-    if failed is not None:
-        raise failed
-    tmp = os.path.join(tmpdir, "k.so")
-    cmd = [cc_path, *flags, *_FIXED_FLAGS, "-o", tmp, *objs, *_LIBS]
+    try:
+        objs = objects.gather(units, cc_path, flags, tmpdir, fail)
+    except OSError as e:
+        raise _not_found(cc_path, f"could not be executed ({e})") from e
+    entry, tmp = os.path.join(tmpdir, "entry.c"), os.path.join(tmpdir, "k.so")
+    with open(entry, "w") as f:
+        f.write(srcs[-1])
+    cmd = [cc_path, *flags, *_FIXED_FLAGS, "-o", tmp, entry, *objs, *_LIBS]
     proc = subprocess.run(cmd, capture_output=True, check=False)
+    stats["compiles"] += 1
     if proc.returncode != 0:
-        raise _compile_error(proc.returncode, cmd, proc.stderr.decode(errors="replace"), "", cc_path, flags, cache, key)
+        raise fail(proc.returncode, cmd, proc.stderr.decode(errors="replace"), srcs[-1])
     return tmp
 
 
@@ -582,14 +437,10 @@ class Program:
 
 
 def _after_fork_in_child() -> None:
-    global _libs_guard, _prefetch_lock
+    global _libs_guard
     # A lock held by another thread at fork time would stay locked forever in the child.
     _libs_guard = threading.Lock()
     _key_locks.clear()
-    # the parent's background compiles are the parent's to finish
-    _prefetch_lock = threading.Lock()
-    _prefetch_running.clear()
-    _prefetch_queue.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -88,18 +88,23 @@ def unlink_quiet(path: str) -> None:
 
 def entry_ok(so_path: str, json_path: str) -> bool:
     """Whether a cache entry's file exists and matches the size and sha256 recorded in its json, without loading it."""
+    return entry_digest(so_path, json_path) is not None
+
+
+def entry_digest(path: str, json_path: str) -> str | None:
+    """The sha256 of a cache entry's file if it exists and matches the size and digest its json records, else None."""
     try:
         with open(json_path) as f:
             meta = json.load(f)
         size, digest = meta["size"], meta["sha256"]
         if not isinstance(size, int) or not isinstance(digest, str) or size <= 0:
-            return False
-        if os.path.getsize(so_path) != size:  # cheap check before hashing
-            return False
-        with open(so_path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest() == digest
+            return None
+        if os.path.getsize(path) != size:  # cheap check before hashing
+            return None
+        with open(path, "rb") as f:
+            return digest if hashlib.sha256(f.read()).hexdigest() == digest else None
     except (OSError, ValueError, KeyError, TypeError):
-        return False
+        return None
 
 
 def write_entry(path: str, data: bytes, mode: int) -> None:
