@@ -42,6 +42,11 @@ def getenv(key: str, default: Any = 0) -> Any:
 NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS", 0)
 
 
+# Bytes of mapped memory before and after every storage uopc allocates (uopc.runtime.buffer). A plan's kernels read
+# a padded input unclamped where its index strays at most this far outside the buffer (uopc.renderer.c.gated_load):
+# the value read there is never used, and the loads stay contiguous, so gcc vectorizes them.
+STORAGE_GUARD = 4096
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting a realize reads, as one frozen snapshot (named as `Context` takes them).

@@ -67,3 +67,38 @@ def test_set_num_threads_public_and_deterministic():
         uopc.set_num_threads(old)
     with pytest.raises(ValueError):
         uopc.set_num_threads(0)
+
+
+def _plan_c() -> str:
+    from uopc.engine import realize
+
+    return next(reversed(realize._plans.values())).src
+
+
+@pytest.mark.parametrize("check_oob", [0, 1])
+def test_padded_reads_stay_unclamped_within_the_storage_guard(context, check_oob):
+    """uopc's storage has helpers.STORAGE_GUARD bytes of its own allocation on each side, so a plan's kernel reads a
+    padded input at an index that strays a row outside the buffer without clamping it (the value is not used):
+    values at both ends of the buffer stay exact. A pad that reaches past the guard is clamped, and so is every pad
+    under UOPC_CHECK_OOB (whose check must see the index in range)."""
+    from uopc import helpers
+    from uopc.runtime.buffer import aligned_empty, buffer_from, has_guard
+
+    context(CHECK_OOB=check_oob, OPT=0)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    got = (Tensor(x).pad(((0, 0), (0, 0), (1, 2), (2, 1))) * 2).numpy()
+    np.testing.assert_array_equal(got, np.pad(x, ((0, 0), (0, 0), (1, 2), (2, 1))) * 2)
+    clamped = "<0?0:" in _plan_c()
+    assert clamped == bool(check_oob), _plan_c()
+    wide = helpers.STORAGE_GUARD // 4 + 5  # a row longer than the guard: a row of padding reaches past it
+    y = rng.standard_normal((3, wide)).astype(np.float32)
+    got = (Tensor(y).pad(((1, 1), (0, 0))) + 1).numpy()
+    np.testing.assert_array_equal(got, np.pad(y, ((1, 1), (0, 0))) + 1)
+    assert "<0?0:" in _plan_c()
+    # storage handed to a kernel without a copy must have the guard too
+    assert has_guard(aligned_empty(10, dtypes.float32))
+    raw = np.empty(1024, np.uint8)  # aligned, but without the guard
+    off = (-raw.ctypes.data) % 64
+    with pytest.raises(ValueError, match="aligned_empty"):
+        buffer_from(raw[off : off + 64].view(np.float32), dtypes.float32)

@@ -179,8 +179,9 @@ class CRenderer:
 
     code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]]
 
-    def __init__(self, lin: Linearized):
+    def __init__(self, lin: Linearized, guarded: bool = False):
         self.lin = lin
+        self.guarded = guarded  # its buffers have helpers.STORAGE_GUARD bytes around them (a plan's kernel)
         self.names: dict[UOp, str] = {}
         self.n = 0
         self.lines: list[str] = []
@@ -257,7 +258,12 @@ class CRenderer:
     def gated_load(self, u: UOp, ind: str) -> None:
         """A PAD load: read at the index clamped into the buffer (never out of range), then select it or 0 by the
         gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
-        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test)."""
+        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test).
+
+        In a plan's kernel (`guarded`) a buffer has helpers.STORAGE_GUARD bytes of mapped memory on each side, so an
+        index that strays no further than that is read unclamped: the loads of a row stay contiguous and gcc
+        vectorizes them (a clamp per element made a padded copy a gather: the conv backward's gradient padding ran at
+        4 GB/s). Under UOPC_CHECK_OOB the index is clamped as ever, so that the check sees it in range."""
         buf, i, gate = u.src[0].src
         base = _base(buf)
         zero = render_const(0, u.dtype)
@@ -266,7 +272,10 @@ class CRenderer:
             self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {zero};")
             return
         ie = self.expr(i)
-        if i.vmin < 0 or i.vmax > n - 1:
+        slack = 0
+        if self.guarded and base.op is Ops.BUFFER and not self.check_oob:
+            slack = helpers.STORAGE_GUARD // u.dtype.itemsize
+        if i.vmin < -slack or i.vmax > n - 1 + slack:
             if i not in self.names and i.op is not Ops.CONST:  # the index is used up to three times
                 self.n += 1
                 self.lines.append(f"{ind}{i.dtype.cname} alu{self.n} = {ie};")
@@ -513,8 +522,9 @@ def _storage_ctype(dt: DType, accumulates: bool) -> str:
     return "unsigned char" if dt is dtypes.bool and not accumulates else dt.cname
 
 
-def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
-    """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global."""
+def _render_function(ast: UOp, oob_param: bool = False, guarded: bool = False) -> CFunction:
+    """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global;
+    `guarded`: its buffers are uopc's storage, with guard bytes around them (CRenderer.gated_load)."""
     if ast.src and ast.src[0].op in OWN_KERNEL:  # C of their own (renderer.attention, renderer.winograd)
         own = render_attention if ast.src[0].op is Ops.ATTENTION else render_winograd
         hs, params, body, bufs, avars, ptr_types = own(ast)
@@ -524,7 +534,7 @@ def _render_function(ast: UOp, oob_param: bool = False) -> CFunction:
         return CFunction(fhelpers, tuple(params), body, bufs, avars, ptr_types)
     ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
     lin = linearize(ast)
-    r = CRenderer(lin)
+    r = CRenderer(lin, guarded)
     with helpers.deep_recursion():
         r.loop(lin.root, "  ")
     bufs = sorted({u for u in ast.toposort() if u.op is Ops.BUFFER}, key=lambda b: b.arg.slot)

@@ -53,7 +53,7 @@ def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
         if (hit := _units.get(key)) is not None:
             _units.move_to_end(key)
             return hit
-    fn = _render_function(ast, oob_param=True)
+    fn = _render_function(ast, oob_param=True, guarded=True)
     helper_text = _helper_text(fn.helpers)
     digest = hashlib.sha256((PRELUDE + helper_text + attr + fn.definition("uopc_kernel")).encode()).hexdigest()
     sym = f"{base}_{digest[:16]}"
@@ -72,7 +72,7 @@ _ENTRY_OPTIMIZE = '__attribute__((optimize("O0"))) '
 _PLAN_TIMER = """#include <time.h>
 #ifndef UOPC_HAVE_NOW
 #define UOPC_HAVE_NOW
-static inline long long uopc_now(void) {
+static inline __attribute__((always_inline)) long long uopc_now(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;

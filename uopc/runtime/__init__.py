@@ -1,6 +1,7 @@
 """The runtime: compile C with the system compiler and load it (compiler.py: `Program`, flags, linked plans), the
-per-kernel objects, batched and compiled early (objects.py), the on-disk cache's files (disk_cache.py), OpenMP threads (threads.py), and the storage behind
-BUFFER UOps (buffer.py: aligned arrays, the reuse pool).
+per-kernel objects, batched and compiled early (objects.py), the on-disk cache's files (disk_cache.py), OpenMP
+threads (threads.py), and the storage behind BUFFER UOps (buffer.py: aligned arrays with guard bytes, the reuse
+pool).
 
     from uopc.runtime import Program      # the chapters' name: loaded from compiler.py on first use
 

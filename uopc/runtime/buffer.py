@@ -20,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from uopc import helpers
+from uopc.helpers import STORAGE_GUARD
 from uopc.uop import Ops, ParamArg, UOp, base_buffer, note_new_reader
 from uopc.uop.dtype import DType
 
@@ -81,13 +82,11 @@ class Pool:
                 return lst.pop()
             self.misses += 1
         try:
-            raw = np.empty(cls + ALIGN, np.uint8)
+            data = _guarded_empty(cls)
         except MemoryError:
             self.empty()
-            raw = np.empty(cls + ALIGN, np.uint8)
-        addr = raw.ctypes.data
-        off = (-addr) % ALIGN
-        return Block(raw[off : off + cls], addr + off)
+            data = _guarded_empty(cls)
+        return Block(data, data.ctypes.data)
 
     def free(self, block: Block) -> None:
         """Give back a block from `alloc` (nothing else may still use it)."""
@@ -164,15 +163,33 @@ def _attach(u: UOp, arr: np.ndarray | None, block: Block | None, addr: int) -> N
     _storage[key] = _Entry(arr, r, block, addr)
 
 
+def _guarded_empty(nbytes: int) -> np.ndarray:
+    """`nbytes` uninitialized bytes starting on an ALIGN boundary, with helpers.STORAGE_GUARD bytes of the same
+    allocation before and after them (never written; a kernel may read them and discard the values)."""
+    raw = np.empty(nbytes + ALIGN + 2 * STORAGE_GUARD, np.uint8)
+    off = STORAGE_GUARD + (-(raw.ctypes.data + STORAGE_GUARD)) % ALIGN
+    return raw[off : off + nbytes]
+
+
+def has_guard(arr: np.ndarray) -> bool:
+    """Whether `arr`'s data has helpers.STORAGE_GUARD bytes of its own allocation on each side (as _guarded_empty
+    gives), found through the arrays it is a view of."""
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    lo, hi = root.ctypes.data, root.ctypes.data + root.nbytes
+    start = arr.ctypes.data
+    return root.flags.c_contiguous and lo + STORAGE_GUARD <= start and start + arr.nbytes + STORAGE_GUARD <= hi
+
+
 def aligned_empty(n: int, dtype: DType) -> np.ndarray:
-    """An uninitialized flat array of `n` elements whose data starts on an ALIGN boundary (not from the pool).
+    """An uninitialized flat array of `n` elements whose data starts on an ALIGN boundary (not from the pool), guarded
+    as the pool's storage is (see helpers.STORAGE_GUARD).
 
     NumPy's large allocations start 16 bytes into a page; with 32-byte vector loads every other load would then
     split a cache line (measured: a 1024^3 GEMM kernel 175 vs 192 GFLOP/s at 16 vs 32-byte alignment).
     """
-    raw = np.empty(n * dtype.itemsize + ALIGN, np.uint8)
-    off = (-raw.ctypes.data) % ALIGN
-    return raw[off : off + n * dtype.itemsize].view(dtype.np)
+    return _guarded_empty(n * dtype.itemsize).view(dtype.np)
 
 
 def new_buffer(dtype: DType, size: int, data: np.ndarray | None = None) -> UOp:
@@ -209,6 +226,8 @@ def buffer_from(arr: np.ndarray, dtype: DType) -> UOp:
     """A BUFFER that takes `arr` (flat, aligned, of `dtype`, owned by nobody else) as its storage without a copy."""
     if arr.ndim != 1 or arr.dtype != dtype.np or arr.ctypes.data % ALIGN:
         raise ValueError(f"buffer_from: need a flat {ALIGN}-byte aligned {dtype.np} array, got {arr.dtype}{arr.shape}")
+    if not has_guard(arr):  # kernels may read a little past a buffer's ends (helpers.STORAGE_GUARD)
+        raise ValueError("buffer_from: the array must come from aligned_empty (storage with guard bytes around it)")
     u = UOp(Ops.BUFFER, (), ParamArg(next(_slots), dtype, (arr.size,)))
     _attach(u, arr, None, arr.ctypes.data)
     return u
