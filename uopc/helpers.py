@@ -47,6 +47,7 @@ NUM_THREADS_ENV: int = getenv("UOPC_NUM_THREADS", 0) or getenv("OMP_NUM_THREADS"
 # the value read there is never used, and the loads stay contiguous, so gcc vectorizes them.
 STORAGE_GUARD = 4096
 
+
 @dataclass(frozen=True)
 class Settings:
     """Every setting a realize reads, as one frozen snapshot (named as `Context` takes them).

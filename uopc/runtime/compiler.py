@@ -87,7 +87,6 @@ _FIXED_FLAGS = ["-shared", "-fPIC"]
 _LIBS = ["-lm"]
 
 
-
 class CompileError(RuntimeError):
     """The C compiler rejected a kernel; `.c_path` holds a copy of the source to reproduce it."""
 
