@@ -485,3 +485,27 @@ def test_an_elementwise_kernel_runs_the_dims_its_reads_walk_in_order_as_one_loop
         # (the optimizer may cut the merged loop into vectors and a remainder on another machine: no 5 or 7 is left)
         assert trips == ["8", "4", "35"] if opt == 0 else not {"5", "7"} & set(trips), src
         np.testing.assert_allclose(y.numpy(), a * c + b.transpose(1, 0, 2, 3), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt", [0, 1])
+def test_an_elementwise_kernels_output_loops_that_its_reads_take_apart_are_split(opt):
+    # max pool's backward (2x2, stride 2) over (2, 3, 8, 10), through a ReLU: the kernel runs over the input's (8, 10)
+    # (the ReLU's mask is read there) and reads its window's gradient at (h // 2, w // 2), the tap at (h % 2, w % 2):
+    # the output loops of 8 and 10 run as (4, 2) and (5, 2), so no division or modulo is left in the kernel.
+    # reference: NumPy, exact (a gradient routed, not summed)
+    g = np.random.default_rng(4)
+    x = g.standard_normal((2, 3, 8, 10)).astype(np.float32)
+    up = g.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    t = Tensor(x, requires_grad=True)
+    (t.relu().max_pool2d(2) * Tensor(up)).sum().backward()
+    with Context(OPT=opt):
+        plan, _ = make_plan([t.grad.uop], opt=default_opt())
+        ks = [k for k in plan.kernels if k.name.startswith("e_2_3_8_10")]
+        assert ks, [k.name for k in plan.kernels]
+        for k in ks:  # (the ReLU's mask, and the gradient through it)
+            body = render_c(k.ast, k.name).split(f"void {k.name}(", 1)[1]
+            assert "%" not in body and "/" not in body, body
+        win = np.maximum(x, 0).reshape(2, 3, 4, 2, 5, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 4, 5, 4)
+        hot = np.eye(4, dtype=np.float32)[win.argmax(-1)] * up[..., None]
+        want = hot.reshape(2, 3, 4, 5, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 8, 10) * (x > 0)
+        np.testing.assert_array_equal(t.grad.numpy(), want)

@@ -450,6 +450,9 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
         chunk = KChunk(ctx.rng(epilogue_reduce(root).src[0].shape[-1] // ktile), ktile, out) if ktile else None
         plist = _output_parts(ctx, sizes, ups, blocks)
+        if not ups and chunk is None and _elementwise(root):  # output loops the loads take apart again are split
+            probe = tuple(i + o if o else i for (i, _), o in zip(plist, offs))
+            plist = split_loops(ctx, plist, rangeify(root, probe, ctx), kinds=(AxisType.LOOP,))
         lane = lane_of(ctx.opts.vec, ups.get(len(sizes) - 1, 1), ctx.idx) if lanes and sizes else None
         if lane is None:
             combos = _combos(plist)
@@ -470,6 +473,11 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
     if ctx.opts.vec > 1 and not lanes:  # copies of an upcast axis whose index is contiguous become vector ops
         ast = vectorize(ast, ctx.opts.vec)
     return _keep_checks(simplify(merge_ends(ast)), ctx)
+
+
+def _elementwise(root: UOp) -> bool:
+    """No reduction anywhere in `root` (lowering it twice, to find the loops to split, makes no accumulators)."""
+    return all(u.op not in (Ops.REDUCE, Ops.ATTENTION, Ops.WINOGRAD, Ops.SCATTER) for u in root.toposort())
 
 
 INT32_LIMIT = 2**31 - 1
