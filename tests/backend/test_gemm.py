@@ -346,3 +346,28 @@ def test_split_reduce_loop_has_no_division(context, cin):
     torch = pytest.importorskip("torch")
     ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_gradient_over_a_batch_keeps_its_rows_in_one_tile_and_chunks_within_an_image(context):
+    # the weight gradient of a 3x3 convolution of 1 channel into 16: 9 rows (taps) x 16 filters, reduced over
+    # K = N*H*W = 8*28*28. The register tile takes all 9 rows (a tile taller than the output left every row to run
+    # alone), and K runs in chunks that divide an image's 784 positions (whole rows of it): the microkernel
+    # takes no position apart with a division or modulo. reference: PyTorch's conv2d weight gradient
+    torch = pytest.importorskip("torch")
+    context(OPT=1)
+    assert microkernel(9, 16, 4, MACHINE)[0] == 9
+    x = rng.standard_normal((8, 1, 28, 28)).astype(np.float32)
+    w = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    g = rng.standard_normal((8, 16, 28, 28)).astype(np.float32)
+    wt = Tensor(w, requires_grad=True)
+    (Tensor(x).conv2d(wt, padding=1) * Tensor(g)).sum().backward()
+    (gemm,) = [kk for kk in _kernels(wt.grad, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+    assert gemm.opts.ktile and 784 % gemm.opts.ktile == 0, gemm.opts
+    chunks = 8 * 784 // gemm.opts.ktile  # only the chunk loop's index is divided (which image, which rows of it)
+    for u in gemm.ast.toposort():
+        if u.op in (Ops.IDIV, Ops.MOD):
+            loops = [r for r in u.toposort() if r.op is Ops.RANGE]
+            assert [r.src[0].arg for r in loops] == [chunks], u
+    tw = torch.from_numpy(w).requires_grad_()
+    (torch.nn.functional.conv2d(torch.from_numpy(x), tw, padding=1) * torch.from_numpy(g)).sum().backward()
+    np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)

@@ -400,3 +400,21 @@ def test_mod_reduces_coefficients_then_drops():
     assert simplify((k * 31 + o) % 30) is simplify(k + o)
     # the mod stays when the bounds do not prove it away
     assert simplify((k * 31 + rng(2, 29)) % 30).op is Ops.MOD
+
+
+def test_divmod_drops_a_remainder_below_a_common_factor_of_the_divisor():
+    # K = N*H*W in chunks of 196 positions (7 rows of 28): position chunk*196 + row*28 + col, image // 784 and the
+    # position in it % 784. The terms that are multiples of 196 (a divisor of 784) carry the division, the rest,
+    # in [0, 196), passes through: (196*a + s) // 784 == a // 4, (196*a + s) % 784 == (a % 4) * 196 + s
+    a, row, col = rng(0, 32), rng(1, 7), rng(2, 28)
+    x = a * 196 + row * 28 + col
+    assert simplify(x // 784) is simplify(a // 4)
+    assert simplify((x % 784) // 28) is simplify((a % 4) * 7 + row)
+    assert simplify(x % 784 % 28) is col
+    # exact on every value, negative multiples included (floor division)
+    for av in range(-9, 9):
+        for s in (0, 100, 195):
+            v = av * 196 + s
+            assert (v // 784, v % 784) == ((av * 196) // 784, (av * 196) % 784 + s)
+    # a remainder that can reach the factor keeps the division
+    assert simplify((a * 196 + rng(3, 197)) // 784).op is Ops.IDIV

@@ -112,7 +112,10 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, i
         nv = max(1, min(SKINNY_VECTORS, budget // m, (machine.vector_registers - 1) // (m + 1), n // w))
         return m, nv * w, w
     nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
-    return min(12, budget // nv), nv * w, w
+    # no more rows than the output has: rows past a tile's multiple run one at a time (the remainder region), so a
+    # 12-row tile over 9 rows (the CNN's first convolution's weight gradient, 3x3 taps x 16 filters) ran every row
+    # as one FMA chain, waiting on its latency
+    return min(12, budget // nv, m), nv * w, w
 
 
 def uses_microkernel(r: UOp, machine: Machine) -> bool:
@@ -230,7 +233,10 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     # kh*kw blocks keeps its loops split by channel and tap, with no division in the microkernel)
     inner = _inner_block(r)
     chunks = [c for c in range(KC_MAX, KC_MIN - 1, -1) if k % c == 0]
-    ktile = next((c for c in chunks if c % inner == 0), chunks[0] if chunks else 0) if k > KC_MAX * 3 // 2 else 0
+    # (or, where no chunk holds whole blocks, chunks that divide a block: a weight gradient's K = N*H*W in chunks of
+    # whole rows of one image, not across images, which took every position apart with a division)
+    whole = [c for c in chunks if c % inner == 0] or [c for c in chunks if inner % c == 0] or chunks
+    ktile = whole[0] if whole and k > KC_MAX * 3 // 2 else 0
     kc, size = ktile or k, body.dtype.itemsize
     thread, tile = None, {}
     cores = machine.cores

@@ -152,6 +152,18 @@ def _divmod_fold(x: UOp, c: UOp, op: Ops) -> UOp | None:
         if op is Ops.MOD:
             return r % c
         return _build(whole, x.dtype) + (r // c)
+    # terms whose coefficients share a factor g of d, plus the rest bounded in [0, g): (g*A + s) // d == (g*A) // d
+    # and (g*A + s) % d == (g*A) % d + s under floor division (g*A % d is a multiple of g, at most d - g). A weight
+    # gradient's K = N*H*W, run in chunks of 196 positions split into rows: (chunk*196 + row*28 + col) // 784
+    for g in sorted({math.gcd(c_, d) for t, c_ in terms if t is not None}, reverse=True):
+        big = [(t, c_) for t, c_ in terms if c_ % g == 0]
+        small = [(t, c_) for t, c_ in terms if c_ % g != 0]
+        if g == 1 or not big or not small:
+            continue
+        s = _build(small, x.dtype)
+        if 0 <= s.vmin and s.vmax < g:
+            b = _build(big, x.dtype)
+            return b // c if op is Ops.IDIV else b % c + s
     # (a*c + b) % d == (a*(c % d) + b) % d: smaller coefficients let the bounds check above drop the mod
     # (a sliding-window view reads ((k*31 + o) % 30) for k < 3, o < 28, which is k + o)
     if op is Ops.MOD and any(c_ % d != c_ for _, c_ in terms):
