@@ -700,6 +700,7 @@ def test_small_kernel_units_compile_several_to_a_compiler_run(cache: Path, monke
     assert runtime.stats["compiles"] - before["compiles"] == available_cpus() + 1  # one run per CPU, and the link
     objs = sorted((cache / "obj").glob("*.o"))
     assert len(objs) == n and len(list((cache / "obj").glob("*.json"))) == n
+    assert len({o.stat().st_ino for o in objs}) == available_cpus()  # a run's object, hard-linked under each key
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(got, np.log2(e / e.sum(-1, keepdims=True) + 1).sum(0) * x.max(0), rtol=1e-5)
     _fresh_plans()

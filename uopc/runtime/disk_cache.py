@@ -9,12 +9,14 @@ entries (a file plus a json of its size and sha256, written atomically, trusted 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import shlex
 import stat
+import threading
 
 from uopc import helpers
 from uopc.helpers import atomic_write
@@ -107,9 +109,23 @@ def entry_digest(path: str, json_path: str) -> str | None:
         return None
 
 
-def write_entry(path: str, data: bytes, mode: int) -> None:
-    """A cache entry: the file, then its json (size and sha256) last, so a crash in between leaves no trusted entry."""
-    atomic_write(path, data, mode=mode)
+def write_entry(path: str, data: bytes, mode: int, same_as: str | None = None) -> None:
+    """A cache entry: the file, then its json (size and sha256) last, so a crash in between leaves no trusted entry.
+    `same_as`: an entry just written with the same `data`, which this one becomes a hard link of (one object file
+    holding several kernels, stored under each kernel's key); written out when the link cannot be made."""
+    linked = False
+    if same_as is not None:
+        d, name = os.path.split(path)
+        tmp = os.path.join(d, f".tmp-link-{os.getpid()}-{threading.get_ident()}-{name}")
+        try:
+            os.link(same_as, tmp)
+            os.replace(tmp, path)
+            linked = True
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    if not linked:
+        atomic_write(path, data, mode=mode)
     meta = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     atomic_write(os.path.splitext(path)[0] + ".json", json.dumps(meta).encode())
 

@@ -5,8 +5,8 @@ Small units compile several at a time: one gcc run over their concatenation (the
 every helper, so units concatenate; each kernel's definition is weak, so two objects may both hold one). A run
 costs ~30 ms before it compiles anything (gcc's start and its target set-up for -march=native), which was half of
 the time on a model's many small kernels: char-GPT's 110 small units took 5.0 s one by one, 3.0 s in runs of up to
-BATCH_CHARS. The object of a run is stored under the key of every unit in it, and a link takes each distinct object
-once.
+BATCH_CHARS. The object of a run is stored under the key of every unit in it (hard links of one file), and a link
+takes each distinct object once.
 
     obj = unit_object(src, cache, key)   # where a unit's object lives
     prefetch(Unit(src, obj), cc, flags)  # compile it in the background, batched with what else is waiting
@@ -97,8 +97,8 @@ def _finish(run: _Run) -> tuple[bytes, str]:
             return b"", stderr or f"exit {run.proc.returncode}"
         with open(run.tmp_obj, "rb") as f:
             data = f.read()
-        for u in run.units:
-            write_entry(u.obj, data, 0o600)
+        for i, u in enumerate(run.units):  # the first unit's file, hard links of it for the others
+            write_entry(u.obj, data, 0o600, same_as=run.units[0].obj if i else None)
         stats["units"] += len(run.units)
         return data, ""
     finally:
