@@ -565,17 +565,18 @@ def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
 # completely even where the code grows (-fpeel-loops): around a tile uopc already unrolled (a convolution's taps
 # around its MR x NR FMAs) the conv kernels ran up to 1.8x slower. Measured on a Zen 4, both forms in one process,
 # alternating: ResNet-18 inference at batch 1 45.0 -> 32.4 ms; plain GEMMs 256-2048, the GPT-2 forward, the CNN and
-# char-GPT steps unchanged within noise. The kernels with C of their own (OWN_KERNEL: attention, Winograd's
-# transforms) are unrolled by hand where it pays and take the same attribute: per kernel, alternating in one process,
-# char-GPT's four attention kernels 8.49 -> 8.36 ms a step and ResNet-18's Winograd transforms 5.35 -> 5.30 ms a call,
-# while gcc took half the time on them (0.50 -> 0.15 s on char-GPT's forward attention). Other kernels keep -O3:
-# small window loops that gcc unrolls and vectorizes there ran up to 4x slower at -O2 (the CNN step's pooling, 2.3x;
-# ResNet's im2col copies, 2x), and some copies and small reductions 1.2-1.3x.
+# char-GPT steps unchanged within noise. Winograd's transforms (C of their own, unrolled by hand) take the same
+# attribute: gcc takes half the time on them (an F(4,3) input transform 0.36 -> 0.16 s). Fused attention does not:
+# with the attribute its kernels ran 2x slower (attention 12x512x64 forward 3.7 -> 7.8 ms, the char-GPT step 26.7 ->
+# 43.3 ms), though compiling its whole unit with -O2 ran them as fast as -O3: the attribute is not the same as the
+# flag for its row reductions. Other kernels keep -O3: small window loops that gcc unrolls and vectorizes there ran
+# up to 4x slower at -O2 (the CNN step's pooling, 2.3x; ResNet's im2col copies, 2x), and some copies and small
+# reductions 1.2-1.3x.
 TILED_OPTIMIZE = '__attribute__((optimize("O2", "vect-cost-model=dynamic"))) '
 
 
 def optimize_attribute(ast: UOp, tiled: bool) -> str:
-    """The attributes of a kernel's definition: TILED_OPTIMIZE for a register-tiled kernel (`tiled`) or one with C of
-    its own under uopc's default flags, else none."""
-    own = bool(ast.src) and ast.src[0].op in OWN_KERNEL
-    return TILED_OPTIMIZE if (tiled or own) and helpers.settings().CFLAGS is None else ""
+    """The attributes of a kernel's definition: TILED_OPTIMIZE for a register-tiled kernel (`tiled`) or a Winograd
+    transform under uopc's default flags, else none."""
+    winograd = bool(ast.src) and ast.src[0].op is Ops.WINOGRAD
+    return TILED_OPTIMIZE if (tiled or winograd) and helpers.settings().CFLAGS is None else ""
