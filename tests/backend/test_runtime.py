@@ -534,9 +534,10 @@ def test_register_tiled_kernels_carry_o2_under_the_default_flags(context, monkey
             assert (TILED_OPTIMIZE in unit.src) == (k.register_tile and flags is None), k.name
 
 
-def test_winograd_transforms_carry_o2_and_attention_does_not(context, monkeypatch):
-    """Winograd's transforms are unrolled by hand and take TILED_OPTIMIZE too; fused attention keeps -O3 (its row
-    reductions ran 2x slower under the attribute); the entry point, which only calls kernels, is compiled at -O0."""
+def test_the_entry_point_compiles_at_o0_and_hand_written_kernels_keep_o3(context, monkeypatch):
+    """The entry point only calls kernels: -O0 (char-GPT's 311 calls: gcc 0.69 -> 0.18 s). Fused attention and
+    Winograd's transforms keep -O3: under TILED_OPTIMIZE attention ran 2x slower, and the transforms compiled no
+    faster."""
     from uopc.renderer.c import TILED_OPTIMIZE
     from uopc.renderer.plan import kernel_unit
 
@@ -560,7 +561,7 @@ def test_winograd_transforms_carry_o2_and_attention_does_not(context, monkeypatc
     np.testing.assert_allclose(got_conv, want, rtol=1e-3, atol=1e-4)
     cp = next(reversed(realize._plans.values()))
     kinds = {kr.ast.src[0].op: kernel_unit(kr.ast, kr.name, kr.register_tile).src for kr in cp.kernels}
-    assert TILED_OPTIMIZE in kinds[Ops.WINOGRAD] and TILED_OPTIMIZE not in kinds[Ops.ATTENTION]
+    assert TILED_OPTIMIZE not in kinds[Ops.WINOGRAD] and TILED_OPTIMIZE not in kinds[Ops.ATTENTION]
     assert '__attribute__((optimize("O0"))) void plan(' in cp.srcs[-1]
 
 

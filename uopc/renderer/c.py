@@ -557,7 +557,7 @@ def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
     """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude). `tiled`: it was
     lowered with a register tile (Opts.register_tile), see TILED_OPTIMIZE."""
     fn = _render_function(ast)
-    return PRELUDE + _helper_text(fn.helpers) + "\n" + optimize_attribute(ast, tiled) + fn.definition(name)
+    return PRELUDE + _helper_text(fn.helpers) + "\n" + optimize_attribute(tiled) + fn.definition(name)
 
 
 # A kernel that keeps a register tile of vectors (the GEMM microkernel, convolutions through it) is compiled at gcc's
@@ -565,18 +565,16 @@ def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
 # completely even where the code grows (-fpeel-loops): around a tile uopc already unrolled (a convolution's taps
 # around its MR x NR FMAs) the conv kernels ran up to 1.8x slower. Measured on a Zen 4, both forms in one process,
 # alternating: ResNet-18 inference at batch 1 45.0 -> 32.4 ms; plain GEMMs 256-2048, the GPT-2 forward, the CNN and
-# char-GPT steps unchanged within noise. Winograd's transforms (C of their own, unrolled by hand) take the same
-# attribute: gcc takes half the time on them (an F(4,3) input transform 0.36 -> 0.16 s). Fused attention does not:
-# with the attribute its kernels ran 2x slower (attention 12x512x64 forward 3.7 -> 7.8 ms, the char-GPT step 26.7 ->
-# 43.3 ms), though compiling its whole unit with -O2 ran them as fast as -O3: the attribute is not the same as the
-# flag for its row reductions. Other kernels keep -O3: small window loops that gcc unrolls and vectorizes there ran
-# up to 4x slower at -O2 (the CNN step's pooling, 2.3x; ResNet's im2col copies, 2x), and some copies and small
-# reductions 1.2-1.3x.
+# char-GPT steps unchanged within noise. Other kernels keep -O3: small window loops that gcc unrolls and vectorizes
+# there ran up to 4x slower at -O2 (the CNN step's pooling, 2.3x; ResNet's im2col copies, 2x), and some copies and
+# small reductions 1.2-1.3x. Fused attention ran 2x slower under this attribute (attention 12x512x64 forward 3.7 ->
+# 7.8 ms) though its whole unit compiled with -O2 flags ran as fast as -O3: the attribute is not the flag. And it
+# saves no compile time there: gcc took 0.35-0.38 s on a Winograd input transform with it, 0.37-0.41 s without (the
+# -O2 flag: 0.16 s).
 TILED_OPTIMIZE = '__attribute__((optimize("O2", "vect-cost-model=dynamic"))) '
 
 
-def optimize_attribute(ast: UOp, tiled: bool) -> str:
-    """The attributes of a kernel's definition: TILED_OPTIMIZE for a register-tiled kernel (`tiled`) or a Winograd
-    transform under uopc's default flags, else none."""
-    winograd = bool(ast.src) and ast.src[0].op is Ops.WINOGRAD
-    return TILED_OPTIMIZE if (tiled or winograd) and helpers.settings().CFLAGS is None else ""
+def optimize_attribute(tiled: bool) -> str:
+    """The attributes of a kernel's definition: TILED_OPTIMIZE for a register-tiled kernel under uopc's default
+    flags, else none."""
+    return TILED_OPTIMIZE if tiled and helpers.settings().CFLAGS is None else ""
