@@ -67,6 +67,7 @@ class _Run(NamedTuple):
     units: tuple[Unit, ...]
     c_file: str
     tmp_obj: str
+    wanted: set[str]  # an early run's object paths no caller has cancelled (see cancel)
 
 
 _serial = itertools.count()
@@ -84,7 +85,7 @@ def _start(units: tuple[Unit, ...], cc: str, flags: list[str], where: str) -> _R
     except OSError:
         unlink_quiet(c_file)
         raise
-    return _Run(proc, cmd, units, c_file, tmp_obj)
+    return _Run(proc, cmd, units, c_file, tmp_obj, {u.obj for u in units})
 
 
 def _finish(run: _Run) -> tuple[bytes, str]:
@@ -119,8 +120,12 @@ def _kill(run: _Run) -> None:
 
 _queue: dict[str, tuple[Unit, str, tuple[str, ...]]] = {}  # object path -> (unit, compiler, flags), waiting
 _running: dict[str, _Run] = {}  # object path -> the run compiling it (one run may hold several)
-_wanted: dict[int, set[str]] = {}  # id(run) -> the object paths of it not cancelled
 _lock = threading.Lock()
+
+
+def _runs() -> list[_Run]:
+    """The early runs in progress, each once."""
+    return list({id(r): r for r in _running.values()}.values())
 
 
 def prefetch(unit: Unit, cc: str, flags: list[str]) -> None:
@@ -137,11 +142,11 @@ def prefetch(unit: Unit, cc: str, flags: list[str]) -> None:
 def _pump() -> None:
     """Finish the runs that exited, then start runs over the waiting units while CPUs are free: each takes the
     oldest waiting unit and those after it with the same compiler and flags, up to BATCH_CHARS."""
-    for run in {id(r): r for r in _running.values()}.values():
+    for run in _runs():
         if run.proc.poll() is not None:
             _finish_early(run)
     width = max(1, available_cpus())
-    while _queue and len({id(r) for r in _running.values()}) < width:
+    while _queue and len(_runs()) < width:
         first, cc, flags = next(iter(_queue.values()))
         batch, chars = [], 0
         for obj, (u, c, f) in list(_queue.items()):
@@ -156,7 +161,6 @@ def _pump() -> None:
             run = _start(tuple(batch), cc, list(flags), where)
         except OSError:  # the link compiles them and reports why
             continue
-        _wanted[id(run)] = {u.obj for u in batch}
         for u in batch:
             _running[u.obj] = run
 
@@ -164,7 +168,6 @@ def _pump() -> None:
 def _finish_early(run: _Run) -> None:
     for u in run.units:
         _running.pop(u.obj, None)
-    _wanted.pop(id(run), None)
     with contextlib.suppress(OSError):
         _finish(run)  # a failure leaves no entry: the link compiles those units again
 
@@ -184,12 +187,11 @@ def cancel(objs: list[str]) -> None:
     with _lock:
         for obj in objs:
             _queue.pop(obj, None)
-            if (run := _running.get(obj)) is not None and id(run) in _wanted:
-                _wanted[id(run)].discard(obj)
-                if not _wanted[id(run)]:
+            if (run := _running.get(obj)) is not None:
+                run.wanted.discard(obj)
+                if not run.wanted:
                     for u in run.units:
                         _running.pop(u.obj, None)
-                    del _wanted[id(run)]
                     _kill(run)
 
 
@@ -198,10 +200,9 @@ def _stop() -> None:
     """At exit: end the early compiles still running (their objects were never needed) and remove their files."""
     with _lock:
         _queue.clear()
-        for run in {id(r): r for r in _running.values()}.values():
+        for run in _runs():
             _kill(run)
         _running.clear()
-        _wanted.clear()
 
 
 def _after_fork_in_child() -> None:
@@ -209,7 +210,6 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()  # a lock held by another thread at fork time would stay locked in the child
     _queue.clear()  # the parent's early compiles are the parent's to finish
     _running.clear()
-    _wanted.clear()
 
 
 if hasattr(os, "register_at_fork"):
