@@ -48,6 +48,7 @@ def _no_hook():
         ((3, 4, 9, 10), 6, 0),  # no padding
         ((1, 3, 7, 8), 5, 2),  # wider padding than the kernel's reach
         ((1, 6, 3, 3), 4, 1),  # one tile
+        ((1, 2, 78, 77), 3, 1),  # more tiles than one output chunk (OUT_CHUNK): several, the last one shorter
     ],
 )
 def test_forward_matches_torch(m, shape, cout, pad):
@@ -100,6 +101,25 @@ def test_gradients_match_torch(m):
     _close(out.numpy(), ot.detach().numpy())
     _close(xu.grad.numpy(), xt.grad.numpy(), 1e-4)
     _close(wu.grad.numpy(), wt.grad.numpy(), 1e-4)
+
+
+def test_input_transform_writes_the_packed_panels_of_large_products():
+    """Where the products' B (C x T per transformed point) outgrows half of L2 it is packed into NR-tile panels
+    (uopc.opt.gemm): the input transform writes those panels itself, with no packing copy after it. Sized from
+    this machine's L2; T not a multiple of the panel, so the last panel's tail is zeros."""
+    from uopc.runtime.compiler import machine
+
+    n = machine().l2_bytes // (16 * 9 * 4) + 3  # images of 3 x 3 tiles, 16 channels: C*T floats past L2/2
+    x = rng.standard_normal((n, 16, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    names = _names()
+    with Context(WINOGRAD=4), no_grad():
+        out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    realize.set_kernel_hook(None)
+    _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())
+    wi = [k for k in names if k.startswith("wi_")]
+    assert len(wi) == 1 and len(wi[0].split("_")) == 5, names  # wi_36_<panels>_16_<NR>: the panel layout
+    assert not any(k.startswith("e_") for k in names), names
 
 
 def test_weight_transform_is_kept_until_the_weight_changes():

@@ -23,6 +23,7 @@ from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
 from uopc.uop.rewrite import graph_rewrite
 from uopc.uop.variable import symbolic
+from uopc.uop.winograd import winograd_in_panels
 
 # below this many multiply-adds the two packing kernels cost more than the microkernel saves
 GEMM_MIN_WORK = 1 << 16
@@ -188,10 +189,32 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         # packing copy)
         fits = b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
         pa = a if _plain(a, None) else _pack(a, -2, mr)
-        pb = b if (fits or _rereads(b)) and _plain(b, -2) else _pack_narrow(b, nr)
+        if (fits or _rereads(b)) and _plain(b, -2):
+            pb = b
+        else:
+            pb = _winograd_panels(b, nr) or _pack_narrow(b, nr)
         return (pa * pb).reduce(Ops.ADD, 1)
 
     return UOp.wrap(roots, todo, repack) if todo else roots
+
+
+def _winograd_panels(b: UOp, nr: int) -> UOp | None:
+    """B as a Winograd convolution's batched products read it, (alpha^2, K, T, C) broadcast from the input
+    transform's V (C, alpha^2, T) (uopc.tensor.conv), from that transform writing the packed panels itself
+    (uopc.uop.winograd.winograd_in_panels); None for any other B. Packing V took a copy as large as V: 2.8 ms of
+    the 12 ms input gradient of (64, 32, 28, 28) * (64, 32, 3, 3)."""
+    v = b
+    while v.op in MOVEMENT:
+        v = v.src[0]
+    if v.op is not Ops.WINOGRAD or v.arg.kind != "in" or v.arg.panel or len(b.shape) != 4:
+        return None
+    (C, a2, T), shape = v.shape, b.shape
+    want = v.permute((1, 2, 0)).reshape((a2, 1, T, C)).expand(shape)
+    if graph_rewrite(want, push_views) is not graph_rewrite(b, push_views):
+        return None
+    p = winograd_in_panels(v, nr)
+    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * nr, C)).shrink(((0, a2), (0, T), (0, C)))
+    return flat.reshape((a2, 1, T, C)).expand(shape)
 
 
 def split_k(roots: list[UOp], machine: Machine) -> list[UOp]:

@@ -119,7 +119,7 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
         return None
     if any(v != 1 for v in (*st, *dl)) or x.dtype is not dtypes.float32 or w.dtype is not dtypes.float32:
         return None
-    if not all(isinstance(d, int) for d in x.shape) or any(lo < 0 or lo > 2 for lo, _ in pads):
+    if not all(isinstance(d, int) for d in x.shape) or any(lo < 0 or lo > 2 or hi < 0 for lo, hi in pads):
         return None
     if mode in MATRICES:
         return mode
@@ -373,7 +373,12 @@ class ConvMixin:
             gpads.append((before, i + d * (k - 1) - before - gl))
         # (cout, cg, *k) -> (g, og, cg, *k) -> (g, cg, og, *k) -> (cin, og, *k), flipped in space
         wt = w.reshape(gr, og, cg, *ks).transpose(1, 2).reshape(cin, og, *ks).flip(tuple(range(2, 2 + n)))
-        dx = gd._mark_conv(wt, gd._conv_in_place(wt, gpads, dl, groups), (1,) * n, dl, gpads, groups)
+        # (a 3x3 one by Winograd where the cost rule says so, as a forward convolution of these shapes would run)
+        if (wm := _winograd_tile(gd, wt, (1,) * n, dl, gpads, groups, sp)) is not None:
+            dxv = gd._conv_winograd(wt, gpads, wm, sp)
+        else:
+            dxv = gd._conv_in_place(wt, gpads, dl, groups)
+        dx = gd._mark_conv(wt, dxv, (1,) * n, dl, gpads, groups)
         # ---- dw: (g, kk, og) = sum over (N, P) of the windows (g, kk, N*P) times the gradient (g, og, N*P). The
         # windows are read from the flat padded input (a stride-1 forward's own node: materialized once, for both)
         psp = [s + lo + hi for s, (lo, hi) in zip(sp, pads, strict=True)]

@@ -162,7 +162,9 @@ class Winograd(NamedTuple):
     m + 2 and `tiles` = (th, tw) tiles of m x m outputs per image (kind "w": unused, (1, 1)):
       kind "w":   the weight (K, C, 3, 3) -> (alpha^2, K, C), G w G^T of every 3x3 filter
       kind "in":  the input (N, C, H, W), zero-padded by `pads` (top, left) and as far past its end as the tiles
-                  reach -> (C, alpha^2, N*th*tw), B^T d B of every tile d
+                  reach -> (C, alpha^2, N*th*tw), B^T d B of every tile d; with `panel` p > 0 laid out as the
+                  products' packed B instead (uopc.opt.gemm): (alpha^2, ceil(T/p), C, p), panels of p consecutive
+                  tiles for all channels, the tiles past T zeros
       kind "out": the products (alpha^2, K, N*th*tw) -> `shape` (N, K, OH, OW), A^T y A of every tile y, cut to
                   OH x OW
     `shape` is the node's shape."""
@@ -172,6 +174,7 @@ class Winograd(NamedTuple):
     tiles: tuple[int, int]
     shape: tuple[int, ...]
     pads: tuple[int, int] = (0, 0)
+    panel: int = 0
 
 
 class Span(NamedTuple):

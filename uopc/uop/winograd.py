@@ -19,7 +19,7 @@ from fractions import Fraction as Fr
 from uopc.uop.ops import Ops, Winograd
 from uopc.uop.uop import UOp
 
-__all__ = ["MATRICES", "winograd_in", "winograd_out", "winograd_weight"]
+__all__ = ["MATRICES", "winograd_in", "winograd_in_panels", "winograd_out", "winograd_weight"]
 
 # m -> (B^T: alpha x alpha, G: alpha x 3, A^T: m x alpha), exact
 MATRICES: dict[int, tuple[tuple[tuple[Fr, ...], ...], ...]] = {
@@ -79,6 +79,15 @@ def winograd_in(x: UOp, m: int, pads: tuple[int, int], out: tuple[int, int]) -> 
     a = _check(m, tiles)
     shape = (C, a * a, N * tiles[0] * tiles[1])
     return UOp(Ops.WINOGRAD, (x,), Winograd("in", m, tiles, shape, tuple(pads)), x.dtype)
+
+
+def winograd_in_panels(v: UOp, panel: int) -> UOp:
+    """The input transform `v` (winograd_in's node) writing its tiles as the products' packed B: (alpha^2,
+    ceil(T/panel), C, panel), each panel `panel` consecutive tiles of every channel (the tiles past T zeros)."""
+    if v.op is not Ops.WINOGRAD or v.arg.kind != "in" or v.arg.panel or panel < 1:
+        raise ValueError(f"winograd: panels of {panel} tiles need an input transform in its own layout, got {v.op}")
+    C, a2, T = v.shape
+    return UOp(Ops.WINOGRAD, v.src, v.arg._replace(shape=(a2, -(-T // panel), C, panel), panel=panel), v.dtype)
 
 
 def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, int, int]) -> UOp:
