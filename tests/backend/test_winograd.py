@@ -103,6 +103,27 @@ def test_gradients_match_torch(m):
     _close(wu.grad.numpy(), wt.grad.numpy(), 1e-4)
 
 
+def test_input_gradient_takes_the_cost_rule():
+    """The input gradient of a 3x3 stride-1 convolution is one itself (the output gradient against the flipped,
+    transposed weight): it runs by Winograd where the cost rule picks it for its shapes, as a forward convolution
+    would, and matches PyTorch."""
+    x = rng.standard_normal((2, 64, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((64, 64, 3, 3)).astype(np.float32) * 0.05
+    g = rng.standard_normal((2, 64, 16, 16)).astype(np.float32)
+    m = _winograd_tile(Tensor(g), Tensor(w), (1, 1), (1, 1), [(1, 1), (1, 1)], 1, (16, 16))
+    assert m is not None  # the rule takes these shapes (the test's premise)
+    xu, wu = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+    out = xu.conv2d(wu, padding=1).realize()
+    names = _names()
+    (dx,) = (out * Tensor(g)).sum().gradient(xu)
+    dxn = dx.numpy()
+    realize.set_kernel_hook(None)
+    assert sum(k.startswith("wo_") for k in names) == 1 and sum(k.startswith("wi_") for k in names) == 1, names
+    xt = torch.tensor(x, requires_grad=True)
+    (F.conv2d(xt, torch.tensor(w), padding=1) * torch.tensor(g)).sum().backward()
+    _close(dxn, xt.grad.numpy(), 1e-4)
+
+
 def test_input_transform_writes_the_packed_panels_of_large_products():
     """Where the products' B (C x T per transformed point) outgrows half of L2 it is packed into NR-tile panels
     (uopc.opt.gemm): the input transform writes those panels itself, with no packing copy after it. Sized from
