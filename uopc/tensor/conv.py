@@ -96,7 +96,8 @@ WINOGRAD_FMA_PER_BYTE = 4
 # the microkernel's register tile is as slow as with this many (ResNet-18's 7x7 layers at batch 1 have 4 tiles)
 WINOGRAD_MIN_COLS = 16
 # ...and with a reduction (input channels) shorter than this, as slow per multiply-add as with this many: the conv
-# benchmark's (64,32,28,28) x (64,32,3,3) forward and backward took 46-47 ms direct, 48-49 ms with F(4,3) forward
+# benchmark's (64,32,28,28) x (64,32,3,3) forward's 36 products of (64 x 32) x (32 x 3136) ran at 90-100 GFLOP/s
+# where the 32-channel input gradient's (reducing 64) ran at 120-150
 WINOGRAD_MIN_K = 64
 # ...and three kernels where a direct convolution has one: a fixed cost in multiply-adds (~3 us each)
 WINOGRAD_FIXED = 1 << 20
@@ -106,8 +107,8 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     """The m of the Winograd F(m x m, 3 x 3) a convolution runs by (uopc.uop.winograd), or None for the direct
     GEMM: a 2-D 3x3 float32 convolution of stride 1, no dilation or groups, where the cost rule says it pays.
 
-    The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P
-    against alpha^2 K max(C, WINOGRAD_MIN_K) max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed
+    The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P (P
+    the positions the in-place GEMM computes) against alpha^2 K max(C, WINOGRAD_MIN_K) max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed
     element written and read (and the weight's transform, when the weight is trained: it changes every step).
     ResNet-18 at batch 1 picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input, few channels or a
     small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
@@ -124,7 +125,9 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     if mode in MATRICES:
         return mode
     N, C, K = x.shape[0], x.shape[1], w.shape[0]
-    best, cost = None, 9 * K * C * N * prod(outs)
+    # the direct GEMM's multiply-adds at the positions it computes: every column of the padded width, rounded up
+    # (_conv_in_place), not only the outputs (28x28 at padding 1: 896 positions for 784 outputs)
+    best, cost = None, 9 * K * C * N * _round_positions(outs[0] * (x.shape[3] + pads[1][0] + pads[1][1]))
     for m in (2, 4):
         a, T = m + 2, N * -(-outs[0] // m) * -(-outs[1] // m)
         moved = 4 * 2 * (a * a * T * (C + K) + N * prod(outs) * K + N * C * prod(x.shape[2:]))
