@@ -108,8 +108,9 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     GEMM: a 2-D 3x3 float32 convolution of stride 1, no dilation or groups, where the cost rule says it pays.
 
     The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P (P
-    the positions the in-place GEMM computes) against alpha^2 K max(C, WINOGRAD_MIN_K) max(T, WINOGRAD_MIN_COLS) for T tiles, plus 4 bytes per transformed
-    element written and read (and the weight's transform, when the weight is trained: it changes every step).
+    the positions the in-place GEMM computes) against alpha^2 K max(C, WINOGRAD_MIN_K) max(T, WINOGRAD_MIN_COLS)
+    for T tiles, plus 4 bytes per transformed element written and read (and the weight's transform, when the
+    weight is trained: it changes every step).
     ResNet-18 at batch 1 picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input, few channels or a
     small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
     rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
@@ -340,12 +341,14 @@ class ConvMixin:
         g, cg, og = groups, cin // groups, cout // groups
         kk, npos = cg * prod(ks), prod(outs)
         x = self.pad([None, None, *pads])._windows(ks, st, dl)  # (N, Cin, *out, *k)
-        # im2col: the windows copied once into rows (N, g, P, cg*k), so the reduction is a GEMM whose reduce axis
-        # is contiguous in both operands, and its output (N, g, og, P) is already NCHW
-        # (staged with the positions and the window axes unmerged, so the copy's loops index without div/mod)
+        # im2col: the windows copied once, position-major within each tap (N, g, cg*k, P): the GEMM's B with its
+        # columns (positions) contiguous, which the microkernel's panels copy a run of NR at a time, and its output
+        # (N, g, og, P) already NCHW. (Staged with the positions and the window axes unmerged, so the copy's loops
+        # index without div/mod. Rows of taps (N, g, P, cg*k) made the panels a transposing copy: 0.45 of the
+        # 1.2 ms of a 64->128 stride-2 convolution at 56x56.)
         sp_ax, k_ax = list(range(3, 3 + n)), list(range(3 + n, 3 + 2 * n))
-        x = x.reshape(N, g, cg, *outs, *ks).permute(0, 1, *sp_ax, 2, *k_ax)
-        col = x.contiguous().reshape(N, g, 1, npos, kk)
+        x = x.reshape(N, g, cg, *outs, *ks).permute(0, 1, 2, *k_ax, *sp_ax)
+        col = x.contiguous().reshape(N, g, 1, kk, npos).transpose(-1, -2)
         return (col * w.reshape(1, g, og, 1, kk)).sum(-1).reshape(N, cout, *outs)
 
     @classmethod

@@ -52,11 +52,14 @@ def reshape_index(idx: tuple[UOp, ...], out_shape: tuple[int, ...], in_shape: tu
         gi = [k for k in gi if k < len(out_shape)]
         gj = [k for k in gj if k < len(in_shape)]
         flat = ravel(tuple(idx[k] for k in gi), tuple(out_shape[k] for k in gi))
-        stride = prod(in_shape[k] for k in gj)
+        stride, outer = prod(in_shape[k] for k in gj), 1
         for k in gj:
             stride //= in_shape[k]
             part = flat if stride == 1 else flat // stride
-            res.append(UOp.const(0, flat.dtype) if in_shape[k] == 1 else part % in_shape[k] if k != gj[0] else part)
+            # (no mod where every dim before it in the group has size 1: in range, flat // stride is already below
+            # in_shape[k]; a PAD's index past the end, which its gate discards, then stays affine, not wrapped)
+            res.append(UOp.const(0, flat.dtype) if in_shape[k] == 1 else part % in_shape[k] if outer > 1 else part)
+            outer *= in_shape[k]
     return tuple(res)
 
 
