@@ -49,6 +49,10 @@ def _no_hook():
         ((1, 3, 7, 8), 5, 2),  # wider padding than the kernel's reach
         ((1, 6, 3, 3), 4, 1),  # one tile
         ((1, 2, 78, 77), 3, 1),  # more tiles than one output chunk (OUT_CHUNK): several, the last one shorter
+        # fewer tiles than WINOGRAD_WIDE_T: the products as (alpha^2, T, K), transformed back by blocks of 16
+        # channels over chunks of 16 tiles (two blocks; several chunks, the last one shorter; the last tiles cut)
+        ((1, 4, 13, 11), 32, 1),
+        ((1, 4, 26, 27), 32, 1),
     ],
 )
 def test_forward_matches_torch(m, shape, cout, pad):
@@ -101,6 +105,20 @@ def test_gradients_match_torch(m):
     _close(out.numpy(), ot.detach().numpy())
     _close(xu.grad.numpy(), xt.grad.numpy(), 1e-4)
     _close(wu.grad.numpy(), wt.grad.numpy(), 1e-4)
+
+
+@pytest.mark.parametrize("size,tiles,gemm", [(26, 49, "r_36_49_32"), (38, 100, "r_36_32_100")])
+def test_few_tiles_are_the_products_rows(size, tiles, gemm):
+    """Fewer tiles than WINOGRAD_WIDE_T: the batched products have the tiles as rows, (36, T, K), where the
+    output channels give the microkernel its wide columns; more tiles keep (36, K, T)."""
+    x = rng.standard_normal((1, 4, size, size)).astype(np.float32)
+    w = rng.standard_normal((32, 4, 3, 3)).astype(np.float32)
+    names = _names()
+    with Context(WINOGRAD=4), no_grad():
+        out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    realize.set_kernel_hook(None)
+    _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())
+    assert (-(-size // 4)) ** 2 == tiles and gemm in names, names
 
 
 def test_input_gradient_takes_the_cost_rule():

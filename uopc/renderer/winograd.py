@@ -90,7 +90,8 @@ def render_winograd(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], st
     if w.kind == "w":
         body = _weight(k, a, G, x, o)
     else:
-        body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else _output(k, a, m, th, tw, AT, x, o)
+        out = _output_by_channel if k.strides[1] == 1 and k.src_shape[1] % CHANNEL_BLOCK == 0 else _output
+        body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else out(k, a, m, th, tw, AT, x, o)
     lines = [f"  {line}" if line else "" for line in body]
     return {}, params, "\n".join(lines), bufs, (), ("float",) * len(bufs)
 
@@ -255,6 +256,55 @@ def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str
         "        }",
         *tail,
         "      }",
+        "  }",
+        "}",
+    ]
+
+
+# products laid out channel-minor (Y^T: a convolution with few tiles computes them as (alpha^2, T, K), uopc.tensor.conv)
+# are transformed CHANNEL_BLOCK channels at a time, one vector of channels per product
+CHANNEL_BLOCK = 16
+# ...over chunks of this many tiles, staged (16 points x 16 tiles x 16 channels: 16 KiB) before the outputs are
+# written channel by channel
+CHANNEL_TILES = 16
+
+
+def _output_by_channel(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str]:
+    """The output transform of products whose channels are contiguous (strides (s0, 1, s2)): vectorized over a block
+    of channels (the tile loop would read each product at a stride of K), the outputs staged by tile and written
+    out channel by channel, cut to OH x OW."""
+    _, K, _ = k.src_shape
+    s0, _, s2 = k.strides
+    N, _, OH, OW = k.op.shape
+    cb, tt = CHANNEL_BLOCK, th * tw
+    ct = min(tt, CHANNEL_TILES)
+    yy = [[f"ys[{(i * a + j) * s0}LL + c]" for j in range(a)] for i in range(a)]
+    prods, r = _products(AT, yy, AT, "")
+    return [
+        f"#pragma omp parallel for schedule(static) if ({N * K * tt}LL > 64)",
+        f"for (long long bn = 0; bn < {K // cb * N}LL; bn++) {{",
+        f"  const long long k0 = bn / {N}LL * {cb}, n = bn % {N}LL;",
+        f"  float st[{m * m}][{ct}][{cb}];  // a chunk of tiles' outputs, a vector of channels per point and tile",
+        f"  for (int t0 = 0; t0 < {tt}; t0 += {ct}) {{",
+        f"    const int nt = {tt} - t0 < {ct} ? {tt} - t0 : {ct};",
+        "    for (int t = 0; t < nt; t++) {",
+        f"      const float* restrict ys = {y} + {k.offset}LL + (n * {tt}LL + t0 + t) * {s2}LL + k0;",
+        f"      for (int c = 0; c < {cb}; c++) {{",
+        *(f"        {line}" for line in prods),
+        *(f"        st[{i * m + j}][t][c] = {r[i][j]};" for i in range(m) for j in range(m)),
+        "      }",
+        "    }",
+        f"    for (int c = 0; c < {cb}; c++) {{",
+        f"      float* restrict oc = {o} + (n * {K}LL + k0 + c) * {OH * OW}LL;",
+        "      for (int t = 0; t < nt; t++) {",
+        f"        const int y0 = (t0 + t) / {tw} * {m}, x0 = (t0 + t) % {tw} * {m};",
+        *(
+            f"        if (y0 + {i} < {OH} && x0 + {j} < {OW}) oc[(y0 + {i}) * {OW} + x0 + {j}] = st[{i * m + j}][t][c];"
+            for i in range(m)
+            for j in range(m)
+        ),
+        "      }",
+        "    }",
         "  }",
         "}",
     ]

@@ -99,6 +99,11 @@ WINOGRAD_MIN_COLS = 16
 # benchmark's (64,32,28,28) x (64,32,3,3) forward's 36 products of (64 x 32) x (32 x 3136) ran at 90-100 GFLOP/s
 # where the 32-channel input gradient's (reducing 64) ran at 120-150
 WINOGRAD_MIN_K = 64
+# with fewer tiles than this (the microkernel's widest register tile, 64 columns), the products are computed with
+# the tiles as rows and the output channels as columns, (alpha^2, T, K): ResNet-18 at batch 1, 36 x (256 x 256) x
+# 16 tiles at 14x14 took 0.98 ms as (K, T), 0.62 as (T, K); 36 x (128 x 128) x 49 at 28x28 0.68 and 0.32 ms. The
+# output transform reads them a vector of channels at a time (uopc.renderer.winograd).
+WINOGRAD_WIDE_T = 64
 # ...and three kernels where a direct convolution has one: a fixed cost in multiply-adds (~3 us each)
 WINOGRAD_FIXED = 1 << 20
 
@@ -307,7 +312,11 @@ class ConvMixin:
         u = w._new(winograd_weight(w.uop, m), w).reshape(a * a, cout, 1, cin)
         v = self._new(winograd_in(self.uop, m, (pads[0][0], pads[1][0]), tuple(outs)), self)
         T = v.shape[2]
-        y = (u * v.permute(1, 2, 0).reshape(a * a, 1, T, cin)).sum(-1)  # (a^2, K, T): the batched products
+        if T < WINOGRAD_WIDE_T:  # (a^2, T, K), then read as (a^2, K, T): the tiles as the products' rows
+            vt = v.permute(1, 2, 0).reshape(a * a, T, 1, cin)
+            y = (vt * u.reshape(a * a, 1, cout, cin)).sum(-1).permute(0, 2, 1)
+        else:
+            y = (u * v.permute(1, 2, 0).reshape(a * a, 1, T, cin)).sum(-1)  # (a^2, K, T): the batched products
         tiles = (-(-outs[0] // m), -(-outs[1] // m))
         return y._new(winograd_out(y.uop, m, tiles, (N, cout, *outs)), y)
 
