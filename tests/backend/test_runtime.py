@@ -606,6 +606,24 @@ def test_a_kernel_shared_by_two_plans_compiles_once(cache: Path, monkeypatch, co
     assert len(objs) == len(list((cache / "obj").glob("*.json")))
 
 
+def test_one_loop_kernels_of_any_size_share_one_function(cache: Path, monkeypatch):
+    """A one-loop kernel takes its size as an argument (codegen.loops.size_argument): the same elementwise body at
+    another size links the first one's object (no compile of it), keeps its own name in the plan and passes its
+    own size. Reference: NumPy, exact."""
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
+    _fresh_plans()
+    a, b = np.arange(1000, dtype=np.float32), np.arange(3000, dtype=np.float32)[::-1].copy()
+    np.testing.assert_array_equal((Tensor(a) * 3.0 - 0.5).numpy(), a * 3 - 0.5)
+    first = next(reversed(realize._plans.values()))
+    before = dict(runtime.stats)
+    np.testing.assert_array_equal((Tensor(b) * 3.0 - 0.5).numpy(), b * 3 - 0.5)
+    second = next(reversed(realize._plans.values()))
+    assert runtime.stats["object_hits"] - before["object_hits"] == 1 and runtime.stats["units"] == before["units"]
+    assert [k.name for k in first.kernels] == ["e_1000"] and [k.name for k in second.kernels] == ["e_3000"]
+    assert first.srcs[0] == second.srcs[0] and "var_uopc_n" in first.srcs[0]  # one unit: its loop ends at the argument
+    assert ", 1000);" in first.srcs[-1] and ", 3000);" in second.srcs[-1]  # each entry point passes its size
+
+
 def test_a_corrupted_kernel_object_is_rebuilt(cache: Path, monkeypatch):
     monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 0)
     _fresh_plans()

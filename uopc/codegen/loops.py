@@ -6,6 +6,7 @@ loops that unrolled copies share. uopc.codegen.rangeify builds every kernel's lo
     regions((10, 20), {0: 4, 1: 8}) -> whole tiles, then the remainder rows and columns, each its own loop nest
     split_loops: r in range(576) read as r // 9, (r // 3) % 3, r % 3   -> loops (64, 3, 3)
     merged_shape: x (128, 32, 14, 14) + y.permute(...) read in order       -> one loop of 802816
+    size_argument: for (i = 0; i < 200704; i++) ...                          -> for (i = 0; i < uopc_n; i++) ...
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from uopc.uop import ALU, Ops, UOp
 from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import reshape_strides
 from uopc.uop.symbolic import simplify
-from uopc.uop.variable import Variable
+from uopc.uop.variable import SizeArg, Variable
 
 __all__ = [
     "LEAF",
@@ -29,6 +30,7 @@ __all__ = [
     "merge_ends",
     "merged_shape",
     "regions",
+    "size_argument",
     "split_loops",
 ]
 
@@ -223,3 +225,22 @@ def merged_shape(root: UOp) -> tuple[int, ...]:
         else:
             merged.insert(0, shape[a])
     return tuple(merged)
+
+
+def size_argument(ast: UOp) -> UOp:
+    """A lowered kernel of one loop (an elementwise kernel whose reads all walk in order: merged_shape) with that
+    loop's end as a kernel argument, a SizeArg holding its value, instead of a constant in its C. Kernels that
+    differ only in that size then render to one C function, compiled once: AdamW's three updates of each of a
+    model's parameters were three kernels per parameter shape (the CNN's 101 compiled units held 35 one-loop
+    kernels of 18 bodies). Any other kernel is returned as it is.
+
+    Replacing the end by a parameter equal to it changes nothing a call computes, whatever else the kernel holds;
+    only the loop's bounds widen to the argument's range for what reads them later (the renderer's clamps)."""
+    ranges = [u for u in ast.toposort() if u.op in (Ops.RANGE, Ops.DEFINE_VAR)]
+    if len(ranges) != 1 or ranges[0].op is not Ops.RANGE or ranges[0].src[0].op is not Ops.CONST:
+        return ast
+    if ranges[0].src[0].dtype is not dtypes.int32:  # (a 64-bit loop, past 2^31 elements: the argument's range)
+        return ast
+    rng, end = ranges[0], ranges[0].src[0]
+    arg = UOp(Ops.DEFINE_VAR, (), SizeArg("uopc_n", end.arg), end.dtype)
+    return ast.substitute({rng: rng.replace(src=(arg,))})

@@ -18,12 +18,13 @@ from typing import Any
 
 from uopc import helpers
 from uopc.codegen.attention import lower_attention
-from uopc.codegen.loops import merged_shape
+from uopc.codegen.loops import merged_shape, size_argument
 from uopc.codegen.rangeify import Ctx, lower, lower_scatter, lower_setitem
 from uopc.codegen.winograd import lower_winograd
 from uopc.helpers import prod
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
 from uopc.uop import Ops, UOp
+from uopc.uop.variable import Variable
 
 __all__ = ["clear_lowered", "lower_schedule", "lowered", "lowered_stats", "make_plan"]
 
@@ -67,12 +68,15 @@ def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
         ast, opts = lower_setitem(item.body, item.out, _region_thread(item.body, opt)), None
     else:
         ast, opts = lowered(item.body, item.out, opt)
+        ast = size_argument(ast)  # (a one-loop kernel: its size as an argument, one function for every size)
     # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
     topo = ast.toposort()
     alive = sorted({b.arg.slot for b in topo if b.op is Ops.BUFFER})
     refs = tuple(item.refs[s] for s in alive)
-    kvars = tuple(sorted({u.arg for u in topo if u.op is Ops.DEFINE_VAR}, key=lambda v: v.name))
+    kvars = tuple(
+        sorted({u.arg for u in topo if u.op is Ops.DEFINE_VAR and type(u.arg) is Variable}, key=lambda v: v.name)
+    )
     return Kernel(
         item.name, ast, refs, item.flops, opts, item.checks, moved_bytes(item, alive), item.op, item.copy, kvars
     )

@@ -16,7 +16,7 @@ from uopc import helpers
 from uopc.codegen.error_record import ErrorField
 from uopc.renderer.c import PRELUDE, CFunction, Helper, _helper_text, _render_function, optimize_attribute
 from uopc.uop import UOp
-from uopc.uop.variable import Variable
+from uopc.uop.variable import SizeArg, Variable
 
 __all__ = ["KernelUnit", "kernel_unit", "render_plan"]
 
@@ -54,6 +54,8 @@ def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
             _units.move_to_end(key)
             return hit
     fn = _render_function(ast, oob_param=True, guarded=True)
+    if any(isinstance(v, SizeArg) for v in fn.vars):  # one function for every size: named without it
+        base = base.split("_")[0] + "_n"
     helper_text = _helper_text(fn.helpers)
     digest = hashlib.sha256((PRELUDE + helper_text + attr + fn.definition("uopc_kernel")).encode()).hexdigest()
     sym = f"{base}_{digest[:16]}"
@@ -116,7 +118,10 @@ def render_plan(
             units[unit.sym] = unit
         sym, ptrs = done[ast].sym, done[ast].fn.ptr_types
         args = [f"({t}*)bufs[{w}]" for t, w in zip(ptrs, where, strict=True)]
-        args += [f"((long long*)bufs[{var_slot}])[{plan_vars.index(v)}]" for v in done[ast].fn.vars]
+        args += [
+            str(v.value) if isinstance(v, SizeArg) else f"((long long*)bufs[{var_slot}])[{plan_vars.index(v)}]"
+            for v in done[ast].fn.vars
+        ]
         args += ["err"] * check
         call = f"{sym}({', '.join(args)});"
         if copies and i in copies:  # a copy onto itself (a write in place) does nothing

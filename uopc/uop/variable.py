@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["Bound", "Variable", "as_dim", "merge_vars", "symbolic", "symbolic_reshape_ok", "unbind"]
+__all__ = ["Bound", "SizeArg", "Variable", "as_dim", "merge_vars", "symbolic", "symbolic_reshape_ok", "unbind"]
 
 
 class Variable(int):
@@ -79,6 +79,35 @@ class Variable(int):
         if not self.vmin <= value <= self.vmax:
             raise ValueError(f"{self!r}.bind({value}): the value must be in [{self.vmin}, {self.vmax}]")
         return Bound(self, int(value))
+
+
+class SizeArg(Variable):
+    """A fixed size that a kernel takes as an argument instead of writing it into its C (uopc.codegen.loops.
+    size_argument): kernels that differ in nothing else, an optimizer's update of parameters of every shape, then
+    share one compiled function, each call passing its own `value`. In the kernel it is a Variable over [1, 2^31 - 1]
+    (its bounds), but no plan binds it: the call site writes the value."""
+
+    value: int
+
+    def __new__(cls, name: str, value: int) -> SizeArg:
+        self = super().__new__(cls, name, 1, (1 << 31) - 1)
+        self.value = int(value)
+        return self
+
+    def _ident(self) -> tuple[str, int, int]:
+        return (self.name, self.vmin, self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is SizeArg and other._ident() == self._ident()
+
+    def __hash__(self) -> int:
+        return hash(("SizeArg", self.name, self.value))
+
+    def __repr__(self) -> str:
+        return f"SizeArg({self.name!r}, {self.value})"
+
+    def __reduce__(self) -> tuple:
+        return (SizeArg, (self.name, self.value))
 
 
 class Bound(NamedTuple):
