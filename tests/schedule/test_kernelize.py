@@ -256,9 +256,11 @@ def test_debug4_prints_the_c(context, opt0, capsys, monkeypatch):
     context(DEBUG=4)
     (Tensor(r(3, 5)) * 7 - 1).realize()  # a structure no other test uses: a cache miss, so the C is printed
     out = capsys.readouterr().out
-    # each kernel's function is named by its shape and a digest of its C (the same kernel in any plan, one object)
-    assert re.search(r"void e_3_5_[0-9a-f]{16}\(float\* restrict data0, float\* restrict data1", out), out
-    assert "realize: 1 kernels" in out and "GFLOP/s" in out
+    # each kernel's function is named by its shape and a digest of its C (the same kernel in any plan, one object);
+    # a one-loop kernel's shape is its size argument (e_n, the same function for every size), which the call passes
+    assert re.search(r"void e_n_[0-9a-f]{16}\(float\* restrict data0, float\* restrict data1, int var_uopc_n", out)
+    assert re.search(r"e_n_[0-9a-f]{16}\(\(float\*\)bufs\[0\], \(float\*\)bufs\[1\], 15\);", out), out
+    assert "realize: 1 kernels" in out and "GFLOP/s" in out and "  e_3_5 " in out  # the plan still names it e_3_5
 
 
 def test_plan_cache_stays_bounded_over_3000_shapes(context, monkeypatch):
@@ -292,12 +294,13 @@ def test_plan_key_includes_bounds_checks(context, opt0):
 
 
 def test_strided_conv2d_is_im2col_then_a_gemm_shaped_reduce():
-    # the windows are copied once (e_), with the positions and the window axes as loops of their own, then one
-    # reduction over Cin*kh*kw = 288 reads both operands with plain ranges: no div/mod in either kernel's index math
-    # (the reduction reads the staged (5, 6, 32, 3, 3) as (30, 288): a reshape of a reshape is one reshape)
+    # the windows are copied once (e_), position-major per tap, with the taps and the positions as loops of their
+    # own, then one reduction over Cin*kh*kw = 288 reads both operands with plain ranges: no div/mod in either
+    # kernel's index math (the reduction reads the staged (32, 3, 3, 5, 6) as (288, 30): a reshape of a reshape is
+    # one reshape)
     x, w = Tensor(r(2, 32, 9, 11)), Tensor(r(8, 32, 3, 3))
     plan, _ = make_plan([x.conv2d(w, padding=1, stride=2).uop])
-    assert [k.name for k in plan.kernels] == ["e_2_1_5_6_32_3_3", "r_2_1_8_30"]
+    assert [k.name for k in plan.kernels] == ["e_2_1_32_3_3_5_6", "r_2_1_8_30"]
     for k in plan.kernels:
         body = render_c(k.ast, k.name).split(f"void {k.name}(", 1)[1]  # the function only, not the helpers
         assert "%" not in body and "/" not in body, body

@@ -45,7 +45,8 @@ _units_lock = threading.Lock()
 
 def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
     """The translation unit of one lowered kernel named `name` in a plan (its k0_ prefix and n1 suffix are not part
-    of the unit), memoized. `tiled`: it keeps a register tile (Opts.register_tile): see renderer.c.TILED_OPTIMIZE."""
+    of the unit; a kernel whose loop ends at a SizeArg is e_n, whatever its size), memoized. `tiled`: it keeps a
+    register tile (Opts.register_tile): see renderer.c.TILED_OPTIMIZE."""
     base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
     attr = optimize_attribute(tiled)
     key = (ast, base, bool(helpers.settings().CHECK_OOB), attr)

@@ -84,13 +84,13 @@ class Variable(int):
 class SizeArg(Variable):
     """A fixed size that a kernel takes as an argument instead of writing it into its C (uopc.codegen.loops.
     size_argument): kernels that differ in nothing else, an optimizer's update of parameters of every shape, then
-    share one compiled function, each call passing its own `value`. In the kernel it is a Variable over [1, 2^31 - 1]
+    share one compiled function, each call passing its own `value`. In the kernel it is a Variable over [0, 2^31 - 1]
     (its bounds), but no plan binds it: the call site writes the value."""
 
     value: int
 
     def __new__(cls, name: str, value: int) -> SizeArg:
-        self = super().__new__(cls, name, 1, (1 << 31) - 1)
+        self = super().__new__(cls, name, 0, (1 << 31) - 1)
         self.value = int(value)
         return self
 
