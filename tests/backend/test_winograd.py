@@ -152,7 +152,7 @@ def test_input_transform_writes_the_packed_panels_of_large_products():
     x = rng.standard_normal((n, 16, 12, 12)).astype(np.float32)
     w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
     names = _names()
-    with Context(WINOGRAD=4), no_grad():
+    with Context(WINOGRAD=4, OPT=1), no_grad():  # (the layout pass packs: an optimizer runs)
         out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
     realize.set_kernel_hook(None)
     _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())

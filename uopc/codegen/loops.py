@@ -232,7 +232,8 @@ def size_argument(ast: UOp) -> UOp:
     loop's end as a kernel argument, a SizeArg holding its value, instead of a constant in its C. Kernels that
     differ only in that size then render to one C function, compiled once: AdamW's three updates of each of a
     model's parameters were three kernels per parameter shape (the CNN's 101 compiled units held 35 one-loop
-    kernels of 18 bodies). Any other kernel is returned as it is.
+    kernels of 18 bodies). Any other kernel is returned as it is. (Under UOPC_CHECK_OOB each index check writes its
+    buffer's size into the C: kernels of different sizes stay apart there.)
 
     Replacing the end by a parameter equal to it changes nothing a call computes, whatever else the kernel holds;
     only the loop's bounds widen to the argument's range for what reads them later (the renderer's clamps)."""
