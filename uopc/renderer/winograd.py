@@ -231,7 +231,7 @@ def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str
     s0, s1, s2 = k.strides
     N, _, OH, OW = k.op.shape
     rows = max(1, min(th, OUT_CHUNK // tw))  # tile rows per chunk
-    full, rem = OW // m, OW % m  # tiles whose m columns are all inside, and the last one's columns that are
+    full, rem = OW // m, OW % m  # tiles whose m columns are all inside, and the inside columns of the last
     yy = [[f"ys[{(i * a + j) * s0}LL + t * {s2}LL]" for j in range(a)] for i in range(a)]
     prods, r = _products(AT, yy, AT, "")
     tail = [f"        orow[{full * m + j}] = st[i * {m} + {j}][b + {full}];" for j in range(rem)]
