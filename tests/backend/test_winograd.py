@@ -161,6 +161,32 @@ def test_input_transform_writes_the_packed_panels_of_large_products():
     assert not any(k.startswith("e_") for k in names), names
 
 
+def test_weight_transform_writes_the_packed_panels_of_few_tile_products():
+    """With few tiles the products are (36, T, K) and their B is the weight's transform U, packed into NR-column
+    panels (uopc.opt.gemm): the weight transform writes those panels itself (ww_36_<panels>_<C>_<NR>), with no
+    packing copy after it, forward and in the input gradient (whose weight is a flipped, transposed view). K = 72
+    is no multiple of a panel: the last one's tail is zeros. One weight transform function serves every weight
+    shape (its sizes are arguments)."""
+    x = rng.standard_normal((1, 16, 14, 14)).astype(np.float32)
+    w = rng.standard_normal((72, 16, 3, 3)).astype(np.float32) * 0.1
+    g = rng.standard_normal((1, 72, 14, 14)).astype(np.float32)
+    names = _names()
+    with Context(WINOGRAD=4, OPT=1):  # (the layout pass packs: an optimizer runs)
+        xu, wu = Tensor(x, requires_grad=True), Tensor(w, requires_grad=True)
+        out = xu.conv2d(wu, padding=1)
+        (out * Tensor(g)).sum().backward()
+        outn, dx = out.numpy(), xu.grad.numpy()
+    realize.set_kernel_hook(None)
+    xt, wt = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ot = F.conv2d(xt, wt, padding=1)
+    (ot * torch.tensor(g)).sum().backward()
+    _close(outn, ot.detach().numpy())
+    _close(dx, xt.grad.numpy(), 1e-4)
+    ww = sorted({k for k in names if k.startswith("ww_")})
+    assert len(ww) == 2 and all(len(k.split("_")) == 5 for k in ww), names  # forward's and the input gradient's
+    assert not any(k.startswith("e_36_") for k in names), names  # no packing copy of a transformed weight
+
+
 def test_weight_transform_is_kept_until_the_weight_changes():
     """G w G^T (here after a scale folded into the weight: two kept kernels in a chain) runs once per weight: a later
     call of the same plan skips it, an assign of a new weight (or a new scale, which reaches the transform only

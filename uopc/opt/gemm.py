@@ -21,9 +21,9 @@ from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
-from uopc.uop.rewrite import graph_rewrite
+from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 from uopc.uop.variable import symbolic
-from uopc.uop.winograd import winograd_in_panels
+from uopc.uop.winograd import winograd_panels
 
 # below this many multiply-adds the two packing kernels cost more than the microkernel saves
 GEMM_MIN_WORK = 1 << 16
@@ -199,22 +199,40 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
 
 
 def _winograd_panels(b: UOp, nr: int) -> UOp | None:
-    """B as a Winograd convolution's batched products read it, (alpha^2, K, T, C) broadcast from the input
-    transform's V (C, alpha^2, T) (uopc.tensor.conv), from that transform writing the packed panels itself
-    (uopc.uop.winograd.winograd_in_panels); None for any other B. Packing V took a copy as large as V: 2.8 ms of
-    the 12 ms input gradient of (64, 32, 28, 28) * (64, 32, 3, 3)."""
+    """B of a Winograd convolution's batched products, from the transform it views writing the packed panels itself
+    (uopc.uop.winograd.winograd_panels); None for any other B. The input transform's V (C, alpha^2, T) is B of
+    products (alpha^2, K, T); the weight transform's U (alpha^2, K, C) is B of products (alpha^2, T, K), the few-tile
+    form (uopc.tensor.conv). (U as A of (alpha^2, K, T) is read in place: a view of a kernel's output is plain.)
+    Packing V took a copy as large as V (2.8 ms of the 12 ms input gradient of (64, 32, 28, 28) * (64, 32, 3, 3));
+    packing U, a copy per weight: 80 ms of ResNet-18's first call at batch 1 (its 14x14 and 7x7 layers)."""
     v = b
     while v.op in MOVEMENT:
         v = v.src[0]
-    if v.op is not Ops.WINOGRAD or v.arg.kind != "in" or v.arg.panel or len(b.shape) != 4:
+    if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or len(b.shape) != 4:
         return None
-    (C, a2, T), shape = v.shape, b.shape
-    want = v.permute((1, 2, 0)).reshape((a2, 1, T, C)).expand(shape)
-    if graph_rewrite(want, push_views) is not graph_rewrite(b, push_views):
+    if v.arg.kind == "in":
+        C, a2, rows = v.shape
+        rowwise = v.permute((1, 2, 0))  # (alpha^2, T, C)
+    else:
+        a2, rows, C = v.shape
+        rowwise = v
+    if _canonical(rowwise.reshape((a2, 1, rows, C)).expand(b.shape)) is not _canonical(b):
         return None
-    p = winograd_in_panels(v, nr)
-    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * nr, C)).shrink(((0, a2), (0, T), (0, C)))
-    return flat.reshape((a2, 1, T, C)).expand(shape)
+    p = winograd_panels(v, nr)
+    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * nr, C)).shrink(((0, a2), (0, rows), (0, C)))
+    return flat.reshape((a2, 1, rows, C)).expand(b.shape)
+
+
+# a reshape of a reshape is one reshape (a convolution reshapes U twice on its way to the products)
+_one_reshape = PatternMatcher(
+    [(UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="r"),), name="o"), lambda o, r: r.src[0].reshape(o.shape))]
+)
+
+
+def _canonical(x: UOp) -> UOp:
+    """`x` with its views pushed through ALU ops and chains of reshapes merged: two views of one thing that read the
+    same elements the same way are then one node (hash-consing)."""
+    return graph_rewrite(graph_rewrite(x, push_views), _one_reshape)
 
 
 def split_k(roots: list[UOp], machine: Machine) -> list[UOp]:

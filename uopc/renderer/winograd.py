@@ -27,6 +27,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from uopc.uop import UOp
+from uopc.uop.variable import SizeArg
 from uopc.uop.winograd import MATRICES
 
 __all__ = ["render_winograd"]
@@ -74,9 +75,37 @@ def _products(left, names: list[list[str]], right, prefix: str) -> tuple[list[st
     return lines, res
 
 
+class _Sizes:
+    """The shape-dependent integers of a weight transform, as its C function's parameters: each is a SizeArg the
+    plan's entry point passes as a literal (uopc.renderer.plan), so the weight transform of one F(m, 3) is one
+    function for every weight shape, compiled once (ResNet-18's three F(4,3) weight transforms were three units of
+    55-75 ms of gcc each). It runs once per weight (uopc.engine.kept), so its sizes cost nothing that counts.
+    The input and output transforms keep their sizes in their C: with them as arguments (tried) gcc took 40-70%
+    longer on each unit and they ran 1.3-2x slower (ResNet-18 at batch 1, interleaved: input transforms 24 -> 44-57
+    ms over 25 calls), where the tile loops' trip counts and the staging arrays' sizes were no longer constants."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, int] = {}
+
+    def __call__(self, name: str, value: int) -> str:
+        self.values[name] = int(value)
+        return name
+
+    def times(self, expr: str, name: str, value: int) -> str:
+        """`expr * name` as C, or `expr` alone where the stride `value` is 1."""
+        return expr if value == 1 else f"{expr} * {self(name, value)}"
+
+    def params(self) -> list[str]:
+        return [f"long long {n}" for n in self.values]
+
+    def vars(self) -> tuple[SizeArg, ...]:
+        return tuple(SizeArg(n, v) for n, v in self.values.items())
+
+
 def render_winograd(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], str, list[UOp], tuple, tuple]:
     """(helpers, parameters, body, buffers by slot, variables, pointer types) of one lowered Winograd transform;
-    uopc.renderer.c wraps them into its CFunction, as it does an attention kernel's."""
+    uopc.renderer.c wraps them into its CFunction, as it does an attention kernel's. A weight transform's sizes are
+    parameters (its variables: SizeArgs, see _Sizes)."""
     node = ast.src[0]
     src, out = node.src
     k = node.arg
@@ -87,35 +116,54 @@ def render_winograd(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], st
     bufs = sorted({src, out}, key=lambda b: b.arg.slot)
     params = [f"float* restrict data{b.arg.slot}" for b in bufs]
     x, o = f"data{src.arg.slot}", f"data{out.arg.slot}"
+    sz = _Sizes()
     if w.kind == "w":
-        body = _weight(k, a, G, x, o)
+        body = _weight(sz, k, a, G, x, o)
     else:
         out = _output_by_channel if k.strides[1] == 1 and k.src_shape[1] % CHANNEL_BLOCK == 0 else _output
         body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else out(k, a, m, th, tw, AT, x, o)
     lines = [f"  {line}" if line else "" for line in body]
-    return {}, params, "\n".join(lines), bufs, (), ("float",) * len(bufs)
+    return {}, params + sz.params(), "\n".join(lines), bufs, sz.vars(), ("float",) * len(bufs)
 
 
-def _weight(k, a: int, G, x: str, o: str) -> list[str]:
+def _weight(sz: _Sizes, k, a: int, G, x: str, o: str) -> list[str]:
     K, C, _, _ = k.src_shape
     sK, sC, sH, sW = k.strides
-    KC, B = K * C, 64  # filters per block: each of the alpha^2 rows is written 64 floats at a time
-    g = [[f"ws[{i * sH + j * sW}LL]" for j in range(3)] for i in range(3)]
+    p = k.op.panel
+    B = p or 64  # filters per block: each of the alpha^2 rows is written 64 floats (or a panel) at a time
+    KS, CS, SK, SC = sz("K", K), sz("C", C), sz("SK", sK), sz("SC", sC)
+    g = [[f"ws[{sz.times(str(i), 'SH', sH)} + {sz.times(str(j), 'SW', sW)}]" for j in range(3)] for i in range(3)]
     prods, u = _products(G, g, G, "")
+    if p:  # a block is one panel: the filters kb*p .. kb*p + p-1 of channel c, zeros past K
+        loop = [
+            f"const long long KB = ({KS} + {p - 1}) / {p}, PS = KB * {CS} * {p};  // PS: one point's panels",
+            f"#pragma omp parallel for schedule(static) if (KB * {CS} * {p} > 4096)",
+            f"for (long long q = 0; q < KB * {CS}; q++) {{",
+            f"  const long long kb = q / {CS}, c = q % {CS};",
+            f"  const int nb = {KS} - kb * {p} < {p} ? (int)({KS} - kb * {p}) : {p};",
+        ]
+        src = f"(kb * {p} + f) * {SK} + c * {SC}"
+        store = [f"    for (int f = 0; f < {p}; f++) {o}[r * PS + q * {p} + f] = f < nb ? blk[r][f] : 0.0f;"]
+    else:
+        loop = [
+            f"const long long KC = {KS} * {CS};",
+            "#pragma omp parallel for schedule(static) if (KC > 4096)",
+            f"for (long long b0 = 0; b0 < KC; b0 += {B}) {{",
+            f"  const int nb = KC - b0 < {B} ? (int)(KC - b0) : {B};",
+        ]
+        src = f"(b0 + f) / {CS} * {SK} + (b0 + f) % {CS} * {SC}"
+        store = [f"    for (int f = 0; f < nb; f++) {o}[r * KC + b0 + f] = blk[r][f];"]
     return [
-        f"#pragma omp parallel for schedule(static) if ({KC}LL > 4096)",
-        f"for (long long b0 = 0; b0 < {KC}LL; b0 += {B}) {{",
-        f"  const int nb = {KC}LL - b0 < {B} ? (int)({KC}LL - b0) : {B};",
+        *loop,
         f"  float blk[{a * a}][{B}];  // (the rows are K*C floats apart: stored one filter at a time, at K*C a",
         "  // multiple of 4 KiB, every store of a filter went to one L1 set)",
         "  for (int f = 0; f < nb; f++) {",
-        "    const long long kc = b0 + f;",
-        f"    const float* restrict ws = {x} + {k.offset}LL + kc / {C}LL * {sK}LL + kc % {C}LL * {sC}LL;",
+        f"    const float* restrict ws = {x} + {sz('OFF', k.offset)} + {src};",
         *(f"    {line}" for line in prods),
         *(f"    blk[{i * a + j}][f] = {u[i][j]};" for i in range(a) for j in range(a)),
         "  }",
         f"  for (int r = 0; r < {a * a}; r++)",
-        f"    for (int f = 0; f < nb; f++) {o}[r * {KC}LL + b0 + f] = blk[r][f];",
+        *store,
         "}",
     ]
 

@@ -160,7 +160,8 @@ class Attention(NamedTuple):
 class Winograd(NamedTuple):
     """The arg of a WINOGRAD node, one transform of a convolution F(m x m, 3 x 3) (uopc.uop.winograd), with alpha =
     m + 2 and `tiles` = (th, tw) tiles of m x m outputs per image (kind "w": unused, (1, 1)):
-      kind "w":   the weight (K, C, 3, 3) -> (alpha^2, K, C), G w G^T of every 3x3 filter
+      kind "w":   the weight (K, C, 3, 3) -> (alpha^2, K, C), G w G^T of every 3x3 filter; with `panel` p > 0 laid
+                  out as the products' packed B instead: (alpha^2, ceil(K/p), C, p), the filters past K zeros
       kind "in":  the input (N, C, H, W), zero-padded by `pads` (top, left) and as far past its end as the tiles
                   reach -> (C, alpha^2, N*th*tw), B^T d B of every tile d; with `panel` p > 0 laid out as the
                   products' packed B instead (uopc.opt.gemm): (alpha^2, ceil(T/p), C, p), panels of p consecutive

@@ -19,7 +19,7 @@ from fractions import Fraction as Fr
 from uopc.uop.ops import Ops, Winograd
 from uopc.uop.uop import UOp
 
-__all__ = ["MATRICES", "winograd_in", "winograd_in_panels", "winograd_out", "winograd_weight"]
+__all__ = ["MATRICES", "winograd_in", "winograd_panels", "winograd_out", "winograd_weight"]
 
 # m -> (B^T: alpha x alpha, G: alpha x 3, A^T: m x alpha), exact
 MATRICES: dict[int, tuple[tuple[tuple[Fr, ...], ...], ...]] = {
@@ -81,13 +81,19 @@ def winograd_in(x: UOp, m: int, pads: tuple[int, int], out: tuple[int, int]) -> 
     return UOp(Ops.WINOGRAD, (x,), Winograd("in", m, tiles, shape, tuple(pads)), x.dtype)
 
 
-def winograd_in_panels(v: UOp, panel: int) -> UOp:
-    """The input transform `v` (winograd_in's node) writing its tiles as the products' packed B: (alpha^2,
-    ceil(T/panel), C, panel), each panel `panel` consecutive tiles of every channel (the tiles past T zeros)."""
-    if v.op is not Ops.WINOGRAD or v.arg.kind != "in" or v.arg.panel or panel < 1:
-        raise ValueError(f"winograd: panels of {panel} tiles need an input transform in its own layout, got {v.op}")
-    C, a2, T = v.shape
-    return UOp(Ops.WINOGRAD, v.src, v.arg._replace(shape=(a2, -(-T // panel), C, panel), panel=panel), v.dtype)
+def winograd_panels(v: UOp, panel: int) -> UOp:
+    """A transform writing its result as a GEMM's packed operand, (alpha^2, ceil(R/panel), C, panel): panels of
+    `panel` consecutive rows R for every channel C, the rows past R zeros. For the input transform `v`
+    (winograd_in's node, (C, alpha^2, T)) the rows are its tiles: the packed B of products (alpha^2, K, T). For the
+    weight transform (winograd_weight's, (alpha^2, K, C)) they are its filters: the packed B of products
+    (alpha^2, T, K), the few-tile form (uopc.tensor.conv)."""
+    if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or panel < 1:
+        raise ValueError(f"winograd: panels of {panel} rows need a weight or input transform in its own layout, got {v}")
+    if v.arg.kind == "in":
+        C, a2, R = v.shape
+    else:
+        a2, R, C = v.shape
+    return UOp(Ops.WINOGRAD, v.src, v.arg._replace(shape=(a2, -(-R // panel), C, panel), panel=panel), v.dtype)
 
 
 def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, int, int]) -> UOp:
