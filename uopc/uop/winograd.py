@@ -88,7 +88,7 @@ def winograd_panels(v: UOp, panel: int) -> UOp:
     weight transform (winograd_weight's, (alpha^2, K, C)) they are its filters: the packed B of products
     (alpha^2, T, K), the few-tile form (uopc.tensor.conv)."""
     if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or panel < 1:
-        raise ValueError(f"winograd: panels of {panel} rows need a weight or input transform in its own layout, got {v}")
+        raise ValueError(f"winograd: panels of {panel} rows need a weight or input transform in its own layout: {v.op}")
     if v.arg.kind == "in":
         C, a2, R = v.shape
     else:
