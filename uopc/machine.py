@@ -27,6 +27,7 @@ import platform
 import re
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 
@@ -213,7 +214,11 @@ def _assembles(cc: str, flags: list[str]) -> tuple[bool, str]:
 def _probe_compiler(cc: str, flags: list[str]) -> Machine:
     extra: list[str] = []
     notes: list[str] = []
-    isa = _isa(cc, flags)
+    # the two questions to the compiler run at once (each is a gcc start, ~10 ms: part of an empty cache's first call)
+    with ThreadPoolExecutor(1) as pool:
+        width = pool.submit(_preferred_width, cc, flags)
+        isa = _isa(cc, flags)
+        auto = width.result()
     if "avx512fp16" in isa:
         ok, err = _assembles(cc, flags)
         if not ok and _assembles(cc, [*flags, "-mno-avx512fp16"])[0]:
@@ -222,7 +227,9 @@ def _probe_compiler(cc: str, flags: list[str]) -> Machine:
             notes.append(f"the assembler rejects AVX512-FP16 code ({first}): compiling with -mno-avx512fp16")
             isa = isa - {"avx512fp16"}
     vector = 64 if "avx512f" in isa else 32 if "avx" in isa else 16
-    auto = _preferred_width(cc, [*flags, *extra]) or vector
+    if extra:  # (asked again with the flag the assembler needs)
+        auto = _preferred_width(cc, [*flags, *extra])
+    auto = auto or vector
     want = max((w for name, w in VECTOR_WIDTH_RULE.items() if name in isa), default=auto)
     if want > auto and not any(f.startswith("-mprefer-vector-width") for f in flags):
         extra.append(f"-mprefer-vector-width={want * 8}")
