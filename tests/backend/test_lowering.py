@@ -521,3 +521,29 @@ def test_an_elementwise_kernels_output_loops_that_its_reads_take_apart_are_split
         hot = np.eye(4, dtype=np.float32)[win.argmax(-1)] * up[..., None]
         want = hot.reshape(2, 3, 4, 5, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 8, 10) * (x > 0)
         np.testing.assert_array_equal(t.grad.numpy(), want)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=["f32", "f64"])
+def test_select_against_zero_on_a_stored_mask_is_a_bit_mask(dtype):
+    """where(mask, x, 0) and where(mask, 0, x) on a mask loaded from memory render as x's bits ANDed with the mask
+    (uopc_keepf / uopc_keep: no compare-and-jump where gcc keeps the loop scalar), and keep x exactly: -0.0, NaN and
+    inf where the mask is set, +0.0 where it is not. A select on a computed condition stays a select."""
+    n = 64
+    m, x = buf(0, n, dtypes.bool), buf(1, n, dtype)
+    rng = np.random.default_rng(0)
+    mask = rng.random(n) < 0.5
+    xs = rng.standard_normal(n).astype(dtype.np)
+    xs[:8] = [-0.0, np.nan, np.inf, -np.inf, 0.0, -1.5, 1e-300 if dtype is dtypes.float64 else 1e-40, -3.0]
+    mask[:8] = True
+    mask[8:12] = False
+    name = "uopc_keepf" if dtype is dtypes.float32 else "uopc_keep"
+    for g, want in (
+        (m.where(x, UOp.const(0.0, dtype)), np.where(mask, xs, 0.0)),
+        (m.where(UOp.const(0.0, dtype), x), np.where(mask, 0.0, xs)),
+        ((m & (x < UOp.const(1.0, dtype))).where(x, UOp.const(0.0, dtype)), np.where(mask & (xs < 1.0), xs, 0.0)),
+    ):
+        assert f"{name}(" in render_graph(g, 2)
+        got = run(g, [mask, xs])
+        assert got.dtype == dtype.np and (got.view(f"u{dtype.itemsize}") == want.view(f"u{dtype.itemsize}")).all()
+    computed = (x < UOp.const(1.0, dtype)).where(x, UOp.const(0.0, dtype))
+    assert name not in render_graph(computed, 2)

@@ -28,6 +28,7 @@ from uopc.codegen.error_record import ERROR_RECORD, ErrorField
 from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
 from uopc.renderer.c_math import F32_BITS, F32_MATH
+from uopc.renderer.c_select import render_where
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.renderer.winograd import render_winograd
 from uopc.uop import ALU, OWN_KERNEL, AxisType, Ops, UOp
@@ -193,6 +194,10 @@ class CRenderer:
     def use(self, name: str, code: str, rank: Rank = Rank.FUNCTIONS) -> None:
         """Put helper `code`, which defines `name`, before the kernel."""
         self.helpers[name] = Helper(rank, code)
+
+    def use_bits(self) -> None:
+        """Put the float <-> integer bit casts (uopc_as_u32, ...) before the helpers that use them."""
+        self.use("F32_BITS", F32_BITS, Rank.SHARED)
 
     def check(self, err: str, i: str, w: int, lo: int, n: int, which: int) -> str:
         """Index `i` (a C expression) checked to address elements i..i+w-1 of [lo, n) (see _CHECK); a failure fills
@@ -460,7 +465,7 @@ def _math(r: CRenderer, u: UOp) -> str:
     f, d = _MATH[u.op]
     if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
         f, code = F32_MATH[u.op]
-        r.use("F32_BITS", F32_BITS, Rank.SHARED)
+        r.use_bits()
         r.use(f, code)
     return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
 
@@ -481,7 +486,7 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     **{op: _infix(sym) for op, sym in _INFIX.items()},
     Ops.NEG: lambda r, u: f"(-{r.expr(u.src[0])})",
     Ops.MAX: _max,
-    Ops.WHERE: lambda r, u: f"({r.expr(u.src[0])}?{r.expr(u.src[1])}:{r.expr(u.src[2])})",
+    Ops.WHERE: render_where,
     Ops.RECIP: lambda r, u: f"({render_const(1.0, u.dtype)}/{r.expr(u.src[0])})",
     **{op: _math for op in _MATH},
     Ops.CAST: _cast,
