@@ -547,3 +547,21 @@ def test_select_against_zero_on_a_stored_mask_is_a_bit_mask(dtype):
         assert got.dtype == dtype.np and (got.view(f"u{dtype.itemsize}") == want.view(f"u{dtype.itemsize}")).all()
     computed = (x < UOp.const(1.0, dtype)).where(x, UOp.const(0.0, dtype))
     assert name not in render_graph(computed, 2)
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=["f32", "f64"])
+def test_elementwise_float_max_is_the_branch_free_helper(dtype):
+    """An elementwise float max renders as uopc_maxf / uopc_max (a max instruction, NaN put back), as a reduction's
+    does: the one-select form ((a > b) | (a != a)) ? a : b became compare-and-jump in loops gcc kept scalar (a 2x2
+    max-pool's window unrolled over stride-2 reads: 1.05 ms against 0.087 ms with the helper in a C harness on random
+    data). NaN from either side propagates, as NumPy's maximum."""
+    n = 64
+    x, y = buf(0, n, dtype), buf(1, n, dtype)
+    rng = np.random.default_rng(1)
+    xs, ys = rng.standard_normal(n).astype(dtype.np), rng.standard_normal(n).astype(dtype.np)
+    xs[:4], ys[:4] = [np.nan, 1.0, np.inf, -np.inf], [2.0, np.nan, np.nan, -np.inf]
+    g = x.alu(Ops.MAX, y)
+    body = render_graph(g, 2).split("void k(")[1]  # the kernel, after the helpers
+    assert ("uopc_maxf(" if dtype is dtypes.float32 else "uopc_max(") in body and "!=" not in body
+    got = run(g, [xs, ys])
+    np.testing.assert_array_equal(got, np.maximum(xs, ys))

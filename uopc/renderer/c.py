@@ -399,23 +399,20 @@ def _infix(sym: str) -> Callable[[CRenderer, UOp], str]:
 _BOOL_INFIX = {Ops.ADD: "|", Ops.MUL: "&"}
 
 
-# A scalar float max into an accumulator, NaN-propagating from either side: `a > b ? a : b` is one maxss (which
-# keeps b when either is NaN), then a NaN in a is put back. gcc compiled the one-select form `((a > b) | (a != a)) ?
-# a : b` outside a loop it vectorizes to compare-and-jump, which a max over few values (a pooling window) mispredicts
-# about every third time. Max-pools measured on Zen 4 (one process, medians): 3x3/2 over (1, 64, 112, 112) 2.9 ->
-# 0.85 ms, 2x2 over (128, 16, 28, 28) 0.58 -> 0.19 ms. An elementwise max (ReLU) keeps the one-select form, which
-# gcc's loop vectorizer turns into packed compares and blends.
+# A scalar float max, NaN-propagating from either side: `a > b ? a : b` is one maxss (which keeps b when either is
+# NaN), then a NaN in a is put back. gcc compiled the one-select form `((a > b) | (a != a)) ? a : b` outside a loop
+# it vectorizes to compare-and-jump, which a max over few values mispredicts about every third time on random data.
+# Into an accumulator (a pooling window's reduce), measured on Zen 4 (one process, medians): 3x3/2 over (1, 64, 112,
+# 112) 2.9 -> 0.85 ms, 2x2 over (128, 16, 28, 28) 0.58 -> 0.19 ms. Elementwise too: a 2x2 window unrolled over
+# stride-2 reads (the CNN step's second pool, (128, 32, 14, 14)) ran 1.05 ms against 0.087 ms with the helper in a C
+# harness on random data, and where gcc vectorizes (a ReLU, a max of two arrays) the helper ran 0.063 and 0.084 ms
+# against the select's 0.068 and 0.089 over 1M floats. Vectors (SIMD code) keep the select of their lanes.
 _MAXF = "static inline {t} {name}({t} a, {t} b) {{ {t} m = a > b ? a : b; return a != a ? a : m; }}\n"
-
-
-def _reads_acc(x: UOp) -> bool:
-    """Is x a load of an accumulator (an ALLOC: a reduction's running value)?"""
-    return x.op is Ops.LOAD and x.src[0].op is Ops.INDEX and _base(x.src[0].src[0]).op is Ops.ALLOC
 
 
 def _max(r: CRenderer, u: UOp) -> str:
     a, b = r.expr(u.src[0]), r.expr(u.src[1])
-    if u.dtype.is_float and u.dtype.count == 1 and any(_reads_acc(x) for x in u.src):
+    if u.dtype.is_float and u.dtype.count == 1:
         name = "uopc_maxf" if u.dtype is dtypes.float32 else "uopc_max"
         r.use(name, _MAXF.format(t=u.dtype.cname, name=name))
         return f"{name}({a}, {b})"
