@@ -541,8 +541,14 @@ def test_select_against_zero_on_a_stored_mask_is_a_bit_mask(dtype):
         (m.where(x, UOp.const(0.0, dtype)), np.where(mask, xs, 0.0)),
         (m.where(UOp.const(0.0, dtype), x), np.where(mask, 0.0, xs)),
         ((m & (x < UOp.const(1.0, dtype))).where(x, UOp.const(0.0, dtype)), np.where(mask & (xs < 1.0), xs, 0.0)),
+        # nested (a max-pool's backward: the ReLU mask, then the window's argmax): one mask of both conditions
+        (
+            m.where((x < UOp.const(1.0, dtype)).where(x, UOp.const(0.0, dtype)), UOp.const(0.0, dtype)),
+            np.where(mask & (xs < 1.0), xs, 0.0),
+        ),
     ):
-        assert f"{name}(" in render_graph(g, 2)
+        body = render_graph(g, 2).split("void k(")[1]
+        assert f"{name}(" in body and "?" not in body, body
         got = run(g, [mask, xs])
         assert got.dtype == dtype.np and (got.view(f"u{dtype.itemsize}") == want.view(f"u{dtype.itemsize}")).all()
     computed = (x < UOp.const(1.0, dtype)).where(x, UOp.const(0.0, dtype))

@@ -42,12 +42,29 @@ def _is_pos_zero(x: UOp) -> bool:
     return x.op is Ops.CONST and x.arg == 0 and not math.copysign(1.0, x.arg) < 0
 
 
+def _kept(u: UOp) -> tuple[UOp, bool] | None:
+    """(the value, whether it is kept where the condition holds) of a select of a value against +0.0, else None."""
+    if u.op is not Ops.WHERE:
+        return None
+    if _is_pos_zero(u.src[2]):
+        return u.src[1], True
+    if _is_pos_zero(u.src[1]):
+        return u.src[2], False
+    return None
+
+
 def render_where(r, u: UOp) -> str:
-    """C for WHERE `u` (r: the uopc.renderer.c.CRenderer rendering it)."""
+    """C for WHERE `u` (r: the uopc.renderer.c.CRenderer rendering it). A select against +0.0 of one against +0.0
+    (where(mask, where(tap == argmax, g, 0), 0): a max-pool's backward) takes both conditions into one mask."""
     c, a, b = u.src
-    if u.dtype in _KEEP and _reads_mask(c) and (_is_pos_zero(a) or _is_pos_zero(b)):
+    if u.dtype in _KEEP and _reads_mask(c) and (kept := _kept(u)) is not None:
         name, code = _KEEP[u.dtype]
         r.use_bits()
         r.use(name, code)
-        return f"{name}({r.expr(c)}, {r.expr(a)})" if _is_pos_zero(b) else f"{name}(!{r.expr(c)}, {r.expr(b)})"
+        conds = []
+        while kept is not None:
+            x, when = kept
+            conds.append(r.expr(u.src[0]) if when else f"!{r.expr(u.src[0])}")
+            u, kept = x, _kept(x)
+        return f"{name}({' & '.join(conds)}, {r.expr(u)})"
     return f"({r.expr(c)}?{r.expr(a)}:{r.expr(b)})"
