@@ -96,6 +96,19 @@ def test_tinyjit_replays_with_each_new_value():
     assert len(set(counts[2:])) == 1
 
 
+def test_a_bound_value_indexes_a_table():
+    """Tensor(v.bind(n)) is the value as data: a table row taken at n - 1 (a decode step's position embedding). The
+    index is proven in range from the Variable's, so it is not checked; the autotuner (OPT=2) must not time that
+    kernel with no value to pass (it read a stray register and segfaulted), and indexing keeps the binding."""
+    n_max = 4096
+    v = Variable("pos", 1, n_max)
+    table = rng.standard_normal((n_max, 64)).astype(np.float32)
+    t = Tensor(table)
+    step = TinyJit(lambda n: (t[Tensor(n) - 1] * 2).realize())
+    for n in (1, 7, n_max, 5):
+        np.testing.assert_allclose(step(v.bind(n)).numpy(), table[n - 1] * 2)
+
+
 def test_binding_outside_the_range_raises_before_anything_runs():
     v = Variable("n", 2, 9)
     with pytest.raises(ValueError, match=r"\[2, 9\]"):

@@ -23,7 +23,7 @@ from uopc.opt.gemm import uses_microkernel
 from uopc.opt.heuristic import fit_symbolic, hand_opt_choice, reduce_size, row_fits, symbolic_kernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
-from uopc.uop import UOp, epilogue_reduce, structure_key
+from uopc.uop import Ops, UOp, epilogue_reduce, structure_key
 
 
 class Timer(Protocol):
@@ -110,8 +110,10 @@ class SearchOpt:
 
     def choose(self, body: UOp, out: UOp) -> Opts:
         """The fastest candidate Opts for one kernel body (the engine lowers it); a kernel over a symbolic axis
-        takes the hand choice (its time depends on the value bound, and its axes are not split anyway)."""
-        if symbolic_kernel(body):
+        takes the hand choice (its time depends on the value bound, and its axes are not split anyway), and so does
+        one that reads a bound value (a decode step's position: the timer has no value to pass it, and a position
+        taken from a stray register indexed out of bounds)."""
+        if symbolic_kernel(body) or any(u.op is Ops.DEFINE_VAR for u in body.toposort()):
             return fit_symbolic(hand_opt_choice(body, self.machine), body)
         return search_opt(body, out, self.machine, self.timer)
 

@@ -336,7 +336,7 @@ class MovementMixin:
         full = self.shape[:dim] + idx.shape + rest
         src = self.reshape(self.shape[:dim] + (1,) * (k - 1) + (n,) + rest).expand(full[: dim + k - 1] + (n,) + rest)
         index = idx.reshape((1,) * dim + idx.shape + (1,) * len(rest)).expand(full)
-        return src._new(src.uop.gather(index.uop, dim + k - 1, label, wrap=True))
+        return src._new(src.uop.gather(index.uop, dim + k - 1, label, wrap=True), index)  # (index: its bound values)
 
     def gather(self, dim: int, index: Any) -> Self:
         """out[i][j][k] = self[i][index[i][j][k]][k] for dim=1 (PyTorch's gather): the result has index's shape.
@@ -347,7 +347,7 @@ class MovementMixin:
 
     def _gather(self, dim: int, index: Any, label: str) -> Self:
         index = index if isinstance(index, MovementMixin) else type(self)(index)
-        return self._new(self.uop.gather(index.uop, norm_dim(dim, self.ndim), label))
+        return self._new(self.uop.gather(index.uop, norm_dim(dim, self.ndim), label), index)
 
     def scatter_add(self, dim: int, index: Any, src: Any) -> Self:
         """self with src[i][j] added at [i][index[i][j]] for dim=1 (PyTorch's scatter_add); repeats accumulate."""
