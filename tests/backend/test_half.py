@@ -205,7 +205,8 @@ def _half_programs() -> dict[str, str]:
 
 
 def test_no_alu_computes_in_16_bits():
-    # after the rewrite, a 16-bit float is only loaded, stored and converted: no ALU op has one as its dtype or operand
+    # after the rewrite, a 16-bit float is only loaded, stored, selected and converted: no other ALU op has one as
+    # its dtype or operand
     h = buf(0, 64, dtypes.float16).reshape((4, 16))
     bf = buf(1, 64, dtypes.bfloat16).reshape((4, 16))
     graphs = [
@@ -217,7 +218,9 @@ def test_no_alu_computes_in_16_bits():
     asts = [lower(g, buf(2, g.size, g.dtype), Ctx(opts=o)) for g in graphs for o in (Opts(), Opts(upcast={1: 16}))]
     for ast in [compute_in_float(a) for a in asts]:
         for u in ast.toposort():
-            if u.op in ALU and u.op is not Ops.CAST:
+            if u.op is Ops.WHERE:
+                assert not u.src[0].dtype.is_16bit_float, u
+            elif u.op in ALU and u.op is not Ops.CAST:
                 assert not any(v.dtype.is_16bit_float for v in (u, *u.src)), u
             if u.op is Ops.CAST and (u.dtype.is_16bit_float or u.src[0].dtype.is_16bit_float):
                 assert dtypes.float32 in (u.dtype.scalar(), u.src[0].dtype.scalar()), u
@@ -363,3 +366,19 @@ def test_bfloat16_weight_widened_in_the_matmul(m, k, n):
     # the microkernel's case (uopc.opt.gemm.uses_microkernel), with the hand heuristic's Opts (OPT=1)
     if helpers.settings().OPT == 1 and m * n * k >= 1 << 16 and n >= width:
         assert f"uopc_bf16x{width}_ld" in srcs
+
+
+@pytest.mark.parametrize("dtype", [dtypes.float16, dtypes.bfloat16], ids=["f16", "bf16"])
+def test_a_select_of_16bit_values_keeps_their_bits(dtype):
+    """where(mask, a, b) on 16-bit floats selects stored patterns and computes nothing: a signalling NaN's payload
+    and -0.0 pass as they are (through float32 the NaN came back quieted), as torch.where keeps them, and a KV cache's
+    in-place write keeps the form whose store is skipped where the mask is false."""
+    g = np.random.default_rng(0)
+    a = g.integers(0, 1 << 16, 256).astype(np.uint16)
+    b = g.integers(0, 1 << 16, 256).astype(np.uint16)
+    a[:4] = [0x7F81, 0x7C01, 0x8000, 0xFF81]  # signalling NaNs (bf16, f16), -0.0, a negative signalling NaN
+    mask = np.arange(256) % 3 != 1
+    got = Tensor(mask).where(Tensor(a).bitcast(dtype), Tensor(b).bitcast(dtype))._bits().view(np.uint16)
+    np.testing.assert_array_equal(got, np.where(mask, a, b))
+    src = render_c(lower(buf(0, 8, dtypes.bool).where(buf(1, 8, dtype), buf(2, 8, dtype)), buf(3, 8, dtype)), "k")
+    assert "_ld(" not in src and "_st(" not in src

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from uopc import Tensor, TinyJit
+from uopc import Tensor, TinyJit, dtypes
 from uopc.nn import KVCache
 from uopc.runtime.buffer import buffer_ptr
 from uopc.uop import base_buffer
@@ -76,3 +76,37 @@ def test_bad_arguments_raise_before_anything_runs():
     with pytest.raises(ValueError, match="does not fit a cache of 16"):
         big = [Tensor(a) for a in _qkv(L + 1, seed=0)]
         cache.attend(*big)
+
+
+def _decode_plan_kernels(dtype, D: int, qkv: list[np.ndarray], prompt: int) -> tuple[list[np.ndarray], list[str]]:
+    """Decode steps through a KVCache of `dtype` at symbolic positions (cache.at): the outputs, and the kernels of
+    the replayed plan."""
+    cache = KVCache(B, H, L, D, dtype)
+    qs, ks, vs = qkv
+    cache.attend(*(Tensor(a[:, :, :prompt]) for a in (qs, ks, vs)), scale=0.3).realize()
+    jit = TinyJit(lambda q, k, v, pos: cache.attend(q, k, v, pos, scale=0.3).realize())
+    outs = []
+    for p in range(prompt, L):
+        outs.append(jit(*(Tensor(a[:, :, p : p + 1]) for a in (qs, ks, vs)), cache.at(p)).numpy())
+    return outs, [k.name for c in jit._calls for k in c.cp.plan.kernels]
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_a_bfloat16_cache_is_read_by_the_fused_kernel_as_stored(wide):
+    """A bfloat16 cache: every step attends to the keys and values rounded to bfloat16 (torch on the rounded values,
+    atol 1e-5), and the fused attention kernel loads them and widens them itself: the decode plan has the float32
+    cache's kernels, no conversion of the cache. Head sizes: 8 (keys packed into blocks) and two vectors of the
+    target's width (the decode step's direct loads)."""
+    from uopc.runtime import compiler
+
+    D = 2 * compiler.machine().vector_bytes // 4 if wide else 8
+    g = np.random.default_rng(4)
+    qkv = [g.standard_normal((B, H, L, D)).astype(np.float32) for _ in range(3)]
+    qs, ks, vs = qkv
+    rounded = [torch.from_numpy(a).to(torch.bfloat16).float().numpy() for a in (ks, vs)]
+    got, names = _decode_plan_kernels(dtypes.bfloat16, D, qkv, prompt=3)
+    for p, y in zip(range(3, L), got, strict=True):
+        want = _torch_causal(qs[:, :, p : p + 1], rounded[0][:, :, : p + 1], rounded[1][:, :, : p + 1], 0.3)
+        np.testing.assert_allclose(y, want, atol=1e-5, rtol=1e-5)
+    _, names32 = _decode_plan_kernels(dtypes.float32, D, qkv, prompt=3)
+    assert names == names32 and sum(n.startswith("fa_") for n in names) == 1

@@ -119,8 +119,10 @@ def test_no_plan_and_no_compile_after_the_second_token_over_200_tokens(tmp_path,
     np.testing.assert_allclose(chosen, logits.max(-1), atol=1e-5, rtol=0)
 
 
-def _bf16_rounded(model):
-    """A copy of the transformers model whose 2-D weights are rounded to bfloat16 (computing in float32)."""
+def _bf16_rounded(model, kv: bool = False):
+    """A copy of the transformers model whose 2-D weights are rounded to bfloat16 (computing in float32); with `kv`,
+    every layer's keys and values are rounded too (c_attn's output past the queries), as a bfloat16 KV cache
+    stores them."""
     import copy
 
     m = copy.deepcopy(model)
@@ -128,6 +130,14 @@ def _bf16_rounded(model):
         for p in m.parameters():
             if p.dim() == 2:
                 p.copy_(p.to(torch.bfloat16).to(torch.float32))
+    if kv:
+        E = m.config.n_embd
+
+        def round_kv(module, args, out):
+            return torch.cat([out[..., :E], out[..., E:].to(torch.bfloat16).to(torch.float32)], -1)
+
+        for block in m.transformer.h:
+            block.attn.c_attn.register_forward_hook(round_kv)
     return m
 
 
@@ -145,8 +155,38 @@ def test_bfloat16_weights_match_the_rounded_model(hf):
     np.testing.assert_allclose(got, _hf_logits(_bf16_rounded(model), ids), atol=ATOL, rtol=RTOL)
     full = _hf_logits(model, ids)
     assert np.abs(got - full).max() < 0.1 * np.abs(full).max()
-    # decoding through the KV cache with bf16 weights: the rounded model's greedy tokens
-    np.testing.assert_array_equal(m.generate(ids[:, :8], 12), _hf_greedy(_bf16_rounded(model), ids[:, :8], 12))
+    # decoding through a bfloat16 KV cache (the default with bf16 weights): the greedy tokens of the rounded model
+    # whose keys and values are rounded too; with a float32 cache, those of the model with rounded weights only
+    assert m.kv_dtype is dtypes.bfloat16
+    np.testing.assert_array_equal(m.generate(ids[:, :8], 12), _hf_greedy(_bf16_rounded(model, kv=True), ids[:, :8], 12))
+    m32 = GPT2.from_pretrained(d, dtype=dtypes.bfloat16, kv_dtype=dtypes.float32)
+    np.testing.assert_array_equal(m32.generate(ids[:, :8], 12), _hf_greedy(_bf16_rounded(model), ids[:, :8], 12))
+
+
+def test_bfloat16_kv_cache_logits_match_the_rounded_model(hf):
+    """A bfloat16 KV cache: the prompt and every decode step attend to keys and values rounded to bfloat16, so the
+    logits of each step are transformers' on rounded weights with c_attn's keys and values rounded (within the float32
+    tolerance but for roundings that fall the other way), and differ from the float32 cache's by the rounding."""
+    model, d = hf
+    m = GPT2.from_pretrained(d, dtype=dtypes.bfloat16)
+    ref = _bf16_rounded(model, kv=True)
+    ids = _ids((2, 10), seed=5)
+    from uopc.nn.kv_cache import KVCache
+
+    caches = [KVCache(2, 4, 16, 16, dtypes.bfloat16) for _ in m.h]
+    got = [m.trunk(Tensor(ids[:, :6].astype(np.int32)), caches=caches).realize()]
+    for t in range(6, 10):
+        got.append(m.trunk(Tensor(ids[:, t : t + 1].astype(np.int32)), caches=caches, pos=caches[0].at(t)).realize())
+    got = np.concatenate([m.head(x).numpy() for x in got], 1)
+    want = _hf_logits(ref, ids)
+    # a key or value within float32 error of a bfloat16 rounding boundary may round the other way here than in
+    # torch (one bfloat16 step, 2^-8 relative), which moves the logits after it by ~1e-4 of their range: most
+    # logits are within the float32 tolerance, all within 1e-3 of the range, and the float32 cache's are ~100x
+    # further off (the rounding of k and v itself)
+    diff, scale = np.abs(got - want), np.abs(want).max()
+    assert (diff <= ATOL + RTOL * np.abs(want)).mean() > 0.9
+    assert diff.max() < 1e-3 * scale
+    assert np.abs(got - _hf_logits(_bf16_rounded(model), ids)).max() > 20 * diff.max()
 
 
 def test_untied_head_and_sharded_checkpoint(tmp_path):

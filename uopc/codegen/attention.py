@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from uopc.helpers import prod
 from uopc.uop import Attention, Ops, UOp
+from uopc.uop.attention import widened_source
 from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import affine_view
 from uopc.uop.variable import Variable
@@ -72,6 +73,7 @@ def lower_attention(body: UOp, out: UOp, width: int, cores: int = 1) -> UOp:
     v = body.src[2].shape if body.arg.kind != "lse" else k
     views, bufs = [], []
     for i, s in enumerate(body.src):
+        s = widened_source(body, s)  # a 16-bit float source: read as stored, widened in registers
         b = _buffer_under(s)
         av = affine_view(s, b)
         if av is None:

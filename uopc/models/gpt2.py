@@ -196,9 +196,11 @@ def _hf_name(name: str) -> str | None:
 class GPT2:
     """Token and position embeddings, n_layer blocks, a final LayerNorm, and the LM head."""
 
-    def __init__(self, config: GPT2Config, weights: dict[str, Tensor]):
-        """The model over `weights` (float32 Tensors named as weight_shapes names them); raises KeyError for a
-        missing or unexpected name and ValueError for a shape the config does not imply."""
+    def __init__(self, config: GPT2Config, weights: dict[str, Tensor], kv_dtype: Any = None):
+        """The model over `weights` (float32 Tensors named as weight_shapes names them, or bfloat16 2-D weights);
+        raises KeyError for a missing or unexpected name and ValueError for a shape the config does not imply.
+        kv_dtype: what generate's KV caches store, float32 or bfloat16 (None: bfloat16 when the token embedding is,
+        as a bfloat16 model's cache is in transformers; see KVCache for what the prompt then attends to)."""
         want = weight_shapes(config)
         missing, extra = sorted(want.keys() - weights.keys()), sorted(weights.keys() - want.keys())
         if missing or extra:
@@ -215,7 +217,10 @@ class GPT2:
                     f"GPT2: {name} is {dt.name}; the model computes in float32 from float32 or (2-D weights only) "
                     "bfloat16 tensors"
                 )
-        self.config = config
+        kv = to_dtype(kv_dtype) if kv_dtype is not None else weights["wte.weight"].dtype
+        if kv not in (dtypes.float32, dtypes.bfloat16):
+            raise ValueError(f"GPT2: kv_dtype must be float32 or bfloat16, got {kv.name}")
+        self.config, self.kv_dtype = config, kv
         self.wte, self.wpe = Table(weights["wte.weight"]), Table(weights["wpe.weight"])
         self.h = []
         for i in range(config.n_layer):
@@ -227,7 +232,7 @@ class GPT2:
         self._generators: OrderedDict[tuple, _Generator] = OrderedDict()
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, dtype: Any = dtypes.float32) -> GPT2:
+    def from_pretrained(cls, path: str | os.PathLike, dtype: Any = dtypes.float32, kv_dtype: Any = None) -> GPT2:
         """The model in checkpoint directory `path` (config.json + model.safetensors or its shards). Names may carry
         the `transformer.` prefix; a tied lm_head.weight is ignored, as transformers does.
 
@@ -235,7 +240,7 @@ class GPT2:
         2-D weights (the projections, the embeddings, the head: all but 0.1% of the bytes) are kept in bfloat16,
         rounded to nearest even where stored wider, and widened to float32 in registers where they are read; the
         biases and LayerNorm parameters stay float32, and so do activations and accumulation. A decode step then
-        reads half the bytes."""
+        reads half the bytes. kv_dtype: generate's KV caches (None: as `dtype`; see __init__)."""
         dt = to_dtype(dtype)
         if dt not in (dtypes.float32, dtypes.bfloat16):
             raise ValueError(f"GPT2.from_pretrained: dtype must be float32 or bfloat16, got {dt.name}")
@@ -252,7 +257,7 @@ class GPT2:
             want = dt if t.ndim == 2 else dtypes.float32
             weights[key] = t if t.dtype is want else t.cast(want)
         Tensor.realize_all(*weights.values())  # converted weights become buffers once, not in every forward
-        return cls(config, weights)
+        return cls(config, weights, kv_dtype)
 
     # ---------------------------------------------------------------- forward
 
@@ -412,7 +417,7 @@ class GPT2:
         key = (batch, prompt, length, sample, rng)
         gen = self._generators.get(key)
         if gen is None:
-            caches = [KVCache(batch, cfg.n_head, length, cfg.n_embd // cfg.n_head) for _ in self.h]
+            caches = [KVCache(batch, cfg.n_head, length, cfg.n_embd // cfg.n_head, self.kv_dtype) for _ in self.h]
             gen = self._generators[key] = _Generator(self, caches, sample)
             while len(self._generators) > GENERATORS:
                 self._generators.popitem(last=False)

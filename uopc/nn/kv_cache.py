@@ -27,7 +27,10 @@ __all__ = ["KVCache"]
 
 
 class KVCache:
-    """Keys and values (batch, heads, length, head_dim) each, zeros until written."""
+    """Keys and values (batch, heads, length, head_dim) each, zeros until written. `dtype` is what they are stored
+    as: float32, or bfloat16 (or float16) to read half the bytes per step; then every query, the prompt's too,
+    attends to the keys and values rounded to it, computing in float32 (the fused attention kernel widens them as it
+    loads them)."""
 
     def __init__(self, batch: int, heads: int, length: int, head_dim: int, dtype: Any = dtypes.float32):
         for name, v in (("batch", batch), ("heads", heads), ("length", length), ("head_dim", head_dim)):
@@ -65,9 +68,11 @@ class KVCache:
             if T > self.length:
                 raise ValueError(f"KVCache.attend: a prompt of {T} tokens does not fit a cache of {self.length}")
             rest = ((0, 0), (0, 0), (0, self.length - T), (0, 0))
-            self.k.assign(k.cast(self.k.dtype).pad(rest))
-            self.v.assign(v.cast(self.v.dtype).pad(rest))
-            return q.scaled_dot_product_attention(k, v, is_causal=True, scale=scale)
+            k, v = k.cast(self.k.dtype), v.cast(self.v.dtype)
+            self.k.assign(k.pad(rest))
+            self.v.assign(v.pad(rest))
+            # the prompt attends to its keys and values as stored, as every later token will
+            return q.scaled_dot_product_attention(k.cast(q.dtype), v.cast(q.dtype), is_causal=True, scale=scale)
         if T != 1:
             raise ValueError(f"KVCache.attend: a decode step (pos given) takes one token, got {T}")
         if isinstance(pos, Bound):

@@ -19,7 +19,9 @@ from __future__ import annotations
 import math
 
 from uopc.renderer.c_math import F32_BITS, F32_MATH
+from uopc.renderer.half import c_conversion
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 from uopc.uop.variable import Variable
 
 __all__ = ["BN", "render_attention"]
@@ -48,14 +50,35 @@ def _offset(view, idx: list[str]) -> str:
 
 
 class _Src:
-    """One source of the kernel as C: its pointer name and how it is indexed."""
+    """One source of the kernel as C: its pointer name and how it is indexed. A 16-bit float source (a bfloat16 KV
+    cache) is read as stored and each value widened to float32 as it is loaded."""
 
     def __init__(self, name: str, buf: UOp, view):
         self.name, self.buf, self.view = name, buf, view
+        self.conv = c_conversion(dtypes.float32, buf.dtype) if buf.dtype.is_16bit_float else None
 
     def at(self, row: str, col: str | None = None) -> str:
         r = f"{self.name}[(long long)({row}) * {self.view.row}LL"
-        return r + (f" + (long long)({col}) * {self.view.col}LL]" if col is not None else "]")
+        r += f" + (long long)({col}) * {self.view.col}LL]" if col is not None else "]"
+        return f"{self.conv[2]}({r})" if self.conv else r
+
+    def vector(self, W: int, ptr: str) -> str:
+        """The W floats at `ptr` (a pointer into this source, unit stride, any alignment) as one vector."""
+        if self.buf.dtype is dtypes.bfloat16:
+            return f"uopc_attn_bf{W}({ptr})"
+        return f"*(const uopc_attn_u{W}*)({ptr})"
+
+
+def _bf16_vector(W: int) -> str:
+    """A helper: W bfloat16 values at any alignment, widened to a float vector (zero-extended, shifted up)."""
+    lanes = ", ".join(f"h[{i}]" for i in range(W))
+    return (
+        f"typedef unsigned short uopc_attn_h{W} __attribute__((vector_size({2 * W}), aligned(2)));\n"
+        f"typedef unsigned int uopc_attn_w{W} __attribute__((vector_size({4 * W})));\n"
+        f"static inline uopc_attn_f{W} uopc_attn_bf{W}(const unsigned short* p) {{\n"
+        f"  uopc_attn_h{W} h = *(const uopc_attn_h{W}*)p;\n"
+        f"  uopc_attn_w{W} w = {{{lanes}}};\n  return (uopc_attn_f{W})(w << 16);\n}}\n"
+    )
 
 
 def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], str, list[UOp], tuple, tuple]:
@@ -93,6 +116,11 @@ def render_attention(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], s
     if op.mask:
         names.append("mask")
     src = {n: _Src(f"p_{n}", b, v) for n, b, v in zip(names, srcs_bufs, a.views, strict=True)}
+    for x in src.values():
+        if x.conv:
+            helpers[x.conv[0]] = (1, x.conv[1])
+            if x.buf.dtype is dtypes.bfloat16:
+                helpers[f"uopc_attn_bf{W}"] = (2, _bf16_vector(W))
     body = _BODIES[op.kind](a, src, S, vt, f"data{out.arg.slot}")
     lines = [f"  {line}" if line else "" for line in body]
     return helpers, params, "\n".join(lines), bufs, var, ptr_types
@@ -280,7 +308,10 @@ def _direct(a, src) -> bool:
     block costs as much as the few rows' work on it. Whole vectors along unit-stride rows only."""
     if a.op.kind != "out" or a.L > 2 or a.E % a.width or a.Ev % a.width:
         return False
-    return src["k"].view.col == src["v"].view.col == 1
+    k, v = src["k"], src["v"]
+    if any(x.buf.dtype not in (dtypes.float32, dtypes.bfloat16) for x in (k, v)):
+        return False
+    return k.view.col == v.view.col == 1
 
 
 def _forward_direct(a, src, S: str, vt: str, out: str) -> list[str]:
@@ -289,7 +320,8 @@ def _forward_direct(a, src, S: str, vt: str, out: str) -> list[str]:
     W, E, Ev = a.width, a.E, a.Ev
     nv, nee, nve = BN // W, E // W, Ev // W
     sc = a.op.scale * LOG2E
-    ut = f"uopc_attn_u{W}"  # the same vector, at any float's alignment (rows of a strided view)
+    k, v = src["k"], src["v"]
+    kt, vt_ = (x.buf.dtype.cname for x in (k, v))  # float, or a bfloat16 cache's unsigned short
     lines, t = _query_tasks(a, src, S)
     body = [
         f"float qs[{a.rows}][{E}] {_ALIGN};",
@@ -306,9 +338,9 @@ def _forward_direct(a, src, S: str, vt: str, out: str) -> list[str]:
         f"  int jn = jend - j0 < {BN} ? jend - j0 : {BN};",
         "  for (int r = 0; r < rn; r++) {",
         "    for (int c = 0; c < jn; c++) {",
-        f"      const float* kr = p_k + (long long)(j0 + c) * {src['k'].view.row}LL;",
-        f"      {vt} d = *({vt}*)&qs[r][0] * *(const {ut}*)kr;",
-        *(f"      d += *({vt}*)&qs[r][{n * W}] * *(const {ut}*)(kr + {n * W});" for n in range(1, nee)),
+        f"      const {kt}* kr = p_k + (long long)(j0 + c) * {k.view.row}LL;",
+        f"      {vt} d = *({vt}*)&qs[r][0] * {k.vector(W, 'kr')};",
+        *(f"      d += *({vt}*)&qs[r][{n * W}] * {k.vector(W, f'kr + {n * W}')};" for n in range(1, nee)),
         f"      s[0][c] = uopc_attn_sum{W}(d);",
         "    }",
         *("    " + x for x in _row_masks(a, src, 1, "r0 + r", "r0 + rn", lambda row: _limit(a, row))),
@@ -320,9 +352,9 @@ def _forward_direct(a, src, S: str, vt: str, out: str) -> list[str]:
         "    l[r] = l[r] * al + ps; m[r] = mn;",
         *(f"    {vt} o{n} = *({vt}*)&acc[r][{n * W}] * al;" for n in range(nve)),
         "    for (int c = 0; c < lmax; c++) {",
-        f"      const float* vr = p_v + (long long)(j0 + c) * {src['v'].view.row}LL;",
+        f"      const {vt_}* vr = p_v + (long long)(j0 + c) * {v.view.row}LL;",
         "      float p = s[0][c];",
-        *(f"      o{n} += p * *(const {ut}*)(vr + {n * W});" for n in range(nve)),
+        *(f"      o{n} += p * {v.vector(W, f'vr + {n * W}')};" for n in range(nve)),
         "    }",
         *(f"    *({vt}*)&acc[r][{n * W}] = o{n};" for n in range(nve)),
         "  }",

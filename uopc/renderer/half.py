@@ -31,8 +31,12 @@ def _low(u: UOp) -> bool:
 
 
 def _alu_in_float(u: UOp) -> UOp | None:
-    """op(a, b) on 16-bit floats -> round(op(float(a), float(b))); a comparison only widens its operands."""
+    """op(a, b) on 16-bit floats -> round(op(float(a), float(b))); a comparison only widens its operands. A select
+    of 16-bit values stays one: it computes nothing, and a KV cache's in-place write where(here, new, cache) keeps
+    the form the renderer stores only where the condition holds."""
     if not (_low(u) or any(_low(s) for s in u.src)):
+        return None
+    if u.op is Ops.WHERE and _low(u) and u.src[1].dtype is u.dtype and u.src[2].dtype is u.dtype:
         return None
     src = tuple(s.cast(_wide(s.dtype)) if _low(s) else s for s in u.src)
     out = UOp(u.op, src, u.arg, _wide(u.dtype) if _low(u) else u.dtype)

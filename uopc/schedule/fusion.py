@@ -11,6 +11,7 @@ from typing import Any
 
 from uopc.helpers import prod
 from uopc.uop import ALU, MOVEMENT, OWN_KERNEL, STORED, Ops, UOp
+from uopc.uop.attention import widened_source
 from uopc.uop.indexing import affine_view
 
 __all__ = [
@@ -442,6 +443,7 @@ def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[
         if u.op not in OWN_KERNEL:
             continue
         for i, s in enumerate(u.src):
+            s = widened_source(u, s)
             base = s
             while base.op in MOVEMENT:
                 base = base.src[0]
@@ -461,7 +463,7 @@ def stage_attention_operands(roots: list[UOp], points: list[UOp]) -> tuple[list[
         if u in guard:
             src = list(n.src)
             for i in guard[u]:
-                base = src[i]
+                base = widened_source(u, src[i])
                 while base.op in MOVEMENT:
                     base = base.src[0]
                 src[i] = src[i].substitute({base: UOp(Ops.STAGE, (base,), "detach")})

@@ -12,7 +12,7 @@ from uopc.uop.dtype import dtypes
 from uopc.uop.ops import Attention, Ops
 from uopc.uop.uop import UOp
 
-__all__ = ["HEAD_MAX", "attention_uop", "fused_attention", "heads_first"]
+__all__ = ["HEAD_MAX", "attention_uop", "fused_attention", "heads_first", "widened_source"]
 
 
 def attention_uop(q: UOp, k: UOp, v: UOp | None, arg: Attention, *rest: UOp) -> UOp:
@@ -31,6 +31,15 @@ def attention_uop(q: UOp, k: UOp, v: UOp | None, arg: Attention, *rest: UOp) -> 
     if arg.mask and srcs[-1].shape != qs[:-1] + kk[-2:-1]:
         raise ValueError(f"attention: mask {srcs[-1].shape} is not (*lead, L, S) = {qs[:-1] + kk[-2:-1]}")
     return UOp(Ops.ATTENTION, srcs, arg, q.dtype)
+
+
+def widened_source(node: UOp, s: UOp) -> UOp:
+    """What a fused attention kernel reads of its source `s`: the 16-bit float view under a widening to float32 (a
+    bfloat16 KV cache read as float32), which it loads and widens in registers (uopc.renderer.attention); else `s`.
+    Staging reads through it (uopc.schedule.fusion) and so does lowering (uopc.codegen.attention)."""
+    if node.op is Ops.ATTENTION and s.op is Ops.CAST and s.dtype is dtypes.float32 and s.src[0].dtype.is_16bit_float:
+        return s.src[0]
+    return s
 
 
 # the largest head size the fused kernel takes: its packed key and value blocks live in L1, one set per thread
