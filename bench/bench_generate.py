@@ -36,7 +36,8 @@ untimed call would double the round to guard against a pause that costs microsec
 logits are compared with transformers' (max |diff| / max |logit|), and the greedy tokens of the first context.
 
 bf16: uopc loads the same directory with from_pretrained(dir, dtype=dtypes.bfloat16) (2-D weights in bf16, widened
-in registers; activations float32), and the same rows run with the floor over the bf16 bytes. The transformers
+in registers; activations float32; the KV cache in bf16, its default for such a model, as transformers' bf16 model
+keeps its cache), and the same rows run with the floor over the bf16 bytes. The transformers
 column of the bf16 rows is its float32 model: PyTorch's bfloat16 GPT-2 on a CPU without bf16 arithmetic is no
 reference (measured here: 20 s for a 112-token prompt, against 0.18 s in float32); --hf-bf16 runs it anyway.
 
@@ -317,7 +318,8 @@ def main() -> None:
         hf_params = sum(p.numel() for p in hf.parameters())  # parameters(): the tied head once
         print(f"{n_params:,} parameters (transformers counts {hf_params:,}), {nbytes / 1e6:.1f} MB in float32")
         kv = ", ".join(f"{2 * c.layers * ctx * c.dim * 4 / 1e6:.1f} MB at {ctx}" for ctx in sizes.contexts)
-        print(f"KV cache a decode step reads in float32 (not in the floor): {kv}")
+        kv16 = ", ".join(f"{2 * c.layers * ctx * c.dim * 2 / 1e6:.1f}" for ctx in sizes.contexts)
+        print(f"KV cache a decode step reads (not in the floor): {kv} in float32; {kv16} MB in the bf16 rows")
         prompt = np.random.default_rng(1).integers(0, c.vocab, (1, sizes.prefill))
         sides = {"uopc": uopc_side(model, prompt), "transformers": transformers_side(hf, prompt)}
         rows += measure("f32", sides, sizes, nbytes, rounds)
@@ -326,7 +328,10 @@ def main() -> None:
         model16 = GPT2.from_pretrained(path, dtype=dtypes.bfloat16)
         if args.hf_bf16:
             hf = transformers.GPT2LMHeadModel.from_pretrained(path, dtype=torch.bfloat16).eval()
-        print(f"bf16 rows: uopc's bf16 weights against transformers in {'bfloat16' if args.hf_bf16 else 'float32'}")
+        print(
+            f"bf16 rows: uopc's bf16 weights and KV cache (from_pretrained's default for bf16) against transformers in "
+            f"{'bfloat16' if args.hf_bf16 else 'float32'}"
+        )
         sides = {"uopc": uopc_side(model16, prompt), "transformers": transformers_side(hf, prompt)}
         rows += measure("bf16", sides, sizes, weight_bytes(model16)[1], rounds)
     print_table(rows)
