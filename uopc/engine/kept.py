@@ -92,6 +92,11 @@ class Kept:
         self.plan, self.kernels, self.first_flag = plan, tuple(self.roots), first_flag
         self.temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input slots and versions, its temp)
         self.lock = threading.Lock()
+        self.inputs = tuple(sorted({j for r in self.roots.values() for j in r}))  # every kept kernel's plan inputs
+        # the steady state: when the last bind found every kept temp valid, the slots and versions of `inputs` it saw
+        # and the bufs entries it set; a call that sees the same skips them all without a key per kernel
+        self.valid: tuple | None = None
+        self.fill: tuple[tuple[int, int | None], ...] = ()
 
     def __len__(self) -> int:
         return len(self.kernels)
@@ -113,6 +118,12 @@ class Kept:
             for n in range(len(self.kernels)):
                 ptrs[self.flag(n)] = 1
             return None
+        state = tuple((inputs[j].arg.slot, version(inputs[j])) for j in self.inputs)
+        if state == self.valid:
+            for at, value in self.fill:
+                ptrs[at] = value
+            return []
+        self.valid = None
         computed = []
         for n, i in enumerate(self.kernels):
             k = self.plan.kernels[i]
@@ -131,6 +142,12 @@ class Kept:
             else:
                 ptrs[self.flag(n)] = 1
                 computed.append((i, key, rec[1]))
+        if not computed and all(v is not None for _, v in state):  # every temp valid: the next call may skip all
+            fill = []
+            for n, i in enumerate(self.kernels):
+                at = where(self.plan.kernels[i].refs[-1])
+                fill += [(at, ptrs[at]), (self.flag(n), None)]
+            self.valid, self.fill = state, tuple(fill)
         return computed
 
     def release(self) -> None:
