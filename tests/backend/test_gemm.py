@@ -150,6 +150,17 @@ def test_skinny_tiles_use_packed_fma_and_do_not_spill(m):
     assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 768, 3072), (1, 3072, 768), (3, 2304, 768)])
+def test_skinny_products_thread_over_column_panels_without_cache_blocks(m, n, k):
+    """A skinny product's register tile holds all its rows, so each B panel is read once: no cache block of columns
+    is kept in L2 for more rows, and the threads share the NR-column panels themselves (768 columns in 3 blocks of
+    256 left one of 2 threads idle a third of the decode step's GEMV)."""
+    o = gemm_opts(layout_pass([gemm_graph(m, n, k)], MACHINE)[0], MACHINE)
+    assert o is not None and o.upcast[0] == m and 1 not in o.tile
+    if MACHINE.cores > 1:
+        assert o.thread == 1
+
+
 def test_gemm_opts_shape():
     o = gemm_opts(layout_pass([gemm_graph(1024)], MACHINE)[0], MACHINE)
     assert o is not None and o.upcast == {0: MR, 1: NR} and o.vec == W
@@ -192,6 +203,7 @@ SHAPES = [
     (16, 32, 784),  # K in chunks (ktile): later chunks load the output; that load must stay inside the chunk loop
     (128, 10, 128),  # the MNIST MLP's second layer
     (1, 1000, 768),  # skinny: a decode step's matrix-vector product
+    (1, 768, 3072),  # skinny, K in chunks, several column panels per thread
     (3, 200, 300),
     (5, 77, 64),
 ]

@@ -296,7 +296,10 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
             tile = {am: mc} if mc else {}
     whole_n = shape[an] - shape[an] % nr
     nc_max = max(nr, machine.l2_bytes // 2 // (kc * size) // nr * nr)
-    if whole_n > nc_max:
+    # (a skinny product's register tile holds all its rows: each B panel is read once, so no block of B is kept in
+    # L2 for more rows, and blocks of columns would only be coarser work for the threads: 768 columns of a decode
+    # step's GEMV in 3 blocks of 256 left one of 2 threads idle a third of the time, at 35 GB/s against 43)
+    if whole_n > nc_max and shape[am] >= SKINNY_ROWS:
         nc = next((c for c in range(nc_max, nr - 1, -nr) if whole_n % c == 0), 0)
         if nc > nr:
             tile[an] = nc
