@@ -22,6 +22,7 @@ import pytest
 from uopc import helpers
 from uopc.engine import lower as lowering
 from uopc.engine import realize
+from uopc.renderer.plan import CFLAGS_LINE, NO_PEELING, unit_cflags
 from uopc.runtime import compiler as runtime
 from uopc.runtime.compiler import CacheDirError, CompileError, CompilerNotFoundError, Program
 from uopc.tensor import Tensor
@@ -502,7 +503,8 @@ def test_plan_compiles_one_unit_per_kernel_and_links_one_object(monkeypatch):
     assert cp.src.count("void plan(") == 1 and cp.src.count("typedef __INT8_TYPE__ int8_t;") == len(cp.srcs)
     # each unit stands alone, and units concatenate (the runtime compiles small ones together): the prelude and the
     # helpers are guarded, the kernels' definitions weak
-    assert all(src.startswith("#ifndef UOPC_PRELUDE\n") for src in cp.srcs)
+    body = [src.split("\n", 1)[1] if src.startswith(CFLAGS_LINE) else src for src in cp.srcs]  # past a flags line
+    assert all(b.startswith("#ifndef UOPC_PRELUDE\n") for b in body)
     assert all('__attribute__((visibility("hidden"), weak))' in src for src in cp.srcs[:-1])
     e = np.exp(x - x.max(-1, keepdims=True))
     ref = np.exp2(e / e.sum(-1, keepdims=True) * 3 - 1).sum(0)
@@ -563,6 +565,32 @@ def test_the_entry_point_compiles_at_o0_and_hand_written_kernels_keep_o3(context
     kinds = {kr.ast.src[0].op: kernel_unit(kr.ast, kr.name, kr.register_tile).src for kr in cp.kernels}
     assert TILED_OPTIMIZE not in kinds[Ops.WINOGRAD] and TILED_OPTIMIZE not in kinds[Ops.ATTENTION]
     assert '__attribute__((optimize("O0"))) void plan(' in cp.srcs[-1]
+    # a Winograd transform compiles without complete peeling (renderer.plan.CFLAGS_LINE), no other kernel does
+    assert unit_cflags(kinds[Ops.WINOGRAD]) == list(NO_PEELING) and unit_cflags(kinds[Ops.ATTENTION]) == []
+    assert [k.name for k in cp.kernels if unit_cflags(kernel_unit(k.ast, k.name, k.register_tile).src)] == [
+        k.name for k in cp.kernels if k.ast.src[0].op is Ops.WINOGRAD
+    ]
+
+
+def test_a_units_own_flags_reach_the_compiler(tmp_path):
+    """A unit's first line may name flags of its own (renderer.plan.CFLAGS_LINE): its object compiles with them
+    added (a run batches only units of the same flags), and they are part of its source, so of its cache key."""
+    from uopc.runtime import objects
+
+    needs = "#ifndef UOPC_UNIT_FLAG\n#error the unit's flags were not passed\n#endif\n"
+    needs += "int uopc_flagged_{n}(void) {{ return {n}; }}\n"
+    units = [
+        objects.Unit(f"{CFLAGS_LINE} -DUOPC_UNIT_FLAG=1\n" + needs.format(n=0), str(tmp_path / "a.o")),
+        objects.Unit("int uopc_plain(void) { return 2; }\n", str(tmp_path / "b.o")),
+        objects.Unit(f"{CFLAGS_LINE} -DUOPC_UNIT_FLAG=1\n" + needs.format(n=3), str(tmp_path / "c.o")),
+    ]
+    fail = lambda rc, cmd, err, src: CompileError(f"exit {rc}", cmd, err, src, None)
+    objs = objects.gather(units, runtime._resolve_compiler(), runtime.cflags(), str(tmp_path), fail)
+    assert objs and all(os.path.exists(u.obj) for u in units)
+    bad = objects.Unit(needs.format(n=4), str(tmp_path / "d.o"))  # the same C without the line fails
+    with pytest.raises(CompileError) as e:
+        objects.gather([bad], runtime._resolve_compiler(), runtime.cflags(), str(tmp_path), fail)
+    assert "flags were not passed" in e.value.stderr
 
 
 def _fresh_plans():

@@ -29,6 +29,7 @@ import numpy as np
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField, oob_error
 from uopc.machine import Machine, cpu_fingerprint, probe
+from uopc.renderer.plan import unit_cflags
 from uopc.runtime import objects
 from uopc.runtime.disk_cache import (  # re-exported: the runtime's names
     CacheDirError,
@@ -244,7 +245,7 @@ def _compile(src: str | tuple[str, ...], cc_path: str, flags: list[str], cache: 
             tmp = _build_parts(src, cc_path, flags, cache, key, tmpdir)
         else:
             tmp = os.path.join(tmpdir, "k.so")
-            cmd = _command(cc_path, flags, tmp)
+            cmd = _command(cc_path, [*flags, *unit_cflags(src)], tmp)
             try:
                 proc = subprocess.run(cmd, input=src.encode(), capture_output=True, check=False)
             except OSError as e:

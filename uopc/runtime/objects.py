@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from uopc.machine import available_cpus
+from uopc.renderer.plan import unit_cflags
 from uopc.runtime.disk_cache import entry_digest, unlink_quiet, write_entry
 
 __all__ = ["BATCH_CHARS", "Unit", "cancel", "gather", "prefetch", "stats", "unit_object"]
@@ -135,7 +136,7 @@ def prefetch(unit: Unit, cc: str, flags: list[str]) -> None:
     with _lock:
         if unit.obj in _queue or unit.obj in _running or entry_digest(unit.obj, _json(unit.obj)):
             return
-        _queue[unit.obj] = (unit, cc, tuple(flags))
+        _queue[unit.obj] = (unit, cc, (*flags, *unit_cflags(unit.src)))
         _pump()
 
 
@@ -263,11 +264,17 @@ def gather(
     if todo:
         os.makedirs(os.path.dirname(todo[0].obj), mode=0o700, exist_ok=True)
     width = max(1, available_cpus())
-    pending, running, failed = _groups(todo, width), [], None
+    by_flags: dict[tuple[str, ...], list[Unit]] = {}  # a run compiles units of one set of flags (their own first)
+    for u in todo:
+        by_flags.setdefault(tuple(unit_cflags(u.src)), []).append(u)
+    pending = [(g, [*flags, *extra]) for extra, us in by_flags.items() for g in _groups(us, width)]
+    pending.sort(key=lambda p: -sum(len(u.src) for u in p[0]))  # the biggest runs first
+    running, failed = [], None
     try:
         while pending or running:
             while pending and len(running) < width:
-                running.append(_start(pending.pop(0), cc, flags, tmpdir))  # OSError: gcc cannot run
+                units_, flags_ = pending.pop(0)
+                running.append(_start(units_, cc, flags_, tmpdir))  # OSError: gcc cannot run
             run = running.pop(0)
             data, err = _finish(run)
             if err:
