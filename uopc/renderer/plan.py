@@ -22,14 +22,18 @@ __all__ = ["CFLAGS_LINE", "KernelUnit", "kernel_unit", "render_plan", "unit_cfla
 
 
 # A unit's own compiler flags, on its first line (added to the CFLAGS it compiles with: uopc.runtime reads them, and
-# they are part of the source every cache key covers). Under uopc's default flags a Winograd transform compiles
-# without gcc's complete peeling of small loops (-O3 unrolls every loop of up to 16 iterations whole): its C is
-# written out per tile already, and the peeling tripled its code. ResNet-18's transforms compiled in 1.3 s of gcc's
-# 4.5 (a third less without it) and ran no slower (its input transforms 23-27 ms against 23-75 over 25 calls, output
-# transforms 11 against 14-35). Not every kernel: a 512x512 softmax ran 3% slower without the peeling (0.091 ->
-# 0.094 ms, its partial maxima folded in loops of 32 down to 1), fused attention 5-7%, max pools 1.5%.
+# they are part of the source every cache key covers). Under uopc's default flags they limit gcc's complete peeling of
+# small loops (-O3 unrolls every loop of up to 16 iterations whole). A Winograd transform takes none: its C is written
+# out per tile already, and the peeling tripled its code; ResNet-18's transforms compiled in 1.3 s of gcc's 4.5, up
+# to a third less without it, and ran no slower (input transforms 23-27 ms against 23-75 over 25 calls, output
+# transforms 11 against 14-35). Other kernels peel loops of up to 4 iterations (a pooling window's, a fold's last
+# steps): a 512x512 softmax compiled in 82 ms against 94 and ran 3% faster (0.087-0.089 ms against 0.090-0.091,
+# 3 alternating rounds), with no peeling at all 3% slower; max pools, GEMMs and the GPT-2 forward measured the same.
+# Fused attention keeps gcc's default: its blocks are written for their 16-float loops to unroll (5-7% slower
+# without).
 CFLAGS_LINE = "// uopc cflags:"
 NO_PEELING = ("--param=max-completely-peel-times=1",)
+SHORT_PEELING = ("--param=max-completely-peel-times=4",)
 
 
 def unit_cflags(src: str) -> list[str]:
@@ -41,9 +45,10 @@ def unit_cflags(src: str) -> list[str]:
 
 def _flags_line(asts: list[UOp]) -> str:
     """The CFLAGS_LINE of a unit holding these kernels, or "" (a CFLAGS of the user's applies as it is)."""
-    if helpers.settings().CFLAGS is not None or not asts or not all(a.src[0].op is Ops.WINOGRAD for a in asts):
+    if helpers.settings().CFLAGS is not None or not asts or any(a.src[0].op is Ops.ATTENTION for a in asts):
         return ""
-    return f"{CFLAGS_LINE} {' '.join(NO_PEELING)}\n"
+    flags = NO_PEELING if all(a.src[0].op is Ops.WINOGRAD for a in asts) else SHORT_PEELING
+    return f"{CFLAGS_LINE} {' '.join(flags)}\n"
 
 
 class KernelUnit(NamedTuple):
