@@ -79,7 +79,7 @@ def kernel_unit(ast: UOp, name: str, tiled: bool = False) -> KernelUnit:
     register tile (Opts.register_tile): see renderer.c.TILED_OPTIMIZE."""
     base = re.sub(r"n\d+$", "", re.sub(r"^k\d+_", "", name))
     attr = optimize_attribute(tiled)
-    key = (ast, base, bool(helpers.settings().CHECK_OOB), attr)
+    key = (ast, base, bool(helpers.settings().CHECK_OOB), attr, helpers.settings().CFLAGS is None)  # (flags line)
     with _units_lock:
         if (hit := _units.get(key)) is not None:
             _units.move_to_end(key)

@@ -264,7 +264,7 @@ def gather(
     if todo:
         os.makedirs(os.path.dirname(todo[0].obj), mode=0o700, exist_ok=True)
     width = max(1, available_cpus())
-    by_flags: dict[tuple[str, ...], list[Unit]] = {}  # a run compiles units of one set of flags (their own first)
+    by_flags: dict[tuple[str, ...], list[Unit]] = {}  # one run compiles units of equal flags of their own only
     for u in todo:
         by_flags.setdefault(tuple(unit_cflags(u.src)), []).append(u)
     pending = [(g, [*flags, *extra]) for extra, us in by_flags.items() for g in _groups(us, width)]
@@ -273,8 +273,8 @@ def gather(
     try:
         while pending or running:
             while pending and len(running) < width:
-                units_, flags_ = pending.pop(0)
-                running.append(_start(units_, cc, flags_, tmpdir))  # OSError: gcc cannot run
+                batch, batch_flags = pending.pop(0)
+                running.append(_start(batch, cc, batch_flags, tmpdir))  # OSError: gcc cannot run
             run = running.pop(0)
             data, err = _finish(run)
             if err:
