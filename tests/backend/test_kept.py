@@ -171,6 +171,8 @@ def test_the_steady_state_skips_every_pack_and_still_sees_a_change():
     """Once a call finds every kept temp valid, the next calls on the same inputs at the same versions skip the
     kept kernels in one comparison (a decode step keeps ~50): no pack runs, and an assign, a second weight or a
     host write afterwards is still seen."""
+    if helpers.settings().OPT < 1:
+        pytest.skip("packing is the optimizer's layout pass (OPT=0 has none)")
     wn = _w()
     w = Tensor(wn).realize()
     x = _x()
@@ -180,7 +182,7 @@ def test_the_steady_state_skips_every_pack_and_still_sees_a_change():
     counts = _runs()
     for _ in range(3):
         _check(f(), x, wn)
-    assert counts and all("matmul" in op for op in counts), counts  # the pack was skipped every time
+    assert counts and "copy" not in counts, counts  # the pack was skipped every time
     w2 = _w()
     w.assign(Tensor(w2)).realize()
     _check(f(), x, w2)
