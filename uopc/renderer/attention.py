@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from uopc.renderer.c_math import F32_BITS, F32_MATH
-from uopc.renderer.half import c_conversion
+from uopc.renderer.half import bf16_widening, c_conversion
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 from uopc.uop.variable import Variable
@@ -70,14 +70,13 @@ class _Src:
 
 
 def _bf16_vector(W: int) -> str:
-    """A helper: W bfloat16 values at any alignment, widened to a float vector (zero-extended, shifted up)."""
-    lanes = ", ".join(f"h[{i}]" for i in range(W))
+    """A helper: W bfloat16 values at any alignment, widened to a float vector (half.bf16_widening)."""
+    h = f"uopc_attn_h{W}"
     return (
-        f"typedef unsigned short uopc_attn_h{W} __attribute__((vector_size({2 * W}), aligned(2)));\n"
-        f"typedef unsigned int uopc_attn_w{W} __attribute__((vector_size({4 * W})));\n"
-        f"static inline uopc_attn_f{W} uopc_attn_bf{W}(const unsigned short* p) {{\n"
-        f"  uopc_attn_h{W} h = *(const uopc_attn_h{W}*)p;\n"
-        f"  uopc_attn_w{W} w = {{{lanes}}};\n  return (uopc_attn_f{W})(w << 16);\n}}\n"
+        f"typedef unsigned short {h} __attribute__((vector_size({2 * W}), aligned(2)));\n"
+        + bf16_widening(f"uopc_attn_widen{W}", W, f"uopc_attn_f{W}", h)
+        + f"static inline uopc_attn_f{W} uopc_attn_bf{W}(const unsigned short* p) "
+        f"{{ return uopc_attn_widen{W}(*(const {h}*)p); }}\n"
     )
 
 

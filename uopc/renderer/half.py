@@ -18,7 +18,7 @@ from uopc.uop import ALU, Ops, UOp
 from uopc.uop.dtype import DType, dtypes, truncate
 from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 
-__all__ = ["c_conversion", "compute_in_float"]
+__all__ = ["bf16_widening", "c_conversion", "compute_in_float"]
 
 
 def _wide(dt: DType) -> DType:
@@ -129,6 +129,17 @@ static inline unsigned short uopc_bf16_st(float f) {
 _CONVERT = {dtypes.float16: ("f16", _F16), dtypes.bfloat16: ("bf16", _BF16)}
 
 
+def bf16_widening(fn: str, n: int, f32_type: str, bf16_type: str) -> str:
+    """The C of `f32_type fn(bf16_type v)`: n bfloat16 lanes widened to float32, each pattern zero-extended and
+    shifted into a float's top half (see c_conversion for why lane by lane)."""
+    lanes = ", ".join(f"v[{i}]" for i in range(n))
+    return (
+        f"typedef unsigned int uopc_u32x{n} __attribute__((vector_size({4 * n})));\n"
+        f"static inline {f32_type} {fn}({bf16_type} v) "
+        f"{{ uopc_u32x{n} w = {{{lanes}}}; return ({f32_type})(w << 16); }}\n"
+    )
+
+
 def c_conversion(to: DType, frm: DType) -> tuple[str, str, str] | None:
     """How C converts a value of dtype `frm` to `to` where one of them is a 16-bit float: (the helper's key, its C,
     the function to call), or None for other casts. Scalars go through float32 (compute_in_float leaves no other
@@ -137,15 +148,8 @@ def c_conversion(to: DType, frm: DType) -> tuple[str, str, str] | None:
     lane by lane: gcc 12 compiles that to one zero-extending load, where __builtin_convertvector(v, u32) split 16
     lanes into two halves and joined them again (six instructions a vector: a bf16 GEMV at 28-34 GB/s)."""
     if to.count > 1 and frm.scalar() is dtypes.bfloat16 and to.scalar() is dtypes.float32:
-        n = to.count
-        fn, u32 = f"uopc_bf16x{n}_ld", f"uopc_u32x{n}"
-        lanes = ", ".join(f"v[{i}]" for i in range(n))
-        code = (
-            f"typedef unsigned int {u32} __attribute__((vector_size({4 * n})));\n"
-            f"static inline {to.cname} {fn}({frm.cname} v) "
-            f"{{ {u32} w = {{{lanes}}}; return ({to.cname})(w << 16); }}\n"
-        )
-        return fn, code, fn
+        fn = f"uopc_bf16x{to.count}_ld"
+        return fn, bf16_widening(fn, to.count, to.cname, frm.cname), fn
     for dt, way in ((to, "st"), (frm, "ld")):
         if dt in _CONVERT:
             tag, code = _CONVERT[dt]
