@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
-__all__ = ["ERROR_RECORD", "ErrorField", "check_error", "oob_error"]
+__all__ = ["ERROR_RECORD", "ErrorField", "check_error", "error_slot", "oob_error"]
 
 
 class ErrorField(IntEnum):
@@ -30,6 +30,11 @@ class ErrorField(IntEnum):
 
 
 ERROR_RECORD = len(ErrorField)  # words
+
+
+def error_slot(out: Any) -> int:
+    """The parameter slot of a kernel's error record (a BUFFER that lowering makes): right after its output `out`."""
+    return out.arg.slot + 1
 
 
 def check_error(rec: Any, kernel: str, labels: Sequence[str]) -> IndexError:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from uopc import helpers
 from uopc.codegen import loops as loop_shapes
-from uopc.codegen.error_record import ERROR_RECORD
+from uopc.codegen.error_record import ERROR_RECORD, error_slot
 from uopc.codegen.lanes import NoLanes, copies, lane_of, lane_stats, widen
 from uopc.codegen.loops import LEAF, LEVEL, PARALLEL_MIN, TILE_LEVELS_MIN, merge_ends, regions, split_loops
 from uopc.codegen.vectorize import vectorize
@@ -57,6 +57,8 @@ class Ctx:
         self.idx: DType = dtypes.int32  # index arithmetic: int64 when a buffer or a shape reaches 2^31 elements
         self.err: UOp | None = None  # the error record data-dependent index checks write to (a BUFFER parameter)
         self.checks: dict[UOp, int] = {}  # GATHER -> its number in the error record
+        self.threads: set[UOp] = set()  # the THREAD loops made so far
+        self.row_out: UOp | None = None  # the output BUFFER, where a staged row may live in it (_row_staged)
 
     def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
         """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
@@ -64,6 +66,8 @@ class Ctx:
         end = UOp(Ops.DEFINE_VAR, (), size, self.idx) if type(size) is Variable else UOp.const(size, self.idx)
         r = UOp(Ops.RANGE, (end,), RangeArg(self.n_ranges, kind), self.idx)
         self.n_ranges += 1
+        if kind is AxisType.THREAD:
+            self.threads.add(r)
         return r
 
     def alloc(self, dtype: DType, size: int = 1) -> UOp:
@@ -163,13 +167,19 @@ def _row_staged(u: UOp, idx: tuple[UOp, ...], ctx: Ctx) -> UOp:
     n = u.arg[1]
     row, cols, shape = idx[: len(idx) - n], idx[len(idx) - n :], u.shape[len(idx) - n :]
     key = (u, row)
-    if (buf := ctx.memo.get(key)) is None:
+    if (hit := ctx.memo.get(key)) is None:
         loops = tuple(ctx.rng(s) if s > 1 else UOp.const(0, ctx.idx) for s in shape)
         val = rangeify(u.src[0], row + loops, ctx, None)
         at = ravel(loops, shape) if shape else UOp.const(0, ctx.idx)
-        scratch = ctx.alloc(u.dtype, prod(shape)).after(*ranges_in(*row))
-        buf = ctx.memo[key] = scratch.after(scratch.index(at).store(val).end(*ranges_in(*loops)))
-    return buf.index(ravel(cols, shape) if shape else UOp.const(0, ctx.idx)).load()
+        # ("row", n, "out"): the output's own row (fusion._fills_output), unless threads share the row's elements
+        if u.arg[2:] == ("out",) and ctx.row_out is not None and ctx.threads <= set(ranges_in(*row)):
+            scratch, base = ctx.row_out, ravel(row + (UOp.const(0, ctx.idx),) * n, u.shape)
+        else:
+            scratch, base = ctx.alloc(u.dtype, prod(shape)).after(*ranges_in(*row)), UOp.const(0, ctx.idx)
+        buf = scratch.after(scratch.index(base + at).store(val).end(*ranges_in(*loops)))
+        hit = ctx.memo[key] = (buf, base)
+    buf, base = hit
+    return buf.index(base + ravel(cols, shape) if shape else base).load()
 
 
 def _gather(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
@@ -443,6 +453,7 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     _setup_checks(ctx, root, out)
     ktile = _ktile(root, ctx.opts)
+    ctx.row_out = None if ktile else out  # (a chunked reduce keeps its partial sums in the output)
     nests = []
     # each region (whole tiles, the remainders) is a loop nest of its own
     for offs, sizes, ups in regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
@@ -483,18 +494,8 @@ def _elementwise(root: UOp) -> bool:
 INT32_LIMIT = 2**31 - 1
 
 
-def error_slot(out: UOp) -> int:
-    """The parameter slot of a kernel's error record: right after its output buffer."""
-    return out.arg.slot + 1
-
-
-def checks_of(root: UOp) -> tuple[str, ...]:
-    """The labels of the data-dependent index checks lowering `root` makes, in the order of their numbers."""
-    return tuple(u.arg[1] for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER))
-
-
 def _setup_checks(ctx: Ctx, root: UOp, out: UOp) -> None:
-    """Number the kernel's index checks (as checks_of lists them) and make its error record parameter."""
+    """Number the kernel's index checks (as uopc.schedule.checks_of lists them) and make its error record parameter."""
     checked = [u for u in root.toposort() if u.op in (Ops.GATHER, Ops.SCATTER)]
     if checked:  # the error record is the parameter after the output (see error_slot)
         ctx.checks = {g: i for i, g in enumerate(checked)}
