@@ -70,15 +70,16 @@ static inline float uopc_as_f32(uint32_t i) { float f; __builtin_memcpy(&f, &i, 
 """
 
 EXP2F = f"""static inline float uopc_exp2f(float x) {{
-  float d = x > 129.0f ? 129.0f : x < -151.0f ? -151.0f : x;  /* beyond these the result is inf or 0 */
+  float d = x < -151.0f ? -151.0f : x;  /* below, the result is 0 (from 128 on, inf: the last select) */
   float n = __builtin_rintf(d);
   float f = d - n;  /* exact, in [-0.5, 0.5]: 2^f by its Taylor series to f^7 (truncation < 1e-8 relative) */
   float p = {_EXP2F};
   /* p * 2^n is built in integers, so that the result is no float product: -fassociative-math may regroup a final
      p * 2^n1 * 2^n2 with a multiply that follows (exp2(200) * 0.25 as p * 2^64 * (2^65 * 0.25) = 1.7e38, not inf;
      exp2(-200) * 2^60 as 4e-28, not 0), but never into an integer operation or a rounding to an integer (gcc does
-     move it into the selects' arms below, where it multiplies a finished value). */
-  int ni = (int)(n == n ? n : 0.0f);
+     move it into the selects' arms below, where it multiplies a finished value). n is converted where it is below
+     129 only (not NaN, not past an int), one compare: a clamp of x from above too cost a compare and a blend more. */
+  int ni = (int)(n < 129.0f ? n : 0.0f);
   uint32_t pb = uopc_as_u32(p);
   uint32_t sh = (uint32_t)ni << 23;
   uint32_t bits = pb + sh;  /* a normal result: n added to p's exponent */
@@ -86,7 +87,7 @@ EXP2F = f"""static inline float uopc_exp2f(float x) {{
      exponent added in integers: n + 149 in [-2, 23] keeps it normal and exact) rounded to nearest even, once. lo is
      n << 23 taken at most -126 << 23 (where this lane is not used), so that the conversion to int stays in range. */
   int32_t lo = (int32_t)sh < -(126 << 23) ? (int32_t)sh : -(126 << 23);
-  uint32_t sub = (uint32_t)(int32_t)__builtin_rintf(uopc_as_f32(pb + (uint32_t)lo + (149u << 23)));
+  uint32_t sub = (uint32_t)__builtin_irintf(uopc_as_f32(pb + (uint32_t)lo + (149u << 23)));  /* one vcvtps2dq */
   bits = x < -126.0f ? sub : bits;
   bits = x >= 128.0f ? 0x7f800000u : bits;  /* 2^x overflows from 128 on: the float below has 2^x < 2^128 (1 - 2^-18) */
   return uopc_as_f32(bits);
