@@ -196,8 +196,11 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     T, nr = N * th * tw, k.op.panel
     PW = tw * m + 2  # one tile row's alpha input rows, zero-padded: every tile then reads without a bound check
     cols = min(W, PW - pl)  # (input columns past the last tile's reach are not read)
-    d = [[f"rows[{i}][tx * {m} + {j}]" for j in range(a)] for i in range(a)]
-    prods, v = _products(BT, d, BT, "")
+    # B^T d: each column of the tile row's alpha input rows once (a loop gcc vectorizes; neighbouring tiles share
+    # alpha - m columns), then (B^T d) B per tile from those columns
+    cols_t = [f"cv[{i}][col] = {_combo(BT[i], [f'rows[{k}][col]' for k in range(a)])};" for i in range(a)]
+    prods = []
+    v = [[_combo(BT[j], [f"cv[{i}][tx * {m} + {l}]" for l in range(a)]) for j in range(a)] for i in range(a)]
     if nr:  # OUT_CHUNK tiles (whole tile rows) into st, then their runs of tiles into the panels
         rows = max(1, min(th, OUT_CHUNK // tw))
         stores = [f"      st[{i * a + j}][(ty % {rows}) * {tw} + tx] = {v[i][j]};" for i in range(a) for j in range(a)]
@@ -210,9 +213,12 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         *_planes("cn", "c", N, C, th * tw),
         f"  const float* restrict xs = {x} + {k.offset}LL + n * {sN}LL + c * {sC}LL;",
         *head,
-        f"  float rows[{a}][{PW}];",
+        f"  float rows[{a}][{PW}], cv[{a}][{PW}];",
         f"  for (int ty = 0; ty < {th}; ty++) {{",
         *(line for i in range(a) for line in _fill_row(i, m, pt, pl, cols, PW, H, sH, sW)),
+        f"    for (int col = 0; col < {PW}; col++) {{",
+        *(f"      {line}" for line in cols_t),
+        "    }",
         *([] if nr else [f"    float* restrict vt = vs + ty * {tw};"]),
         f"    for (int tx = 0; tx < {tw}; tx++) {{",
         *(f"      {line}" for line in prods),
