@@ -4,18 +4,19 @@
 
     kind "in", x (N, C, H, W) -> V (C, alpha^2, T):        kind "out", Y (alpha^2, K, T) -> out (N, K, OH, OW):
     for each (channel, image), on threads:                  for each (output channel, image), on threads:
-        for each tile (ty, tx):                                 for each chunk of whole tile rows:
-            d = the alpha x alpha inputs at (ty*m, tx*m)            for each tile of the chunk (vectorized):
-                - pads (zero outside x)                                 y = the alpha x alpha products of the tile
-            V[c, :, t] = B^T d B                                        st[:, t] = A^T y A, its m x m outputs
-                                                                for each output row of the chunk (inside OH):
+        for each tile row ty:                                   for each chunk of whole tile rows:
+            rows = its alpha input rows, zero-padded                for each tile of the chunk (vectorized):
+            cv = B^T rows, column by column (vectorized)                y = the alpha x alpha products of the tile
+            for each tile tx:                                           st[:, t] = A^T y A, its m x m outputs
+                V[c, :, t] = cv[:, tx*m ..] B                   for each output row of the chunk (inside OH):
                                                                     its tiles' points from st (inside OW)
 
 Where the products would pack V into the microkernel's panels (a B larger than half of L2, uopc.opt.gemm), the
 input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/NR), C, NR)), with no copy between.
 
 Each tile's products with the constant matrices are unrolled: a term per nonzero coefficient (a coefficient of +-1
-an add or a subtract), so F(4,3)'s input transform is about 150 flops per tile rather than 2 * 6^3 * 2. The tiles of
+an add or a subtract), so F(4,3)'s input transform is about 150 flops per tile rather than 2 * 6^3 * 2; its B^T d
+half is computed once per column of a tile row, which neighbouring tiles share (their C a third smaller). The tiles of
 a (image, channel) pair are written (read) in order. V keeps a channel's alpha^2 rows together: laid out as
 (alpha^2, C, T), the alpha^2 streams one tile writes were C*T floats apart, a multiple of 4 KiB at ResNet-18's
 14x14 and 7x7 (C*T = 256*16, 512*16): every store of a tile went to one L1 set (0.54 ms for 256 channels at 14x14,
@@ -199,8 +200,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     # B^T d: each column of the tile row's alpha input rows once (a loop gcc vectorizes; neighbouring tiles share
     # alpha - m columns), then (B^T d) B per tile from those columns
     cols_t = [f"cv[{i}][col] = {_combo(BT[i], [f'rows[{k}][col]' for k in range(a)])};" for i in range(a)]
-    prods = []
-    v = [[_combo(BT[j], [f"cv[{i}][tx * {m} + {l}]" for l in range(a)]) for j in range(a)] for i in range(a)]
+    v = [[_combo(BT[j], [f"cv[{i}][tx * {m} + {q}]" for q in range(a)]) for j in range(a)] for i in range(a)]
     if nr:  # OUT_CHUNK tiles (whole tile rows) into st, then their runs of tiles into the panels
         rows = max(1, min(th, OUT_CHUNK // tw))
         stores = [f"      st[{i * a + j}][(ty % {rows}) * {tw} + tx] = {v[i][j]};" for i in range(a) for j in range(a)]
@@ -221,7 +221,6 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         "    }",
         *([] if nr else [f"    float* restrict vt = vs + ty * {tw};"]),
         f"    for (int tx = 0; tx < {tw}; tx++) {{",
-        *(f"      {line}" for line in prods),
         *stores,
         "    }",
         *out,
