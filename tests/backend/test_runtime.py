@@ -22,7 +22,7 @@ import pytest
 from uopc import helpers
 from uopc.engine import lower as lowering
 from uopc.engine import realize
-from uopc.renderer.plan import CFLAGS_LINE, NO_PEELING, SHORT_PEELING, unit_cflags
+from uopc.renderer.plan import CFLAGS_LINE, NO_PEELING, SHORT_PEELING, WEIGHT_TRANSFORM, unit_cflags
 from uopc.runtime import compiler as runtime
 from uopc.runtime.compiler import CacheDirError, CompileError, CompilerNotFoundError, Program
 from uopc.tensor import Tensor
@@ -565,12 +565,18 @@ def test_the_entry_point_compiles_at_o0_and_hand_written_kernels_keep_o3(context
     kinds = {kr.ast.src[0].op: kernel_unit(kr.ast, kr.name, kr.register_tile).src for kr in cp.kernels}
     assert TILED_OPTIMIZE not in kinds[Ops.WINOGRAD] and TILED_OPTIMIZE not in kinds[Ops.ATTENTION]
     assert '__attribute__((optimize("O0"))) void plan(' in cp.srcs[-1]
-    # a Winograd transform compiles without complete peeling, attention with gcc's own, every other kernel peeling
-    # loops of up to 4 iterations (renderer.plan.CFLAGS_LINE)
+    # a Winograd transform compiles without complete peeling (a weight transform at -O2 too), attention with gcc's
+    # own, every other kernel peeling loops of up to 4 iterations (renderer.plan.CFLAGS_LINE)
     want = {Ops.WINOGRAD: list(NO_PEELING), Ops.ATTENTION: []}
+    weights = 0
     for kr in cp.kernels:
         got = unit_cflags(kernel_unit(kr.ast, kr.name, kr.register_tile).src)
-        assert got == want.get(kr.ast.src[0].op, list(SHORT_PEELING)), kr.name
+        if kr.ast.src[0].op is Ops.WINOGRAD and kr.ast.src[0].arg.op.kind == "w":
+            weights += 1
+            assert got == list(WEIGHT_TRANSFORM), kr.name
+        else:
+            assert got == want.get(kr.ast.src[0].op, list(SHORT_PEELING)), kr.name
+    assert weights == 1
 
 
 def test_a_units_own_flags_reach_the_compiler(tmp_path):
