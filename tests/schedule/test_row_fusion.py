@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from uopc import nn
+from uopc import helpers, nn
+from uopc.codegen.rangeify import lanes
 from uopc.engine.realize import default_opt
 from uopc.kernelize import make_plan
 from uopc.machine import Machine
 from uopc.opt import HandOpt
+from uopc.runtime import compiler as runtime
 from uopc.runtime import machine
 from uopc.schedule import fusion
 from uopc.tensor import Tensor
@@ -84,8 +86,23 @@ def test_each_reduce_is_computed_once():
     # pass: no row buffer
     plan, _ = make_plan([Tensor(r(64, 96)).softmax(-1).uop], opt=HandOpt(machine()))  # one thread per row
     (k,) = plan.kernels
-    assert sorted(u.arg[1] for u in k.ast.toposort() if u.op is Ops.ALLOC) == [1, 1]
+    n = lanes()  # the max's accumulators: an array of them where the row splits into whole lanes
+    assert sorted(u.arg[1] for u in k.ast.toposort() if u.op is Ops.ALLOC) == sorted([1, n if 96 % n == 0 else 1])
     assert sum(u.op is Ops.EXP2 for u in k.ast.toposort()) == 1 and _reads_output(k)
+
+
+@pytest.mark.parametrize("cflags", [None, "user"])
+def test_a_float_max_keeps_lanes_as_the_flags_allow(cflags):
+    # a float max keeps 16 accumulators under uopc's own flags (its units peel loops of up to 4 iterations) and 64
+    # under a user's CFLAGS (gcc would unroll a 16-iteration loop whole and keep it scalar); NaN still propagates
+    x = r(8, 256)
+    x[3, 100] = np.nan
+    flags = None if cflags is None else [*runtime.base_cflags()]
+    with helpers.Context(CFLAGS=flags):
+        assert lanes() == (16 if cflags is None else 64)
+        plan, _ = make_plan([Tensor(x).max(-1).uop], opt=HandOpt(machine()))
+        assert {u.arg[1] for k in plan.kernels for u in k.ast.toposort() if u.op is Ops.ALLOC} == {lanes()}
+        np.testing.assert_array_equal(Tensor(x).max(-1).numpy(), x.max(-1))
 
 
 def _row_case(kind: str) -> tuple[UOp, UOp]:

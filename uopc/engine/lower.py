@@ -120,7 +120,7 @@ lowered_stats = {"hits": 0, "misses": 0}
 
 def lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
     """The loop AST of one kernel body and the Opts it was lowered with (None: unoptimized), memoized."""
-    key = (opt, body, out, helpers.settings().CHECK_OOB)
+    key = (opt, body, out, helpers.settings().CHECK_OOB, helpers.settings().CFLAGS is None)  # (rangeify.lanes)
     with _lowered_lock:
         hit = _lowered_memo.get(key)
         if hit is not None:
