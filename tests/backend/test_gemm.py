@@ -21,6 +21,7 @@ from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
 from uopc.opt.gemm import gemm_opts, microkernel
 from uopc.renderer.c import render_c
+from uopc.renderer.flags import unit_cflags
 from uopc.runtime import compiler as runtime
 from uopc.runtime.buffer import aligned_empty
 from uopc.runtime.compiler import Program
@@ -118,7 +119,8 @@ def _gemm_kernel(m: int, n: int, k: int) -> str:
 
 
 def _asm(src: str) -> str:
-    cmd = [runtime._resolve_compiler(), *runtime.cflags(), "-S", "-x", "c", "-", "-o", "-"]
+    """The assembly gcc makes of `src` under the default flags and its unit's own (renderer.flags), as a plan's."""
+    cmd = [runtime._resolve_compiler(), *runtime.cflags(), *unit_cflags(src), "-S", "-x", "c", "-", "-o", "-"]
     return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
 
 

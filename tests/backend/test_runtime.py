@@ -22,7 +22,7 @@ import pytest
 from uopc import helpers
 from uopc.engine import lower as lowering
 from uopc.engine import realize
-from uopc.renderer.plan import CFLAGS_LINE, NO_PEELING, SHORT_PEELING, WEIGHT_TRANSFORM, unit_cflags
+from uopc.renderer.flags import CFLAGS_LINE, NO_PEELING, SHORT_PEELING, WEIGHT_TRANSFORM, unit_cflags
 from uopc.runtime import compiler as runtime
 from uopc.runtime.compiler import CacheDirError, CompileError, CompilerNotFoundError, Program
 from uopc.tensor import Tensor

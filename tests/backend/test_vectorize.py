@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import buf, render_graph, run, targets
+from uopc.renderer.flags import unit_cflags
 from uopc.runtime import compiler as runtime
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
@@ -18,9 +19,10 @@ REG = runtime.machine().register
 
 
 def asm(graph: UOp, n_inputs: int = 1) -> str:
-    """The assembly gcc makes of `graph` (`n_inputs` inputs) under the default flags."""
+    """The assembly gcc makes of `graph` (`n_inputs` inputs) under the default flags, and its unit's own (as a plan
+    compiles it: renderer.flags)."""
     src = render_graph(graph, n_inputs, name="k")
-    cmd = [runtime._resolve_compiler(), *runtime.cflags(), "-S", "-x", "c", "-", "-o", "-"]
+    cmd = [runtime._resolve_compiler(), *runtime.cflags(), *unit_cflags(src), "-S", "-x", "c", "-", "-o", "-"]
     return subprocess.run(cmd, input=src, capture_output=True, text=True, check=True).stdout
 
 

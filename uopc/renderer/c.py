@@ -29,6 +29,7 @@ from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
 from uopc.renderer.c_math import F32_BITS, F32_MATH
 from uopc.renderer.c_select import render_where
+from uopc.renderer.flags import flags_line
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.renderer.winograd import render_winograd
 from uopc.uop import ALU, OWN_KERNEL, AxisType, Ops, UOp
@@ -556,10 +557,12 @@ def _render_function(ast: UOp, oob_param: bool = False, guarded: bool = False) -
 
 
 def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
-    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude). `tiled`: it was
-    lowered with a register tile (Opts.register_tile), see TILED_OPTIMIZE."""
+    """Render a lowered SINK as a C function `void name(T* restrict dataN, ...)` (with the prelude, after the flags
+    line a plan's unit of it would have). `tiled`: it was lowered with a register tile (Opts.register_tile), see
+    TILED_OPTIMIZE."""
     fn = _render_function(ast)
-    return PRELUDE + _helper_text(fn.helpers) + "\n" + optimize_attribute(tiled) + fn.definition(name)
+    head = flags_line([ast]) + PRELUDE + _helper_text(fn.helpers)
+    return head + "\n" + optimize_attribute(tiled) + fn.definition(name)
 
 
 # A kernel that keeps a register tile of vectors (the GEMM microkernel, convolutions through it) is compiled at gcc's

@@ -29,7 +29,7 @@ import numpy as np
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField, oob_error
 from uopc.machine import Machine, cpu_fingerprint, probe
-from uopc.renderer.plan import unit_cflags
+from uopc.renderer.flags import unit_cflags
 from uopc.runtime import objects
 from uopc.runtime.disk_cache import (  # re-exported: the runtime's names
     CacheDirError,

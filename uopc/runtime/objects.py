@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from uopc.machine import available_cpus
-from uopc.renderer.plan import unit_cflags
+from uopc.renderer.flags import unit_cflags
 from uopc.runtime.disk_cache import entry_digest, unlink_quiet, write_entry
 
 __all__ = ["BATCH_CHARS", "Unit", "cancel", "gather", "prefetch", "stats", "unit_object"]
