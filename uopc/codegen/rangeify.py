@@ -299,7 +299,7 @@ def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tu
 
 # gcc vectorizes no float max reduction without -ffinite-math-only (the NaN-propagating select is no MAX_EXPR), so a
 # max runs independent accumulators in a small array, whose loop is an elementwise select gcc vectorizes: one AVX-512
-# vector's 16 under uopc's flags, whose units peel loops of up to 4 iterations (renderer.plan), 64 under a user's
+# vector's 16 under uopc's flags, whose units peel loops of up to 4 iterations (renderer.flags), 64 under a user's
 # CFLAGS, where gcc unrolls a 16-iteration loop completely and keeps it scalar (softmax 512x512: 138 us against 62).
 # Under uopc's flags 16 against 64: softmax 512x512 compiled in 68 ms against 77 and ran in 59.0 us against 60.3, a
 # max over 8192x1024 in 0.71-0.81 ms against 0.99-1.04, softmax 4096^2 in 4.87-5.01 against 5.19-5.29 (3 rounds).

@@ -199,7 +199,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     cols = min(W, PW - pl)  # (input columns past the last tile's reach are not read)
     # B^T d: each column of the tile row's alpha input rows once (a loop gcc vectorizes; neighbouring tiles share
     # alpha - m columns), then (B^T d) B per tile from those columns
-    cols_t = [f"cv[{i}][col] = {_combo(BT[i], [f'rows[{k}][col]' for k in range(a)])};" for i in range(a)]
+    column_pass = [f"cv[{i}][col] = {_combo(BT[i], [f'rows[{k}][col]' for k in range(a)])};" for i in range(a)]
     v = [[_combo(BT[j], [f"cv[{i}][tx * {m} + {q}]" for q in range(a)]) for j in range(a)] for i in range(a)]
     if nr:  # OUT_CHUNK tiles (whole tile rows) into st, then their runs of tiles into the panels
         rows = max(1, min(th, OUT_CHUNK // tw))
@@ -217,7 +217,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         f"  for (int ty = 0; ty < {th}; ty++) {{",
         *(line for i in range(a) for line in _fill_row(i, m, pt, pl, cols, PW, H, sH, sW)),
         f"    for (int col = 0; col < {PW}; col++) {{",
-        *(f"      {line}" for line in cols_t),
+        *(f"      {line}" for line in column_pass),
         "    }",
         *([] if nr else [f"    float* restrict vt = vs + ty * {tw};"]),
         f"    for (int tx = 0; tx < {tw}; tx++) {{",

@@ -242,7 +242,7 @@ def _fills_output(body: UOp, u: UOp, n: int) -> bool:
     if u.shape != body.shape or u.dtype != body.dtype:
         return False
     shape, reach = body.shape, set()
-    for y in body.toposort():  # the nodes `u` is computed under
+    for y in body.toposort():  # the nodes computed from `u`
         if y is u or any(s in reach for s in y.src):
             reach.add(y)
     stack, seen = [body], set()
