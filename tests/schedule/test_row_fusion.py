@@ -14,14 +14,16 @@ import pytest
 import torch
 
 from uopc import helpers, nn
-from uopc.codegen.rangeify import lanes
+from uopc.codegen.rangeify import Ctx, Opts, lanes, lower
 from uopc.engine.realize import default_opt
 from uopc.kernelize import make_plan
 from uopc.machine import Machine
 from uopc.opt import HandOpt
+from uopc.renderer.c import render_c
 from uopc.runtime import compiler as runtime
 from uopc.runtime import machine
-from uopc.schedule import fusion
+from uopc.runtime.compiler import Program
+from uopc.schedule import fusion, schedule
 from uopc.tensor import Tensor
 from uopc.uop import Ops, ParamArg, UOp
 from uopc.uop.dtype import dtypes
@@ -135,6 +137,31 @@ def test_a_staged_row_lives_in_the_output_only_where_nothing_reads_it_after_the_
     # row, inside a reduce per output column, or where the output is another dtype
     body, e = _row_case(kind)
     assert fusion._fills_output(body, e, 1) is (kind == "softmax")
+
+
+@pytest.mark.parametrize(
+    "cols,opts",
+    [
+        (100, Opts(upcast={1: 3})),
+        (100, Opts(upcast={1: 8}, thread=0)),
+        (100, Opts(upcast={0: 3})),
+        (96, Opts(tile={0: 32, 1: 32})),
+        (96, Opts(upcast={1: 16}, thread=0, unroll=4)),
+    ],
+    ids=["copies", "copies on threads", "rows", "cache blocks", "search"],
+)
+def test_a_staged_row_in_the_output_under_opts_that_split_the_output(cols, opts):
+    # Opts an optimizer may choose (the last two are among the search's candidates): 100 columns in 3s (8s) split the
+    # output into a nest of whole copies and a nest of the rest, and cache blocks of 32 columns loop over the row;
+    # each would fill the row again over the outputs already stored there (64 rows in 3s: nests of other rows only).
+    # The values are PyTorch's
+    x = r(64, cols)
+    sched, _ = schedule([Tensor(x).softmax(-1).uop], False, HandOpt(machine()))
+    (item,) = sched.items
+    assert [u.arg for u in item.body.toposort() if u.op is Ops.STAGE] == [("row", 1, "out")]
+    got = np.zeros((64, cols), np.float32)
+    Program(render_c(lower(item.body, item.out, Ctx(opts=opts)), "k"), "k")(x, got)
+    np.testing.assert_allclose(got, torch.tensor(x).softmax(-1).numpy(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("shape", [(1, 4096), (3, 2000), (2, 5, 300)])

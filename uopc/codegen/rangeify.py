@@ -447,10 +447,13 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
     ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
     _setup_checks(ctx, root, out)
     ktile = _ktile(root, ctx.opts)
-    ctx.row_out = None if ktile else out  # (a chunked reduce keeps its partial sums in the output)
-    nests = []
+    nests, parts = [], regions(root.shape, ctx.opts.upcast, ctx.opts.vec)
+    # a staged row may live in the output (_row_staged) where one nest writes the output whole and no cache block
+    # loops over it (a second nest, or the next block of columns, would fill the rows again over what was stored), and
+    # no chunked reduce keeps partial sums there
+    ctx.row_out = out if len(parts) == 1 and not ctx.opts.tile and not ktile else None
     # each region (whole tiles, the remainders) is a loop nest of its own
-    for offs, sizes, ups in regions(root.shape, ctx.opts.upcast, ctx.opts.vec):
+    for offs, sizes, ups in parts:
         blocks = _block_loops(ctx, sizes, ups, chunked=bool(ktile))
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
         chunk = KChunk(ctx.rng(epilogue_reduce(root).src[0].shape[-1] // ktile), ktile, out) if ktile else None
