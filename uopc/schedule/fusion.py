@@ -253,8 +253,8 @@ def _fills_output(body: UOp, u: UOp, n: int) -> bool:
         seen.add(y)
         if (y.op in ALU or y.op is Ops.STAGE) and y.shape == shape:
             stack.extend(y.src)
-        elif _row_broadcast(y, n) is not None:
-            stack.append(_row_broadcast(y, n).src[0])
+        elif (red := _row_broadcast(y, n)) is not None:
+            stack.append(red.src[0])
         else:
             return False
     return True
