@@ -19,7 +19,7 @@ from uopc import helpers
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
-from uopc.opt.gemm import gemm_opts, microkernel
+from uopc.opt.gemm import KC_MIN, gemm_opts, microkernel
 from uopc.renderer.c import render_c
 from uopc.renderer.flags import unit_cflags
 from uopc.runtime import compiler as runtime
@@ -180,11 +180,16 @@ def test_gemm_opts_shape():
 
 def test_wide_products_share_columns_among_threads():
     # few rows against a B larger than the last-level cache (an LM head): threads take blocks of columns and run
-    # every row over them, so B is streamed once; where B fits in L3, and for a square product, threads stay on rows
+    # every row over them, so B is streamed once; where B fits in L3, and for a square product whose rows' chunk of A
+    # (rows x KC) outgrows half of L2, threads stay on rows. The square side comes from this machine's L2 (2 MiB per
+    # core on a Sapphire Rapids: there A's chunk of a 1024-square product fits, and its columns are shared)
     small_l3 = replace(MACHINE, l3_bytes=256 << 10)
     wide = layout_pass([gemm_graph(8 * MR, 64 * NR, 256, bt=True)], small_l3)[0]
     threads = [gemm_opts(wide, small_l3).thread, gemm_opts(wide, replace(MACHINE, l3_bytes=64 << 20)).thread]
-    threads.append(gemm_opts(layout_pass([gemm_graph(1024)], small_l3)[0], small_l3).thread)
+    square = 1024
+    while square * KC_MIN * 4 <= MACHINE.l2_bytes // 2:
+        square *= 2
+    threads.append(gemm_opts(layout_pass([gemm_graph(square)], small_l3)[0], small_l3).thread)
     assert threads == ([1, 0, 0] if MACHINE.cores > 1 else [None, None, None])
     # and the column-threaded kernel computes the product
     a = rng.standard_normal((8 * MR, 256)).astype(np.float32)
