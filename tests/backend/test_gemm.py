@@ -391,3 +391,22 @@ def test_a_weight_gradient_over_a_batch_keeps_its_rows_in_one_tile_and_chunks_wi
     tw = torch.from_numpy(w).requires_grad_()
     (torch.nn.functional.conv2d(torch.from_numpy(x), tw, padding=1) * torch.from_numpy(g)).sum().backward()
     np.testing.assert_allclose(wt.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_batch_of_products_runs_its_remainder_rows_as_one_tile_inside_the_batch_loop(context):
+    # rows past the last whole MR-row tile: one tile of their own (one FMA chain per accumulator, not one row at a
+    # time), and that nest runs inside the loop over the batch beside the whole tiles' (a second parallel loop over
+    # the batch read every product's B again after all the others'), with the product's values
+    P, rows, k = 4, MR + max(2, MR // 2), 3 * W
+    a = rng.standard_normal((P, rows, 1, k)).astype(np.float32)
+    b = rng.standard_normal((P, 1, NR, k)).astype(np.float32)
+    plan, _ = make_plan([(Tensor(a) * Tensor(b)).sum(-1).uop], opt=HandOpt(MACHINE))
+    (kern,) = [x for x in plan.kernels if x.name.startswith("r_")]
+    assert kern.opts.upcast[1] == MR and kern.opts.thread == 0
+    src = render_c(kern.ast, "gemm")
+    assert src.count("#pragma omp parallel") == (1 if MACHINE.cores > 1 else 0)
+    vectors = NR // W  # accumulators: MR rows of the whole tile, then the remainder's rows, NR // W vectors each
+    assert len(re.findall(r"f32x\d+ acc\d+;", src)) == rows * vectors
+    got = (Tensor(a) * Tensor(b)).sum(-1).numpy()
+    ref = np.einsum("prk,pjk->prj", a[:, :, 0].astype(np.float64), b[:, 0].astype(np.float64))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)

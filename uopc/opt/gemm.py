@@ -186,29 +186,38 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         # of small products, a Winograd convolution's alpha^2, each fits: packing ResNet-18's 36 x (64, 196) cost
         # 0.33 ms against a 0.4 ms GEMM), or it reads its memory many times over (a convolution's windows: measured
         # at (64,32,28,28) * (64,32,3,3), the GEMM read in place took 13-14 ms against 12 ms packed plus a 15 ms
-        # packing copy)
+        # packing copy). A Winograd convolution's input transform, A of its few-tile products, writes A's MR-row
+        # panels itself (_winograd_panels)
         fits = b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
-        pa = a if _plain(a, None) else _pack(a, -2, mr)
+        pa = _winograd_panels(a, mr, 1) or (a if _plain(a, None) else _pack(a, -2, mr))
         if (fits or _rereads(b)) and _plain(b, -2):
             pb = b
         else:
-            pb = _winograd_panels(b, nr) or _pack_narrow(b, nr)
+            pb = _winograd_panels(b, nr, 2) or _pack_narrow(b, nr)
         return (pa * pb).reduce(Ops.ADD, 1)
 
     return UOp.wrap(roots, todo, repack) if todo else roots
 
 
-def _winograd_panels(b: UOp, nr: int) -> UOp | None:
-    """B of a Winograd convolution's batched products, from the transform it views writing the packed panels itself
-    (uopc.uop.winograd.winograd_panels); None for any other B. The input transform's V (C, alpha^2, T) is B of
-    products (alpha^2, K, T); the weight transform's U (alpha^2, K, C) is B of products (alpha^2, T, K), the few-tile
-    form (uopc.tensor.conv). (U as A of (alpha^2, K, T) is read in place: a view of a kernel's output is plain.)
-    Packing V took a copy as large as V (2.8 ms of the 12 ms input gradient of (64, 32, 28, 28) * (64, 32, 3, 3));
-    packing U, a copy per weight: 80 ms of ResNet-18's first call at batch 1 (its 14x14 and 7x7 layers)."""
-    v = b
+def _winograd_panels(x: UOp, panel: int, axis: int) -> UOp | None:
+    """An operand of a Winograd convolution's batched products, from the transform it views writing the packed
+    panels itself (uopc.uop.winograd.winograd_panels); None for any other operand. `axis` is the products' axis
+    the transform's rows run along: 2 for B (N), 1 for A (M). The input transform's V (C, alpha^2, T) is B of
+    products (alpha^2, K, T), and A of (alpha^2, T, K), the few-tile form (uopc.tensor.conv); the weight
+    transform's U (alpha^2, K, C) is B of products (alpha^2, T, K). (U as A of (alpha^2, K, T) is read in place:
+    its rows are contiguous along C, the reduction.)
+    Packing V as B took a copy as large as V (2.8 ms of the 12 ms input gradient of (64, 32, 28, 28) *
+    (64, 32, 3, 3)); packing U, a copy per weight: 80 ms of ResNet-18's first call at batch 1 (its 14x14 and 7x7
+    layers). V as A read in place is read a whole point's tiles apart from one channel to the next (alpha^2 T
+    floats: 1-2.3 KiB at ResNet-18's 14x14 and 7x7 layers), in MR-row panels a panel apart: on a Xeon (Sapphire
+    Rapids), ResNet-18 at batch 1, its three few-tile layers' products and input transforms took 7.9 against 8.6 ms
+    a call (medians of 6 processes, interleaved; panels of all T rows: 9.2, and less steady)."""
+    v = x
     while v.op in MOVEMENT:
         v = v.src[0]
-    if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or len(b.shape) != 4:
+    if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or len(x.shape) != 4:
+        return None
+    if axis == 1 and v.arg.kind != "in":
         return None
     if v.arg.kind == "in":
         C, a2, rows = v.shape
@@ -216,11 +225,12 @@ def _winograd_panels(b: UOp, nr: int) -> UOp | None:
     else:
         a2, rows, C = v.shape
         rowwise = v
-    if _canonical(rowwise.reshape((a2, 1, rows, C)).expand(b.shape)) is not _canonical(b):
+    shape = (a2, 1, rows, C) if axis == 2 else (a2, rows, 1, C)
+    if _canonical(rowwise.reshape(shape).expand(x.shape)) is not _canonical(x):
         return None
-    p = winograd_panels(v, nr)
-    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * nr, C)).shrink(((0, a2), (0, rows), (0, C)))
-    return flat.reshape((a2, 1, rows, C)).expand(b.shape)
+    p = winograd_panels(v, panel)
+    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * panel, C)).shrink(((0, a2), (0, rows), (0, C)))
+    return flat.reshape(shape).expand(x.shape)
 
 
 # a reshape of a reshape is one reshape (a convolution reshapes U twice on its way to the products)
