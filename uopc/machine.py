@@ -41,10 +41,11 @@ PROBE_VERSION = 2  # 2: l3_bytes
 # Auto-vectorized loops (gcc's own vectorizer, not uopc's explicit vector types) use the full AVX-512 width on every
 # AVX-512 machine. Measured on a Zen 4 (bench/bench_vector_width.py, 9 interleaved rounds, medians, 512 vs 256-bit):
 # softmax 4096^2 10.8 vs 14.2 ms, LayerNorm 8192x1024 5.02 vs 5.00, relu chain 2^26 16.8 vs 16.0, row-sum 8192^2
-# 7.77 vs 8.00, exp/tanh chain 2^24 166 vs 168: one clear win, the rest within noise. gcc's tuning for Intel server
-# CPUs picks 256 (-march=sapphirerapids implies -mprefer-vector-width=256), so there the rule adds
-# -mprefer-vector-width=512 (not measured on that machine yet: run the benchmark there); a -mprefer-vector-width in
-# CFLAGS always wins.
+# 7.77 vs 8.00, exp/tanh chain 2^24 166 vs 168: one clear win, the rest within noise. On a Xeon with AVX-512 FP16
+# (gcc 12 takes it for a cooperlake, with no preferred width: 512 already), 5 rounds: softmax 12.1 vs 9.3,
+# LayerNorm 5.56 vs 4.70, relu chain 26.5 vs 26.9, row-sum 12.2 vs 11.6, exp/tanh 257 vs 289 (the one loss: the
+# compute-bound transcendental chain). Where gcc's tuning picks 256 (-march=sapphirerapids implies
+# -mprefer-vector-width=256) the rule adds -mprefer-vector-width=512; a -mprefer-vector-width in CFLAGS always wins.
 VECTOR_WIDTH_RULE = {"avx512f": 64}
 
 # ISA names uopc cares about, by the macro the compiler predefines when it targets them

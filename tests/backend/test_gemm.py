@@ -19,7 +19,7 @@ from uopc import helpers
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
-from uopc.opt.gemm import KC_MIN, gemm_opts, microkernel
+from uopc.opt.gemm import GEMM_MIN_WORK, KC_MIN, gemm_opts, microkernel
 from uopc.renderer.c import render_c
 from uopc.renderer.flags import unit_cflags
 from uopc.runtime import compiler as runtime
@@ -397,7 +397,8 @@ def test_a_batch_of_products_runs_its_remainder_rows_as_one_tile_inside_the_batc
     # rows past the last whole MR-row tile: one tile of their own (one FMA chain per accumulator, not one row at a
     # time), and that nest runs inside the loop over the batch beside the whole tiles' (a second parallel loop over
     # the batch read every product's B again after all the others'), with the product's values
-    P, rows, k = 4, MR + max(2, MR // 2), 3 * W
+    P, rows = 4, MR + max(2, MR // 2)
+    k = W * max(3, -(-GEMM_MIN_WORK // (P * rows * NR * W)))  # (enough work for the microkernel on every ISA)
     a = rng.standard_normal((P, rows, 1, k)).astype(np.float32)
     b = rng.standard_normal((P, 1, NR, k)).astype(np.float32)
     plan, _ = make_plan([(Tensor(a) * Tensor(b)).sum(-1).uop], opt=HandOpt(MACHINE))
