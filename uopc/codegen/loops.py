@@ -299,7 +299,7 @@ def block_loops(
     }
     th, n = o.thread, len(shape)
     own = th is not None and th < n and th not in tiled and (tiled or chunked) and type(shape[th]) is not Variable
-    own = own and th not in (shared or {})  # (a loop all regions share is made once, outside them: _shared_loops)
+    own = own and th not in (shared or {})  # (a loop all regions share is made once, outside them: shared_loops)
     whole = {th} if own and shape[th] % ups.get(th, 1) == 0 else set()
     sizes = {k: shape[k] // o.tile[k] if k in tiled else shape[k] // ups.get(k, 1) for k in tiled | whole}
     return {k: ctx.rng(sizes[k], kind) for k, kind in axis_order(o, n) if k in sizes}
@@ -326,7 +326,7 @@ def output_parts(
     ctx: Any, shape: tuple[int, ...], ups: dict[int, int], blocks: dict[int, UOp], shared: dict[int, UOp]
 ) -> list[tuple[UOp, int]]:
     """The index parts (loop or CONST 0, copies) of one region's output axes: the loops all regions share
-    (`shared`, outermost), the loops within a cache block (`blocks`, from _block_loops, nest outside them), THREAD
+    (`shared`, outermost), the loops within a cache block (`blocks`, from block_loops, nest outside them), THREAD
     first, `ups` copies per axis."""
     o = ctx.opts
     parts: dict[int, tuple[UOp, int]] = {}
