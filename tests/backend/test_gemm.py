@@ -180,17 +180,25 @@ def test_gemm_opts_shape():
 
 def test_wide_products_share_columns_among_threads():
     # few rows against a B larger than the last-level cache (an LM head): threads take blocks of columns and run
-    # every row over them, so B is streamed once; where B fits in L3, and for a square product whose rows' chunk of A
-    # (rows x KC) outgrows half of L2, threads stay on rows. The square side comes from this machine's L2 (2 MiB per
-    # core on a Sapphire Rapids: there A's chunk of a 1024-square product fits, and its columns are shared)
-    small_l3 = replace(MACHINE, l3_bytes=256 << 10)
+    # every row over them, so B is streamed once. So do few rows whose row blocks are one register tile each, against
+    # a B larger than half of L2 (GPT-2's 128-token projections: over rows, B came from L3 once per MR rows). Where
+    # B fits in half of L2, and for a square product whose rows' chunk of A (rows x KC) outgrows half of L2, threads
+    # stay on rows. Sizes come from this machine's tile and caches (2 MiB of L2 per core on a Sapphire Rapids: there
+    # A's chunk of a 1024-square product fits)
+    small_l3, big_l3 = replace(MACHINE, l3_bytes=256 << 10), replace(MACHINE, l3_bytes=64 << 20)
     wide = layout_pass([gemm_graph(8 * MR, 64 * NR, 256, bt=True)], small_l3)[0]
-    threads = [gemm_opts(wide, small_l3).thread, gemm_opts(wide, replace(MACHINE, l3_bytes=64 << 20)).thread]
+    rows = 4 * MACHINE.cores * MR  # (as many one-tile row blocks as the heuristic wants for load balance)
+    k = 256
+    while k * 64 * NR * 4 <= MACHINE.l2_bytes // 2:
+        k *= 2
+    in_l3 = layout_pass([gemm_graph(rows, 64 * NR, k)], big_l3)[0]
+    in_l2 = layout_pass([gemm_graph(rows, 4 * NR, 64)], big_l3)[0]
+    threads = [gemm_opts(x, m).thread for x, m in ((wide, small_l3), (in_l3, big_l3), (in_l2, big_l3))]
     square = 1024
     while square * KC_MIN * 4 <= MACHINE.l2_bytes // 2:
         square *= 2
     threads.append(gemm_opts(layout_pass([gemm_graph(square)], small_l3)[0], small_l3).thread)
-    assert threads == ([1, 0, 0] if MACHINE.cores > 1 else [None, None, None])
+    assert threads == ([1, 1, 0, 0] if MACHINE.cores > 1 else [None] * 4)
     # and the column-threaded kernel computes the product
     a = rng.standard_normal((8 * MR, 256)).astype(np.float32)
     w = rng.standard_normal((64 * NR, 256)).astype(np.float32)

@@ -295,14 +295,20 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
         thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
         few_rows = shape[am] * kc * size <= machine.l2_bytes // 2 or shape[an] >= WIDE_N * shape[am]
-        if thread == am and few_rows and _stored_bytes(r) > machine.l3_bytes // 2 and blocks[an] >= cores:
+        mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * cores) if thread == am else 0
+        b_bytes = _stored_bytes(r)
+        streamed = b_bytes > machine.l3_bytes // 2 or (mc == mr and b_bytes > machine.l2_bytes // 2)
+        if thread == am and few_rows and streamed and blocks[an] >= cores:
             # B larger than the last-level cache, against few rows (A's chunk in L2) or a very wide output: threads
             # over blocks of columns, each running every row over its block of B while that stays in L2. Over rows,
             # every block of MR rows streamed all of B from memory again (GPT-2's LM head, 154 MB of B: 48 GFLOP/s
-            # against 94, measured interleaved). Where B fits in L3, rows measured 0-14% faster (128 x 768..3072).
+            # against 94, measured interleaved). Where B fits in L3, rows measured 0-14% faster (128 x 768..3072)
+            # on a Zen 4; but where the row blocks are one tile each (128 rows: 21 blocks of 6, so that threads
+            # stay balanced) and B outgrows L2, B comes from L3 once per 6 rows, and on a Xeon whose L3 streams at
+            # ~28 GB/s (Sapphire Rapids class, a VM) GPT-2's 128-token projections (128x768 @ 768x768..3072 and
+            # 128x3072 @ 3072x768) ran at 121-145 GFLOP/s over rows against 215-219 over columns
             thread = an
         if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
-            mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * cores)
             tile = {am: mc} if mc else {}
     whole_n = shape[an] - shape[an] % nr
     nc_max = max(nr, machine.l2_bytes // 2 // (kc * size) // nr * nr)
