@@ -180,11 +180,11 @@ def test_gemm_opts_shape():
 
 def test_wide_products_share_columns_among_threads():
     # few rows against a B larger than the last-level cache (an LM head): threads take blocks of columns and run
-    # every row over them, so B is streamed once. So do few rows whose row blocks are one register tile each, against
-    # a B larger than half of L2 (GPT-2's 128-token projections: over rows, B came from L3 once per MR rows). Where
-    # B fits in half of L2, and for a square product whose rows' chunk of A (rows x KC) outgrows half of L2, threads
-    # stay on rows. Sizes come from this machine's tile and caches (2 MiB of L2 per core on a Sapphire Rapids: there
-    # A's chunk of a 1024-square product fits)
+    # every row over them, so B is streamed once. So do few rows in more row blocks than threads (here one register
+    # tile each) against a B larger than half of L2 (GPT-2's projections: over rows, B came from L3 once per block).
+    # Where B fits in half of L2, and for a square product whose rows' chunk of A (rows x KC) outgrows half of L2,
+    # threads stay on rows. Sizes come from this machine's tile and caches (2 MiB of L2 per core on a Sapphire
+    # Rapids: there A's chunk of a 1024-square product fits)
     small_l3, big_l3 = replace(MACHINE, l3_bytes=256 << 10), replace(MACHINE, l3_bytes=64 << 20)
     wide = layout_pass([gemm_graph(8 * MR, 64 * NR, 256, bt=True)], small_l3)[0]
     rows = 4 * MACHINE.cores * MR  # (as many one-tile row blocks as the heuristic wants for load balance)

@@ -297,16 +297,18 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         few_rows = shape[am] * kc * size <= machine.l2_bytes // 2 or shape[an] >= WIDE_N * shape[am]
         mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * cores) if thread == am else 0
         b_bytes = _stored_bytes(r)
-        streamed = b_bytes > machine.l3_bytes // 2 or (mc == mr and b_bytes > machine.l2_bytes // 2)
+        row_blocks = (shape[am] - shape[am] % mr) // mc if mc else cores  # (each streams all of B)
+        streamed = b_bytes > machine.l3_bytes // 2 or (row_blocks > cores and b_bytes > machine.l2_bytes // 2)
         if thread == am and few_rows and streamed and blocks[an] >= cores:
             # B larger than the last-level cache, against few rows (A's chunk in L2) or a very wide output: threads
             # over blocks of columns, each running every row over its block of B while that stays in L2. Over rows,
             # every block of MR rows streamed all of B from memory again (GPT-2's LM head, 154 MB of B: 48 GFLOP/s
             # against 94, measured interleaved). Where B fits in L3, rows measured 0-14% faster (128 x 768..3072)
-            # on a Zen 4; but where the row blocks are one tile each (128 rows: 21 blocks of 6, so that threads
-            # stay balanced) and B outgrows L2, B comes from L3 once per 6 rows, and on a Xeon whose L3 streams at
-            # ~28 GB/s (Sapphire Rapids class, a VM) GPT-2's 128-token projections (128x768 @ 768x768..3072 and
-            # 128x3072 @ 3072x768) ran at 121-145 GFLOP/s over rows against 215-219 over columns
+            # on a Zen 4; but where B outgrows L2 and there are more row blocks than threads (load balance: 128
+            # rows make 21 blocks of one 6-row tile, 512 rows 17 of 30), B comes from L3 once per row block, and on
+            # a Xeon whose L3 streams at ~28 GB/s (Sapphire Rapids class, a VM) GPT-2's 128-token projections
+            # (128x768 @ 768x768..3072 and 128x3072 @ 3072x768) ran at 121-145 GFLOP/s over rows against 215-219
+            # over columns, its 512-token ones at 266-298 against 313-357 (the tuner's timer)
             thread = an
         if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
             tile = {am: mc} if mc else {}
