@@ -221,15 +221,19 @@ def _probe_compiler(cc: str, flags: list[str]) -> Machine:
         isa = _isa(cc, flags)
         auto = width.result()
     if "avx512fp16" in isa:
-        ok, err = _assembles(cc, flags)
-        if not ok and _assembles(cc, [*flags, "-mno-avx512fp16"])[0]:
-            extra.append("-mno-avx512fp16")
-            first = err.splitlines()[-1] if err else "an error"
-            notes.append(f"the assembler rejects AVX512-FP16 code ({first}): compiling with -mno-avx512fp16")
-            isa = isa - {"avx512fp16"}
+        # the canary with and without the extension, and the width without it, at once (in sequence they took
+        # ~75 ms of an empty cache's first call on a Xeon whose assembler rejects the extension)
+        alt = [*flags, "-mno-avx512fp16"]
+        with ThreadPoolExecutor(2) as pool:
+            alt_ok, alt_width = pool.submit(_assembles, cc, alt), pool.submit(_preferred_width, cc, alt)
+            ok, err = _assembles(cc, flags)
+            if not ok and alt_ok.result()[0]:
+                extra.append("-mno-avx512fp16")
+                first = err.splitlines()[-1] if err else "an error"
+                notes.append(f"the assembler rejects AVX512-FP16 code ({first}): compiling with -mno-avx512fp16")
+                isa = isa - {"avx512fp16"}
+                auto = alt_width.result()  # (the width with the flag the assembler needs)
     vector = 64 if "avx512f" in isa else 32 if "avx" in isa else 16
-    if extra:  # (asked again with the flag the assembler needs)
-        auto = _preferred_width(cc, [*flags, *extra])
     auto = auto or vector
     want = max((w for name, w in VECTOR_WIDTH_RULE.items() if name in isa), default=auto)
     if want > auto and not any(f.startswith("-mprefer-vector-width") for f in flags):
