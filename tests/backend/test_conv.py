@@ -101,6 +101,23 @@ def test_a_7x7_stride_2_convolution_reads_its_input_in_place():
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("l2_share", [0.75, 1.5])
+def test_a_strided_convolutions_im2col_is_read_in_place_where_it_fits_in_l2(l2_share):
+    # the GEMM's B is the im2col copy (K = C*3*3 rows of positions): packing it into panels would copy it again every
+    # call, so where it fits in L2 the microkernel reads it where it is (one copy kernel); past L2 it is packed (two)
+    from uopc.runtime.compiler import machine
+
+    cin, cout = 32, 32
+    side = int((l2_share * machine().l2_bytes / (cin * 9 * 4)) ** 0.5)  # output positions per side
+    x, w = Tensor(r(1, cin, 2 * side, 2 * side)), Tensor(r(cout, cin, 3, 3))
+    with Context(OPT=1), capture() as calls:
+        out = x.conv2d(w, stride=2, padding=1).realize()
+    names = [k.name for c in calls for k in c.cp.plan.kernels]
+    assert len([n for n in names if n.startswith("e_")]) == (1 if l2_share < 1 else 2), names
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
 def test_conv3d():
     check(
         lambda x, w: x.conv3d(w, padding=1), lambda x, w: F.conv3d(x, w, padding=1), r(1, 2, 5, 6, 7), r(3, 2, 3, 3, 3)

@@ -198,7 +198,14 @@ def test_wide_products_share_columns_among_threads():
     while square * KC_MIN * 4 <= MACHINE.l2_bytes // 2:
         square *= 2
     threads.append(gemm_opts(layout_pass([gemm_graph(square)], small_l3)[0], small_l3).thread)
-    assert threads == ([1, 1, 0, 0] if MACHINE.cores > 1 else [None] * 4)
+    # and columns that share out unevenly keep threads on rows: 3 tiles and 4 columns (a stride-2 convolution's 196
+    # positions) give one thread twice the other's work on 2 cores
+    uneven = 3 * NR + 4
+    k = 256
+    while k * uneven * 4 <= MACHINE.l2_bytes // 2:
+        k *= 2
+    threads.append(gemm_opts(layout_pass([gemm_graph(rows, uneven, k)], big_l3)[0], big_l3).thread)
+    assert threads == ([1, 1, 0, 0, 0] if MACHINE.cores > 1 else [None] * 5)
     # and the column-threaded kernel computes the product
     a = rng.standard_normal((8 * MR, 256)).astype(np.float32)
     w = rng.standard_normal((64 * NR, 256)).astype(np.float32)

@@ -40,6 +40,8 @@ SKINNY_VECTORS = 8
 # where B outgrows the last-level cache, an output this many times wider than tall (or one whose A fits in L2)
 # shares its columns among threads, not its rows (gemm_opts)
 WIDE_N = 8
+# ... when its NR-column tiles share out among the threads this evenly (the even share over the busiest one's)
+COLUMN_BALANCE = 7 / 8
 
 
 def matmul_operands(r: UOp) -> tuple[UOp, UOp] | None:
@@ -80,6 +82,17 @@ def _rereads(x: UOp) -> bool:
         if logical < 2 * prod(b.shape):
             return False
     return True
+
+
+def _copied_per_call(b: UOp, machine: Machine) -> bool:
+    """Is B an intermediate of this graph that fits in L2? Its pack would be a copy every call (a stored weight's is
+    kept across calls), so it is read in place: a strided convolution's im2col (K x positions). On a Zen 4 (1 MiB of
+    L2), 256x1152 @ 1152x196 ran 0.55-0.56 ms in place against 0.62-0.66 from panels (the pack kept, not counted);
+    a B larger than L2 ran slower in place (64x2048 @ 2048x256, char-GPT's: 0.39-0.42 against 0.32 ms plus its pack):
+    each KC x NR panel then reads its NR columns out of cache lines it shares with the other panels' columns."""
+    if prod(b.shape[-2:]) * b.dtype.itemsize > machine.l2_bytes:
+        return False
+    return all(base.op in (Ops.STAGE, Ops.REDUCE) for _, base in operand_views(b))
 
 
 def _stored_bytes(r: UOp) -> int:
@@ -186,11 +199,11 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         # of small products, a Winograd convolution's alpha^2, each fits: packing ResNet-18's 36 x (64, 196) cost
         # 0.33 ms against a 0.4 ms GEMM), or it reads its memory many times over (a convolution's windows: measured
         # at (64,32,28,28) * (64,32,3,3), the GEMM read in place took 13-14 ms against 12 ms packed plus a 15 ms
-        # packing copy). A Winograd convolution's input transform, A of its few-tile products, writes A's MR-row
-        # panels itself (_winograd_panels)
+        # packing copy), or it is an intermediate that fits in L2 (_copied_per_call). A Winograd convolution's
+        # input transform, A of its few-tile products, writes A's MR-row panels itself (_winograd_panels)
         fits = b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
         pa = _winograd_panels(a, mr, 1) or (a if _plain(a, None) else _pack(a, -2, mr))
-        if (fits or _rereads(b)) and _plain(b, -2):
+        if (fits or _rereads(b) or _copied_per_call(b, machine)) and _plain(b, -2):
             pb = b
         else:
             pb = _winograd_panels(b, nr, 2) or _pack_narrow(b, nr)
@@ -299,7 +312,13 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         b_bytes = _stored_bytes(r)
         row_blocks = (shape[am] - shape[am] % mr) // mc if mc else cores  # (each streams all of B)
         streamed = b_bytes > machine.l3_bytes // 2 or (row_blocks > cores and b_bytes > machine.l2_bytes // 2)
-        if thread == am and few_rows and streamed and blocks[an] >= cores:
+        # (and only where the columns share out evenly: the busiest thread's NR-column tiles within 1/8 of an even
+        # share. A stride-2 convolution's 196 output positions make 3 tiles and 4 columns, 2 tiles against 1 on 2
+        # threads: its GEMM (256 x 1152 @ 1152 x 196) took 0.79-0.83 ms over columns against 0.61-0.67 over rows
+        # on a Zen 4; 784 positions make 12 tiles and 16 columns, and there columns ran as fast or faster, 0.63
+        # against 0.70 ms for the whole convolution)
+        balanced = shape[an] / nr >= COLUMN_BALANCE * cores * -(-blocks[an] // cores)
+        if thread == am and few_rows and streamed and blocks[an] >= cores and balanced:
             # B larger than the last-level cache, against few rows (A's chunk in L2) or a very wide output: threads
             # over blocks of columns, each running every row over its block of B while that stays in L2. Over rows,
             # every block of MR rows streamed all of B from memory again (GPT-2's LM head, 154 MB of B: 48 GFLOP/s
