@@ -741,6 +741,31 @@ def test_a_big_plan_compiles_its_kernels_while_it_is_lowered(cache: Path, monkey
     np.testing.assert_array_equal(again, got)
 
 
+@pytest.mark.parametrize("kernels,first_sent", [(30, 1), (12, 10), (5, None)])
+def test_a_plan_expected_to_compile_per_kernel_starts_gcc_with_its_first_kernel(monkeypatch, kernels, first_sent):
+    """Early compiles start once the kernels lowered so far reach ONE_UNIT_CHARS of C, or once they and the kernels
+    still to lower, at their mean size, are expected to reach twice it: 30 kernels of 100 characters against a
+    threshold of 1000 start with the first; 12 (1200 expected) with the tenth, at 1000 lowered; 5 never."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(realize, "ONE_UNIT_CHARS", 1000)
+    sent: list[int] = []
+    monkeypatch.setattr(realize, "prefetch", lambda src: (sent.append(int(src)), src)[1])
+
+    def unit(ast, name, tile):
+        return SimpleNamespace(sym=name, src=name[1:], fn=SimpleNamespace(definition=lambda sym: "x" * 100))
+
+    monkeypatch.setattr(realize, "kernel_unit", unit)
+    early = realize._EarlyCompile()
+    at = None
+    for i in range(kernels):
+        early(SimpleNamespace(ast=None, name=f"k{i}", register_tile=None), kernels - 1 - i)
+        if at is None and sent:
+            at = i + 1
+    assert at == first_sent
+    assert sent == (list(range(kernels)) if first_sent else [])  # then every distinct kernel, once, in order
+
+
 def test_small_kernel_units_compile_several_to_a_compiler_run(cache: Path, monkeypatch, context):
     """The link compiles the missing units of a plan in balanced runs, one per CPU when they are small: fewer
     compiler runs than units, and every unit's object in the cache under its own key, so that a later plan with one

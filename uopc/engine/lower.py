@@ -30,24 +30,24 @@ __all__ = ["clear_lowered", "lower_schedule", "lowered", "lowered_stats", "make_
 
 
 def make_plan(
-    roots: list[UOp], fuse_reduce: bool = False, opt: Any = None, on_kernel: Callable[[Kernel], None] | None = None
+    roots: list[UOp], fuse_reduce: bool = False, opt: Any = None, on_kernel: Callable[[Kernel, int], None] | None = None
 ) -> tuple[Plan, list[UOp]]:
     """Kernelize (Chapter 7): schedule the graph, then lower every kernel. Returns the plan and the input BUFFERs
     its kernels refer to as Ref(RefKind.IN, i). `opt` (uopc.opt.HandOpt or SearchOpt, or None for unoptimized
     kernels) runs its layout pass on the graph and chooses each kernel's Opts. `on_kernel` sees each kernel as soon
-    as it is lowered (the engine starts compiling it there)."""
+    as it is lowered, with the number of kernels still to lower (the engine starts compiling it there)."""
     sched, inputs = schedule(roots, fuse_reduce, opt)
     return lower_schedule(sched, opt, on_kernel), inputs
 
 
-def lower_schedule(sched: Schedule, opt: Any, on_kernel: Callable[[Kernel], None] | None = None) -> Plan:
-    """Lower each item into a Kernel (handed to `on_kernel` at once, if given), name the kernels uniquely, and plan
-    the temps' memory."""
+def lower_schedule(sched: Schedule, opt: Any, on_kernel: Callable[[Kernel, int], None] | None = None) -> Plan:
+    """Lower each item into a Kernel (handed at once to `on_kernel`, if given, with how many items are left), name
+    the kernels uniquely, and plan the temps' memory."""
     kernels = []
-    for item in sched.items:
+    for i, item in enumerate(sched.items):
         kernels.append(_kernel(item, opt))
         if on_kernel is not None:
-            on_kernel(kernels[-1])
+            on_kernel(kernels[-1], len(sched.items) - 1 - i)
     names = _unique_names([k.name for k in kernels], [k.ast for k in kernels])
     kernels = [k if k.name == n else replace(k, name=n) for k, n in zip(kernels, names, strict=True)]
     arena = plan_memory(kernels, list(sched.temps))
