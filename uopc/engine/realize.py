@@ -227,17 +227,12 @@ ONE_UNIT_CHARS = 100_000
 
 
 class _EarlyCompile:
-    """make_plan's `on_kernel` while a plan is built: once the plan will compile a unit per kernel, every distinct
-    kernel lowered so far is handed to gcc in the background (uopc.runtime.compiler.prefetch), and each later one as
-    soon as it is lowered. gcc then runs on the other cores while Python lowers the rest of the plan; compile_plan's
-    link finds the objects made or waits for them. The units are the ones render_plan makes
-    (uopc.renderer.plan.kernel_unit, memoized: rendered once).
-
-    A plan compiles per kernel past ONE_UNIT_CHARS of C. That is known once the kernels lowered so far come to it, or
-    expected once they, and the kernels still to lower at their mean size, come to twice it: then gcc starts with
-    the plan's first kernels, not a third of the way in (ResNet-18's first call: 90 kernels, 2.40 -> 2.30 s; the
-    CNN step's: 2.23 -> 2.06 s, three runs each on a Zen 4). Were the plan smaller after all, its early compiles are
-    cancelled."""
+    """make_plan's `on_kernel`: once the plan will compile a unit per kernel (ONE_UNIT_CHARS of C lowered, or
+    expected: those and the kernels left at their mean size reach twice it), every distinct kernel so far goes to
+    gcc in the background (uopc.runtime.compiler.prefetch), each later one as soon as it is lowered, while Python
+    lowers the rest; compile_plan's link waits for them. Expected, gcc starts with the first kernels (ResNet-18's
+    first call 2.40 -> 2.30 s, the CNN step's 2.23 -> 2.06 s on a Zen 4); a plan smaller after all cancels them.
+    The units are render_plan's (uopc.renderer.plan.kernel_unit, memoized: rendered once)."""
 
     def __init__(self) -> None:
         self.units: dict[str, str] = {}  # function name -> unit source
@@ -245,11 +240,7 @@ class _EarlyCompile:
         self.seen = 0  # kernels handed in, repeats included
         self.prefetched: list[str] = []  # the object keys of the units handed to gcc early
 
-    def _start(self, src: str) -> None:
-        self.prefetched.append(prefetch(src))
-
-    def __call__(self, k: Kernel, left: int = 0) -> None:
-        """Take kernel `k`, with `left` more of the plan's kernels still to lower."""
+    def __call__(self, k: Kernel, left: int = 0) -> None:  # (left: how many of the plan's kernels are still to lower)
         self.seen += 1
         with helpers.phase("render early"):
             u = kernel_unit(k.ast, k.name, k.register_tile)
@@ -258,10 +249,9 @@ class _EarlyCompile:
         self.units[u.sym] = u.src
         self.chars += len(u.fn.definition(u.sym))
         if self.prefetched:
-            self._start(u.src)
+            self.prefetched.append(prefetch(u.src))
         elif self.chars >= ONE_UNIT_CHARS or self.chars + left * self.chars / self.seen >= 2 * ONE_UNIT_CHARS:
-            for src in self.units.values():
-                self._start(src)
+            self.prefetched += [prefetch(src) for src in self.units.values()]
 
 
 def compile_plan(plan: Plan, n_in: int, s: helpers.Settings | None = None) -> CompiledPlan:
