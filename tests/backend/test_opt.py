@@ -121,8 +121,14 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     assert hand_opt_choice(gemm_graph(1024), replace(ZEN4, cores=1)).thread is None
     small = hand_opt_choice(gemm_graph(256), ZEN4)
     assert small.tile == {}  # 256 KiB of operand rows fit in L2: no blocks
-    rm = hand_opt_choice(_body((128,), 10), ZEN4)  # the log_softmax row max of the MNIST step
-    assert (rm.upcast, rm.thread, rm.unroll) == ({0: 4}, None, 1)
+    rm = hand_opt_choice(_body((128,), 10), ZEN4)  # the log_softmax row max of the MNIST step: a short max, whole
+    assert (rm.upcast, rm.thread, rm.unroll) == ({}, None, 10)
+    # a max pool's window (2 x 2 at stride 2) likewise; a long max keeps the register tile
+    pool = buf(0, 64 * 113 * 113).reshape((64, 113, 113)).pad(((0, 0), (0, 1), (0, 1)))
+    pool = pool.reshape((64, 57, 2, 57, 2)).shrink(((0, 64), (0, 56), (0, 2), (0, 56), (0, 2)))
+    mp = hand_opt_choice(pool.permute((0, 1, 3, 2, 4)).reshape((64, 56, 56, 4)).reduce(Ops.MAX, 1), ZEN4)
+    assert (mp.upcast, mp.unroll) == ({}, 4)
+    assert hand_opt_choice(_body((1024,), 512), ZEN4).upcast == {0: 4}
     ew = hand_opt_choice(_body((784, 128)), ZEN4)
     assert (ew.upcast, ew.thread) == ({}, 0)
     assert hand_opt_choice(_body((128,)), ZEN4) == Opts()
