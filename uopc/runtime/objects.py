@@ -80,7 +80,7 @@ def _start(units: tuple[Unit, ...], cc: str, flags: list[str], where: str) -> _R
     c_file, tmp_obj = stem + ".c", stem + ".o"
     with open(c_file, "w") as f:
         f.write("\n".join(u.src for u in units))
-    cmd = [cc, *flags, "-fPIC", "-c", "-o", tmp_obj, c_file]
+    cmd = [cc, *flags, "-fPIC", "-pipe", "-c", "-o", tmp_obj, c_file]
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     except OSError:
