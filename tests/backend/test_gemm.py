@@ -76,17 +76,20 @@ def test_gep_and_vectorize_render():
     np.testing.assert_array_equal(o, a * 2)
 
 
-@pytest.mark.parametrize("n", [64, 72, 5])
+@pytest.mark.parametrize("n", [64, 72, 5, 11])
 def test_vectorize_elementwise(n):
-    # an upcast of the contiguous last axis becomes vector loads, ops and stores; a remainder stays scalar
+    # an upcast of the contiguous last axis becomes vector loads, ops and stores; a remainder ends in a partial
+    # vector, its loads and stores masked to the elements that exist (codegen.lanes)
     x = buf(0, 3 * n).reshape((3, n))
     g = x * 2.0 + 1.0
     src = render_c(lower(g, buf(1, 3 * n), Ctx(opts=Opts(upcast={1: 8}, vec=8))), "k")
     a, o = _aligned(rng.standard_normal(3 * n).astype(np.float32)), _aligned(np.zeros(3 * n, np.float32))
     Program(src, "k")(a, o)
     np.testing.assert_allclose(o, a * 2 + 1, rtol=1e-6)
-    assert ("f32x8 val" in src) == (n >= 8)
     assert ("(*(f32x8" in src) == (n >= 8)  # vector loads and stores
+    assert ("uopc_mstore_f32x8(data1+" in src) == (n % 8 > 4)
+    assert ("uopc_mstore_f32x4(data1+" in src) == (0 < n % 8 < 4)
+    assert not re.search(r"data1\[", src), "an element stored alone"
 
 
 def test_vectorize_selects_lane_by_lane():

@@ -3,18 +3,26 @@ regrouping (codegen.vectorize), and the same values as NumPy; a tile with no vec
 
 from __future__ import annotations
 
+import ctypes
+import os
 import re
+import subprocess
+import tempfile
 
 import numpy as np
 import pytest
 
 from tests.helpers import buf, gemm_graph, lower_graph, run
 from uopc.codegen import lanes, rangeify
+from uopc.codegen import loops as loop_shapes
 from uopc.codegen.rangeify import Ctx
+from uopc.helpers import Context
 from uopc.opt.opts import Opts
 from uopc.render_c import render_c
+from uopc.renderer.c_masked import masked_helpers
 from uopc.runtime import compiler as runtime
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 W = runtime.machine().vector_bytes // 4  # float32 lanes per vector on this machine
 
@@ -34,15 +42,21 @@ def _tile(m_up: int, vectors: int, **kw) -> Opts:
     return Opts(upcast={0: m_up, 1: vectors * W}, vec=W, thread=0, **kw)
 
 
-M, N, K = 12, 8 * W + 3, 40  # N: whole tiles, a remainder of whole vectors, then single elements
-CASES = {
-    "gemm": (gemm_graph(M, N, K), 2, _tile(4, 4)),
-    "gemm_bt": (gemm_graph(M, N, K, bt=True), 2, _tile(6, 2)),  # B's lanes are K apart: gathered
-    "gemm_plus_bias": (gemm_graph(M, N, K) + buf(2, N).reshape((1, N)).expand((M, N)), 3, _tile(4, 2)),
-    "gemm_ktile": (gemm_graph(M, 4 * W, 64), 2, _tile(4, 2, ktile=16)),
-    # the output's last axis split in two (attention heads): its index is (j // W) * W + j % W
-    "gemm_heads": (gemm_graph(M, 4 * W, K).reshape((M, 2, 2 * W)), 2, Opts(upcast={0: 4, 2: 2 * W}, vec=W)),
-}
+def _cases(N: int) -> dict[str, tuple[UOp, int, Opts]]:
+    return {
+        "gemm": (gemm_graph(M, N, K), 2, _tile(4, 4)),
+        "gemm_bt": (gemm_graph(M, N, K, bt=True), 2, _tile(6, 2)),  # B's lanes are K apart: gathered
+        "gemm_plus_bias": (gemm_graph(M, N, K) + buf(2, N).reshape((1, N)).expand((M, N)), 3, _tile(4, 2)),
+        "gemm_ktile": (gemm_graph(M, 4 * W, 64), 2, _tile(4, 2, ktile=16)),
+        # the output's last axis split in two (attention heads): its index is (j // W) * W + j % W
+        "gemm_heads": (gemm_graph(M, 4 * W, K).reshape((M, 2, 2 * W)), 2, Opts(upcast={0: 4, 2: 2 * W}, vec=W)),
+    }
+
+
+# N: whole tiles, then a remainder that ends in a partial vector (masked), or in whole vectors (CASES_WHOLE: the
+# element lowering's program, which ends a remainder in single elements, differs only there)
+M, K = 12, 40
+CASES, CASES_WHOLE = _cases(8 * W + 3), _cases(6 * W)
 
 
 def _inputs(graph: UOp, n: int, rng) -> list[np.ndarray]:
@@ -50,9 +64,9 @@ def _inputs(graph: UOp, n: int, rng) -> list[np.ndarray]:
     return [rng.standard_normal(sizes[s]).astype(np.float32) for s in range(n)]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(CASES_WHOLE))
 def test_lanes_give_the_element_lowerings_vector_program(name: str):
-    graph, n, opts = CASES[name]
+    graph, n, opts = CASES_WHOLE[name]
     before = dict(lanes.lane_stats)
     by_lanes = render_c(lower_graph(graph, n, opts), "k")
     assert lanes.lane_stats["lanes"] == before["lanes"] + 1, "the tile was lowered element by element"
@@ -78,3 +92,62 @@ def test_an_op_with_no_vector_form_runs_lane_by_lane():
     assert lanes.lane_stats["lanes"] == before["lanes"] + 1
     a, b = ins[0].reshape(M, K), ins[1].reshape(K, 4 * W)
     np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [12, 13])
+@pytest.mark.parametrize("extra", [1, 3, W - 1, W + 2])
+def test_a_partial_vector_ends_a_remainder_in_one_masked_nest(rows: int, extra: int):
+    # the columns past the whole tiles are one tile of vectors, the last masked to the columns that exist: per row
+    # region, one nest for the tiles and one for the remainder (none of single columns: no element is stored
+    # alone), every value as NumPy's, and no load or store outside a buffer (UOPC_CHECK_OOB checks the valid lanes)
+    N = 4 * W + extra
+    graph = gemm_graph(rows, N, K) + buf(2, N).reshape((1, N)).expand((rows, N))
+    opts = _tile(4, 4)
+    c = render_c(lower_graph(graph, 3, opts), "k")
+    valid = extra % W  # in the narrowest vector of 4, 8 or 16 floats that holds them
+    width = min(W, next(n for n in (4, 8, 16) if n >= valid))
+    assert re.findall(rf"uopc_mstore_f32x{width}\(data3\+[^;]*, {valid}\);", c), c
+    assert not re.search(r"data3\[", c), "an output element stored alone"
+    assert len(loop_shapes.regions((rows, N), opts.upcast, W, masked=True)) == (2 if rows % 4 == 0 else 4)
+    ins = _inputs(graph, 3, np.random.default_rng(2))
+    a, b, bias = ins[0].reshape(rows, K), ins[1].reshape(K, N), ins[2]
+    with Context(CHECK_OOB=1):
+        got = run(graph, ins, opts)
+    np.testing.assert_allclose(got, a @ b + bias, rtol=1e-5, atol=1e-4)
+
+
+MASKED_TYPES = [(dtypes.float32, 4), (dtypes.float32, 8), (dtypes.float32, 16), (dtypes.float64, 2),
+                (dtypes.float64, 4), (dtypes.float64, 8)]  # fmt: skip
+
+
+@pytest.mark.parametrize("march", ["native", "x86-64-v3", "x86-64"])  # AVX-512 (where present), AVX2, none
+def test_masked_loads_and_stores_touch_the_valid_lanes_only(march: str):
+    # every instruction the helpers choose from (AVX-512's masked moves, AVX's vmaskmov, a copy through memory):
+    # lanes from m on load as 0 and are not written, for every vector type a lane tile can have
+    typedefs, fns = [], []
+    for sc, n in MASKED_TYPES:
+        vt = sc.vec(n)
+        typedefs.append(f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({vt.itemsize})));")
+        fns.append(masked_helpers(vt)[1])
+        fns.append(
+            f"void k_{vt.cname}(const {sc.cname}* src, {sc.cname}* dst, {sc.cname}* seen, int m) {{\n"
+            f"  {vt.cname} v = uopc_mload_{vt.cname}(src, m);\n  __builtin_memcpy(seen, &v, sizeof(v));\n"
+            f"  uopc_mstore_{vt.cname}(dst, v + 1, m);\n}}\n"
+        )
+    with tempfile.TemporaryDirectory() as d:
+        c, so = os.path.join(d, "m.c"), os.path.join(d, "m.so")
+        with open(c, "w") as f:
+            f.write("\n".join(typedefs + fns))
+        cc = runtime._resolve_compiler()
+        subprocess.run([cc, "-O2", f"-march={march}", "-Wno-psabi", "-shared", "-fPIC", "-o", so, c], check=True)
+        lib = ctypes.CDLL(so)
+        for sc, n in MASKED_TYPES:
+            np_t = np.float32 if sc is dtypes.float32 else np.float64
+            fn = getattr(lib, f"k_{sc.vec(n).cname}")
+            for m in range(1, n):
+                src = np.arange(1, 2 * n + 1, dtype=np_t)  # lanes past m hold values a wrong load would show
+                dst, seen = np.full(2 * n, -7, np_t), np.full(n, -7, np_t)
+                fn(*(x.ctypes.data_as(ctypes.c_void_p) for x in (src, dst, seen)), ctypes.c_int(m))
+                np.testing.assert_array_equal(seen, np.where(np.arange(n) < m, src[:n], 0), err_msg=f"{sc} x{n} m={m}")
+                want = np.where(np.arange(2 * n) < m, src + 1, -7)
+                np.testing.assert_array_equal(dst, want, err_msg=f"{sc} x{n} m={m}")

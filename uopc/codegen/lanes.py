@@ -7,6 +7,11 @@ one scalar expression per vector (24 for that tile). `widen` then turns each int
 
     data2[r0*64 + 16*k + LANE] = acc0      ->      *(f32x16*)(data2 + r0*64 + 16*k) = acc0      (f32x16 acc0)
 
+A partial vector (the last of a region whose columns end inside it, codegen.loops.regions) is widened with `valid`
+lanes, in a vector that may be narrower than the others: its loads and stores of the buffer are masked (INDEX.arg =
+valid, rendered as masked moves), and a value built lane by lane computes 0 in the lanes past `valid`, which nothing
+stores.
+
 A node that does not mention LANE stays scalar (broadcast with VECTORIZE where a vector needs it); a load at an
 index `base + LANE` becomes one vector load, a load elsewhere a VECTORIZE of its lanes' scalar loads; the vector ALU
 ops (vectorize.VECTOR_ALU) apply lane-wise; an accumulator that lives inside LANE is one vector accumulator. Anything
@@ -20,7 +25,7 @@ from collections.abc import Callable
 
 from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
 from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp
-from uopc.uop.dtype import DType
+from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
 
 __all__ = ["NoLanes", "copies", "lane_of", "lane_stats", "widen"]
@@ -57,8 +62,9 @@ def copies(part: tuple[UOp, int], lane: UOp) -> list[UOp]:
 class _Widen:
     """Rewrites scalar expressions in one LANE into vector expressions of its width (memoized per node)."""
 
-    def __init__(self, lane: UOp, free):
-        self.lane, self.width, self.free = lane, lane.src[0].arg, free
+    def __init__(self, lane: UOp, free, valid: int | None = None, width: int | None = None):
+        self.lane, self.width, self.free = lane, width or lane.src[0].arg, free
+        self.valid = self.width if valid is None else valid  # lanes past it exist in no buffer: masked
         self.memo: dict[UOp, UOp] = {}
         self.simplified: dict[UOp, UOp] = {}  # index -> simplified index (simplify_indices)
 
@@ -108,9 +114,17 @@ class _Widen:
             # no vector form (a compare, a select on lanes, max, a math function: a GEMM's epilogue): the scalar op
             # once per lane, on that lane of each source, packed; gcc's SLP vectorizer regroups what it can. Runs once
             # per output element, after the reduction, so it costs little even where it stays scalar
-            lanes = tuple(UOp(op, tuple(self._lane(s, k) for s in u.src), u.arg, u.dtype) for k in range(n))
+            lanes = tuple(
+                UOp(op, tuple(self._lane(s, k) for s in u.src), u.arg, u.dtype) if k < self.valid else self._zero(u)
+                for k in range(n)
+            )
             return UOp(Ops.VECTORIZE, lanes, None, u.dtype.vec(n))
         raise NoLanes
+
+    @staticmethod
+    def _zero(u: UOp) -> UOp:
+        """The value of a lane past `valid`: computed, never stored (a lane-wise division gets no garbage divisor)."""
+        return UOp.const(False if u.dtype is dtypes.bool else 0, u.dtype)
 
     def _lane(self, u: UOp, k: int) -> UOp:
         """Lane k of u's value: u itself if lane-free, the k-th element of a packed vector, else a GEP."""
@@ -132,7 +146,8 @@ class _Widen:
             return UOp(Ops.INDEX, (buf, idx.src[1]), None, buf.dtype)
         if not self.free(idx.src[0]) or (base := self._base(idx.src[1])) is None:
             return None
-        return UOp(Ops.INDEX, (idx.src[0], base), None, idx.dtype.vec(self.width))
+        masked = self.valid if self.valid < self.width else None
+        return UOp(Ops.INDEX, (idx.src[0], base), masked, idx.dtype.vec(self.width))
 
     def _base(self, i: UOp) -> UOp | None:
         """`b` where index `i` is b + LANE with b lane-free, else None."""
@@ -143,7 +158,7 @@ class _Widen:
             return self._drop_lane(s)
         # not visibly linear (a reshape's div and mod over the lane): compare the lanes' indices one by one
         b0 = simplify(s.substitute({self.lane: UOp.const(0, self.lane.dtype)}))
-        for k in range(1, self.width):
+        for k in range(1, self.valid):
             d = simplify(s.substitute({self.lane: UOp.const(k, self.lane.dtype)}) - b0)
             if d.op is not Ops.CONST or d.arg != k:
                 return None
@@ -179,15 +194,27 @@ class _Widen:
             self.simplified.update(zip(idxs, simplify(UOp(Ops.SINK, tuple(idxs))).src, strict=True))
 
     def _each_lane(self, u: UOp) -> tuple[UOp, ...]:
-        """u (a load with no accumulator under it) once per lane, the LANE replaced by the lane's number."""
+        """u (a load with no accumulator under it) once per lane, the LANE replaced by the lane's number (a lane past
+        `valid` reads nothing: 0)."""
         if any(x.op is Ops.ALLOC for x in u.toposort()):
             raise NoLanes  # an accumulator copied per lane would be shared by every lane
-        return tuple(simplify(u.substitute({self.lane: UOp.const(k, self.lane.dtype)})) for k in range(self.width))
+        return tuple(
+            simplify(u.substitute({self.lane: UOp.const(k, self.lane.dtype)})) if k < self.valid else self._zero(u)
+            for k in range(self.width)
+        )
 
 
-def widen(stores: list[UOp], lane: UOp, loops_of: Callable[[UOp], frozenset[UOp]]) -> list[UOp]:
+def widen(
+    stores: list[UOp],
+    lane: UOp,
+    loops_of: Callable[[UOp], frozenset[UOp]],
+    valid: int | None = None,
+    width: int | None = None,
+) -> list[UOp]:
     """The vector form of `stores`, scalar STOREs at indices `base + lane` (raises NoLanes where one has none).
-    `loops_of(u)` is the set of RANGEs under u (codegen.rangeify keeps it on every node)."""
-    w = _Widen(lane, lambda u: lane not in loops_of(u))
+    `loops_of(u)` is the set of RANGEs under u (codegen.rangeify keeps it on every node). `valid`: the stores are
+    of a partial vector, whose lanes from `valid` on are past the end of their axis (masked), in vectors of `width`
+    lanes (at most the LANE's)."""
+    w = _Widen(lane, lambda u: lane not in loops_of(u), valid, width)
     w.simplify_indices(stores)
     return [w.vec(s) for s in stores]

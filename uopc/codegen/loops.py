@@ -140,30 +140,40 @@ def merge_ends(root: UOp) -> UOp:
         root = root.substitute(mapping)
 
 
-def regions(shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0) -> list[tuple[tuple, tuple, dict]]:
-    """The output as regions (offsets, sizes, copies per axis): an axis its upcast factor does not divide splits
-    into whole tiles and a remainder (no padding of the output), the remainder one tile of its own size (a GEMM's
-    4 rows past 12 as one 4-row tile, not 4 one-row passes: 4 FMA chains over all of B for each row). On the last
-    axis under SIMD (`vec`), the remainder is its whole vectors as one tile, then single elements."""
-    per_axis: list[list[tuple[int, int, int]]] = []
+def regions(
+    shape: tuple[int, ...], upcast: dict[int, int], vec: int = 0, masked: bool = False
+) -> list[tuple[tuple, tuple, dict, int | None]]:
+    """The output as regions (offsets, sizes, copies per axis, valid): an axis its upcast factor does not divide
+    splits into whole tiles and a remainder (no padding of the output), the remainder one tile of its own size (a
+    GEMM's 4 rows past 12 as one 4-row tile, not 4 one-row passes: 4 FMA chains over all of B for each row). On the
+    last axis under SIMD (`vec`), the remainder is its whole vectors as one tile, then single elements; or, when
+    `masked` (a kernel lowered in vectors, codegen.lanes), one tile of whole vectors whose last one is partial: the
+    region's last size is rounded up to vectors and `valid` says how many of its elements exist (else None)."""
+    per_axis: list[list[tuple[int, int, int, int | None]]] = []
     for k, s in enumerate(shape):
         f = upcast.get(k, 1)
         if type(s) is Variable:  # a symbolic axis is one region, never tiled (the optimizer upcasts none)
-            per_axis.append([(0, s, 1)])
+            per_axis.append([(0, s, 1, None)])
             continue
-        parts, start = [], 0
-        last_vec = k == len(shape) - 1 and 1 < vec < f
+        parts, start, last = [], 0, k == len(shape) - 1
+        if last and masked and 1 < vec <= f and f % vec == 0 and s % f % vec:
+            if s >= f:
+                parts.append((0, s // f * f, f, None))
+            tail = -(-(s % f) // vec) * vec
+            per_axis.append([*parts, (s // f * f, tail, tail, s % f)])
+            continue
+        last_vec = last and 1 < vec < f
         rem = (s % f) // vec * vec if last_vec else s % f
         for step in (f, rem, 1) if rem > 1 else (f, 1):
             n = (s - start) // step * step
             if n:
-                parts.append((start, n, step))
+                parts.append((start, n, step, None))
                 start += n
-        per_axis.append(parts or [(0, s, 1)])
+        per_axis.append(parts or [(0, s, 1, None)])
     out = []
     for combo in itertools.product(*per_axis):
-        ups = {k: f for k, (_, _, f) in enumerate(combo) if f > 1}
-        out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups))
+        ups = {k: f for k, (_, _, f, _) in enumerate(combo) if f > 1}
+        out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups, combo[-1][3] if combo else None))
     return out
 
 

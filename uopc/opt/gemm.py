@@ -10,7 +10,7 @@
 
 Transposed operands (a backward pass's X.T @ dY, dY @ W.T) and batched matmuls take the same path: the packing copy
 reads whatever view the operand is. A remainder of M or N that is not a multiple of the tile runs as its own loop
-nest (uopc.codegen.rangeify's regions); only the packed panels are padded, to whole tiles.
+nest (uopc.codegen.loops.regions; N's in whole vectors, the last masked); only the packed panels are padded.
 """
 
 from __future__ import annotations

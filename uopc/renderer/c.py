@@ -27,6 +27,7 @@ from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField
 from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
+from uopc.renderer.c_masked import masked_helpers
 from uopc.renderer.c_math import F32_BITS, F32_MATH
 from uopc.renderer.c_select import render_where
 from uopc.renderer.flags import flags_line
@@ -305,6 +306,15 @@ class CRenderer:
             i = self.check("uopc_oob", i, w, 0, buf.arg.shape[0], buf.arg.slot)
         return f"(*({vt}*)(data{buf.arg.slot}+{i}))"
 
+    def masked(self, idx: UOp, val: str | None = None) -> str:
+        """The masked load (or, with `val`, store) of a partial vector: idx.arg lanes from element i (c_masked)."""
+        buf, m, i = _base(idx.src[0]), idx.arg, self.expr(idx.src[1])
+        self.use(*masked_helpers(idx.dtype))
+        if self.check_oob:  # the valid lanes only
+            i = self.check("uopc_oob", i, m, 0, buf.arg.shape[0], buf.arg.slot)
+        t, ptr = idx.dtype.cname, f"data{buf.arg.slot}+{i}"
+        return f"uopc_mload_{t}({ptr}, {m})" if val is None else f"uopc_mstore_{t}({ptr}, {val}, {m})"
+
     def emit(self, u: UOp, ind: str) -> None:
         op = u.op
         if op is Ops.LOAD:
@@ -314,7 +324,7 @@ class CRenderer:
                 return
             if u in self.deferred:  # read by its store, only where the store needs it (_kept_stores)
                 return
-            ref = self.address(idx)
+            ref = self.address(idx) if idx.arg is None else self.masked(idx)
             name = self.var(u, "val")
             self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
         elif op is Ops.STORE and u in self.kept_stores:
@@ -326,6 +336,8 @@ class CRenderer:
             p_out, p_in = (f"data{_base(x.src[0]).arg.slot}" for x in (u.src[0], ld.src[0]))
             self.lines.append(f"{ind}if ({cond}) {out} = {self.expr(new)};")
             self.lines.append(f"{ind}else if ((void*){p_out} != (void*){p_in}) {out} = {old};")
+        elif op is Ops.STORE and u.src[0].arg is not None:  # a partial vector (codegen.lanes): its valid lanes
+            self.lines.append(f"{ind}{self.masked(u.src[0], self.expr(u.src[1]))};")
         elif op is Ops.STORE:
             val = self.expr(u.src[1])
             self.lines.append(f"{ind}{self.address(u.src[0])} = {val};")
@@ -371,6 +383,8 @@ def _kept_stores(lin: Linearized) -> dict[UOp, tuple[UOp, UOp]]:
     found = {}
     for u in lin.users:
         if u.op is not Ops.STORE or (val := u.src[1]).op is not Ops.WHERE or val.src[0].dtype.count != 1:
+            continue
+        if u.src[0].arg is not None:  # a partial vector's masked store
             continue
         out = _base(u.src[0].src[0])
         for ld, new in ((val.src[2], val.src[1]), (val.src[1], val.src[2])):
