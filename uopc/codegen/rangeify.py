@@ -432,8 +432,13 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
             part = [i % nv == nv - 1 for i in range(len(stores))]
             valid = last_valid - (nv - 1) * w
             whole = iter(widen([x for x, p in zip(stores, part) if not p], lane, _loops_of))
-            tail = iter(widen([x for x, p in zip(stores, part) if p], lane, _loops_of, valid, _partial_width(valid, w)))
-            stores = [next(tail) if p else next(whole) for p in part]
+            tail = [x for x, p in zip(stores, part) if p]
+            if valid == 1:  # one column: scalar
+                tail = [simplify(x.substitute({lane: UOp.const(0, lane.dtype)})) for x in tail]
+            else:
+                tail = widen(tail, lane, _loops_of, valid, _partial_width(valid, w))
+            rest = iter(tail)
+            stores = [next(rest) if p else next(whole) for p in part]
         elif lane is not None:
             stores = widen(stores, lane, _loops_of)
         loops = ranges_in(*(b for b, _ in plist), *([chunk.loop] if chunk is not None else []))
@@ -446,9 +451,9 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
 
 
 def _partial_width(valid: int, w: int) -> int:
-    """The lanes of a partial vector with `valid` lanes, in a tile of `w`-lane vectors: the fewest, a power of two of
-    at least 4 (a 128-bit vector). On Zen 4 a 512-bit FMA takes two 256-bit slots: a 7x7 layer's 49th column as 12
-    masked 16-lane FMAs ran its 512x288x49 GEMM at 101-150 us, against 84-104 us with the column scalar."""
+    """The lanes of a partial vector with `valid` (2 or more) lanes, in a tile of `w`-lane vectors: the fewest, a
+    power of two of at least 4 (a 128-bit vector). On Zen 4 a 512-bit FMA takes both 256-bit FMA slots, so a masked
+    16-lane vector of 2 valid lanes costs twice a 4-lane one. (One valid lane is a scalar column.)"""
     return min(w, max(4, 1 << (valid - 1).bit_length()))
 
 
