@@ -22,7 +22,14 @@ import pytest
 from uopc import helpers
 from uopc.engine import lower as lowering
 from uopc.engine import realize
-from uopc.renderer.flags import CFLAGS_LINE, NO_PEELING, SHORT_PEELING, WEIGHT_TRANSFORM, unit_cflags
+from uopc.renderer.flags import (
+    CFLAGS_LINE,
+    NO_PEELING,
+    PANEL_TRANSFORM,
+    SHORT_PEELING,
+    WEIGHT_TRANSFORM,
+    unit_cflags,
+)
 from uopc.runtime import compiler as runtime
 from uopc.runtime.compiler import CacheDirError, CompileError, CompilerNotFoundError, Program
 from uopc.tensor import Tensor
@@ -553,7 +560,11 @@ def test_the_entry_point_compiles_at_o0_and_hand_written_kernels_keep_o3(context
     q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float32) for _ in range(3))
     conv = Tensor(x).conv2d(Tensor(w), padding=1)
     att = Tensor(q).scaled_dot_product_attention(Tensor(k), Tensor(v), is_causal=True)
-    Tensor.realize_all(conv, att)
+    # (and a ResNet layer's convolution, whose input transform writes the GEMM's panels)
+    wide = Tensor(rng.standard_normal((1, 128, 28, 28)).astype(np.float32)).conv2d(
+        Tensor(rng.standard_normal((128, 128, 3, 3)).astype(np.float32)), padding=1
+    )
+    Tensor.realize_all(conv, att, wide)
     got_conv, got_att = conv.numpy(), att.numpy()
     torch = pytest.importorskip("torch")
     tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
@@ -565,18 +576,19 @@ def test_the_entry_point_compiles_at_o0_and_hand_written_kernels_keep_o3(context
     kinds = {kr.ast.src[0].op: kernel_unit(kr.ast, kr.name, kr.register_tile).src for kr in cp.kernels}
     assert TILED_OPTIMIZE not in kinds[Ops.WINOGRAD] and TILED_OPTIMIZE not in kinds[Ops.ATTENTION]
     assert '__attribute__((optimize("O0"))) void plan(' in cp.srcs[-1]
-    # a Winograd transform compiles without complete peeling (a weight transform at -O2 too), attention with gcc's
-    # own, every other kernel peeling loops of up to 4 iterations (renderer.plan.CFLAGS_LINE)
+    # a Winograd transform compiles without complete peeling (a weight transform at -O2 too, an input transform
+    # writing panels without vectorized epilogues), attention with gcc's own, every other kernel peeling loops of up
+    # to 4 iterations (renderer.plan.CFLAGS_LINE)
     want = {Ops.WINOGRAD: list(NO_PEELING), Ops.ATTENTION: []}
-    weights = 0
+    kinds = []
     for kr in cp.kernels:
         got = unit_cflags(kernel_unit(kr.ast, kr.name, kr.register_tile).src)
-        if kr.ast.src[0].op is Ops.WINOGRAD and kr.ast.src[0].arg.op.kind == "w":
-            weights += 1
-            assert got == list(WEIGHT_TRANSFORM), kr.name
+        if kr.ast.src[0].op is Ops.WINOGRAD and (w := kr.ast.src[0].arg.op).kind in ("w", "in"):
+            kinds.append(w.kind if w.kind == "w" or not w.panel else "panels")
+            assert got == list(WEIGHT_TRANSFORM if w.kind == "w" else PANEL_TRANSFORM if w.panel else NO_PEELING)
         else:
             assert got == want.get(kr.ast.src[0].op, list(SHORT_PEELING)), kr.name
-    assert weights == 1
+    assert sorted(kinds) == ["in", "panels", "w", "w"]
 
 
 def test_a_units_own_flags_reach_the_compiler(tmp_path):

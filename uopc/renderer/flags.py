@@ -12,7 +12,15 @@ from __future__ import annotations
 from uopc import helpers
 from uopc.uop import Ops, UOp
 
-__all__ = ["CFLAGS_LINE", "NO_PEELING", "SHORT_PEELING", "WEIGHT_TRANSFORM", "flags_line", "unit_cflags"]
+__all__ = [
+    "CFLAGS_LINE",
+    "NO_PEELING",
+    "PANEL_TRANSFORM",
+    "SHORT_PEELING",
+    "WEIGHT_TRANSFORM",
+    "flags_line",
+    "unit_cflags",
+]
 
 
 # A unit's own compiler flags, on its first line (added to the CFLAGS it compiles with: uopc.runtime reads them, and
@@ -27,10 +35,14 @@ __all__ = ["CFLAGS_LINE", "NO_PEELING", "SHORT_PEELING", "WEIGHT_TRANSFORM", "fl
 # without). A Winograd weight transform, which runs once per weight change, compiles at -O2 too: ResNet-18's three
 # took 145/82/59 ms of gcc, 62/62/47 at -O2, and ran as fast (3 convolutions whose weights change every call, 30
 # calls: 31.9-38.8 ms against 31.0-42.3, alternating processes); the input and output transforms ran slower there.
+# An input transform that writes a GEMM's panels (Winograd.panel) compiles without vectorized epilogues: ResNet-18's
+# 28x28 one took gcc 233-237 ms, 133-135 without, and ran as fast (89-100 us a call against 89-103, alternating);
+# its 14x14 and 7x7 ones compiled as long either way, and the 56x56 transform that writes no panels ran 20% slower.
 CFLAGS_LINE = "// uopc cflags:"
 NO_PEELING = ("--param=max-completely-peel-times=1",)
 SHORT_PEELING = ("--param=max-completely-peel-times=4",)
 WEIGHT_TRANSFORM = (*NO_PEELING, "-O2")
+PANEL_TRANSFORM = (*NO_PEELING, "--param=vect-epilogues-nomask=0")
 
 
 def unit_cflags(src: str) -> list[str]:
@@ -45,7 +57,13 @@ def flags_line(asts: list[UOp]) -> str:
     if helpers.settings().CFLAGS is not None or not asts or any(a.src[0].op is Ops.ATTENTION for a in asts):
         return ""
     if all(a.src[0].op is Ops.WINOGRAD for a in asts):
-        flags = WEIGHT_TRANSFORM if all(a.src[0].arg.op.kind == "w" for a in asts) else NO_PEELING
+        ops = [a.src[0].arg.op for a in asts]
+        if all(w.kind == "w" for w in ops):
+            flags = WEIGHT_TRANSFORM
+        elif all(w.kind == "in" and w.panel for w in ops):
+            flags = PANEL_TRANSFORM
+        else:
+            flags = NO_PEELING
     else:
         flags = SHORT_PEELING
     return f"{CFLAGS_LINE} {' '.join(flags)}\n"
