@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import itertools
 import os
+import select
 import subprocess
 import threading
 from collections.abc import Callable
@@ -106,6 +107,16 @@ def _finish(run: _Run) -> tuple[bytes, str]:
     finally:
         unlink_quiet(run.c_file)
         unlink_quiet(run.tmp_obj)
+
+
+def _first_done(runs: list[_Run]) -> _Run:
+    """The run that ends first (its compiler's stderr reaches end of file, or says something: then it is waited for
+    as it is). Waiting on the oldest run instead left a CPU idle whenever a younger one ended first: a CNN step's
+    last two runs ended 140 ms apart."""
+    if len(runs) == 1:
+        return runs[0]
+    ready, _, _ = select.select([r.proc.stderr for r in runs], [], [])
+    return next(r for r in runs if r.proc.stderr in ready)
 
 
 def _kill(run: _Run) -> None:
@@ -275,7 +286,8 @@ def gather(
             while pending and len(running) < width:
                 batch, batch_flags = pending.pop(0)
                 running.append(_start(batch, cc, batch_flags, tmpdir))  # OSError: gcc cannot run
-            run = running.pop(0)
+            run = _first_done(running)
+            running.remove(run)
             data, err = _finish(run)
             if err:
                 failed = failed or fail(run.proc.returncode, run.cmd, err, "\n".join(u.src for u in run.units))
