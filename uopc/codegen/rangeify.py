@@ -433,8 +433,9 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
             valid = last_valid - (nv - 1) * w
             whole = iter(widen([x for x, p in zip(stores, part) if not p], lane, _loops_of))
             tail = [x for x, p in zip(stores, part) if p]
-            if valid == 1:  # one column: scalar
-                tail = [simplify(x.substitute({lane: UOp.const(0, lane.dtype)})) for x in tail]
+            if valid == 1:  # one column: scalar (simplified together, their shared parts once)
+                zero = {lane: UOp.const(0, lane.dtype)}
+                tail = list(simplify(UOp(Ops.SINK, tuple(x.substitute(zero) for x in tail))).src)
             else:
                 tail = widen(tail, lane, _loops_of, valid, _partial_width(valid, w))
             rest = iter(tail)
