@@ -588,7 +588,8 @@ def test_the_entry_point_compiles_at_o0_and_hand_written_kernels_keep_o3(context
             assert got == list(WEIGHT_TRANSFORM if w.kind == "w" else PANEL_TRANSFORM if w.panel else NO_PEELING)
         else:
             assert got == want.get(kr.ast.src[0].op, list(SHORT_PEELING)), kr.name
-    assert sorted(kinds) == ["in", "panels", "w", "w"]
+    # (panels are the optimizer's layout pass: OPT=0 has none)
+    assert sorted(kinds) == ["in", "panels" if helpers.settings().OPT >= 1 else "in", "w", "w"]
 
 
 def test_a_units_own_flags_reach_the_compiler(tmp_path):
