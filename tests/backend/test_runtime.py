@@ -754,6 +754,27 @@ def test_a_big_plan_compiles_its_kernels_while_it_is_lowered(cache: Path, monkey
     np.testing.assert_array_equal(again, got)
 
 
+def test_a_stopped_compile_leaves_no_file_even_from_the_compilers_own_children(tmp_path):
+    """gcc -pipe runs cc1 and as beside the driver; stopping a run stops them all. Killing only the driver left
+    the assembler to write the run's object after its files were removed (a stray .batch-*.o in the cache). The fake
+    compiler here leaves that to a child of its own, a moment after it starts."""
+    from uopc.runtime import objects
+
+    fake = tmp_path / "slowcc"
+    # the last argument is the C file; the output is the argument after -o
+    fake.write_text(
+        '#!/bin/sh\nout=""; prev=""\nfor a; do [ "$prev" = -o ] && out="$a"; prev="$a"; done\n'
+        '(sleep 0.3; echo late > "$out") &\nwait\n'
+    )
+    fake.chmod(0o755)
+    unit = objects.Unit("int uopc_never(void) { return 0; }\n", str(tmp_path / "never.o"))
+    run = objects._start((unit,), str(fake), [], str(tmp_path))
+    time.sleep(0.1)  # the child is sleeping
+    objects._kill(run)
+    time.sleep(0.5)  # past the child's write, had it lived
+    assert not list(tmp_path.glob(".batch-*")), list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("kernels,first_sent", [(30, 1), (12, 10), (5, None)])
 def test_a_plan_expected_to_compile_per_kernel_starts_gcc_with_its_first_kernel(monkeypatch, kernels, first_sent):
     """Early compiles start once the kernels lowered so far reach ONE_UNIT_CHARS of C, or once they and the kernels

@@ -5,8 +5,8 @@ whose arg is the number of valid lanes). Lanes past them are neither read (they 
     uopc_mstore_f32x16(data0+alu4, acc1, 5);             /* vmovups %zmm0, (%rsi){%k1} */
 
 The instruction is chosen by the preprocessor, from what the compiler targets: AVX-512's masked moves, AVX's
-vmaskmov, else a copy of the valid bytes through memory (which no uopc kernel on an x86-64 with AVX takes). The
-count is a constant at every call: the mask folds.
+vmaskmov, else a copy of the valid bytes through memory (float vectors take it only without AVX; integer vectors,
+rare in a lane tile, always do). The count is a constant at every call: the mask folds.
 """
 
 from __future__ import annotations

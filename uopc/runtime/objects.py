@@ -26,6 +26,7 @@ import hashlib
 import itertools
 import os
 import select
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -83,7 +84,8 @@ def _start(units: tuple[Unit, ...], cc: str, flags: list[str], where: str) -> _R
         f.write("\n".join(u.src for u in units))
     cmd = [cc, *flags, "-fPIC", "-pipe", "-c", "-o", tmp_obj, c_file]
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # a process group of its own, so that _kill stops cc1 and as with the driver
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, process_group=0)
     except OSError:
         unlink_quiet(c_file)
         raise
@@ -120,8 +122,11 @@ def _first_done(runs: list[_Run]) -> _Run:
 
 
 def _kill(run: _Run) -> None:
+    """Stop a run and remove its files. The whole process group: the driver's children (cc1, and as beside it
+    under -pipe) outlive a killed driver, and the assembler wrote the run's object after its removal."""
     with contextlib.suppress(OSError):
-        run.proc.kill()
+        os.killpg(run.proc.pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
         run.proc.wait()
     unlink_quiet(run.c_file)
     unlink_quiet(run.tmp_obj)
