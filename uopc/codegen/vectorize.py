@@ -134,7 +134,12 @@ class _Lanes:
         i0 = idxs[0]
         if any(len(i.src) != 2 for i in idxs):  # gated (PAD) lanes are read one by one
             return None
-        if buffer_of(i0).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
+        if buffer_of(i0).op is Ops.ALLOC:
+            if any(buffer_of(i) is buffer_of(i0) for i in idxs[1:]):
+                # lanes that share one local array (a staged row kept out of the output) read its elements, one by
+                # one: taking the array for an accumulator per lane read lane 0's element in every lane
+                return None
+            # an accumulator per lane: the vector accumulator of these lanes
             buf = self.vec(tuple(i.src[0] for i in idxs))
             return UOp(Ops.INDEX, (buf, i0.src[1]), None, buf.dtype)
         if any(i.src[0] is not i0.src[0] for i in idxs) or not _consecutive(tuple(i.src[1] for i in idxs), self.simp):
