@@ -36,10 +36,11 @@ def test_fuzz_threads_check_every_program():
     assert len(reps) == 40 and not any(reps), next(r for r in reps if r)
 
 
-@pytest.mark.parametrize("block", range(3))
+@pytest.mark.parametrize("block", range(2))
 def test_fuzz_lowering_under_random_opts(block):
-    # uopc.tools.fuzz_opts: 24 seeds of one-kernel programs lowered under random Opts, against NumPy (rtol 1e-4 of the
-    # result's scale); before the vectorize fix, seeds 0-19 gave 4 mismatches (a softmax's row read in vectors)
+    # uopc.tools.fuzz_opts: 16 seeds of one-kernel programs lowered under random Opts, against NumPy (rtol 1e-4 of the
+    # result's scale, 2e-3 for half precision); before 24b0c80's vectorize fix, seed 1 gave 2 mismatches (a softmax's
+    # row read in vectors)
     bad = [rep for s in range(block * 8, block * 8 + 8) for rep in fuzz_opts.check(s)]
     assert not bad, bad[0]
 
