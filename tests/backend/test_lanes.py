@@ -21,6 +21,8 @@ from uopc.opt.opts import Opts
 from uopc.render_c import render_c
 from uopc.renderer.c_masked import masked_helpers
 from uopc.runtime import compiler as runtime
+from uopc.tensor import Tensor
+from uopc.tools import fuzz_opts
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 
@@ -92,6 +94,15 @@ def test_an_op_with_no_vector_form_runs_lane_by_lane():
     assert lanes.lane_stats["lanes"] == before["lanes"] + 1
     a, b = ins[0].reshape(M, K), ins[1].reshape(K, 4 * W)
     np.testing.assert_allclose(got, np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+
+
+def test_an_index_that_is_the_lane_alone():
+    # a 2x2 max pool over one output row (1, 1, 1, 15) with its size-1 axes upcast too: every term of a load's index
+    # but the LANE folds to 0, and taking the lane out of that index raised (found by uopc.tools.fuzz_opts, seed 1070)
+    x = np.random.default_rng(3).standard_normal((2, 16)).astype(np.float32)
+    item, inputs = fuzz_opts.one_kernel(Tensor(x).reshape(1, 1, 2, 16).max_pool2d(2, 1).uop)
+    got = fuzz_opts.run_kernel(item, inputs, Opts(upcast={0: 3, 1: 8, 3: 16}, unroll=4, vec=4))
+    np.testing.assert_array_equal(got, np.maximum(np.maximum(x[0, :-1], x[0, 1:]), np.maximum(x[1, :-1], x[1, 1:])))
 
 
 @pytest.mark.parametrize("rows", [12, 13])

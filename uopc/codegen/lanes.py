@@ -165,7 +165,10 @@ class _Widen:
         return b0
 
     def _drop_lane(self, i: UOp) -> UOp:
-        """Sum `i` without its LANE term (_linear holds): only the ADDs on the way to the LANE are rebuilt."""
+        """Sum `i` without its LANE term (_linear holds): only the ADDs on the way to the LANE are rebuilt. An index
+        that is the LANE alone (every other term of it folded to 0: a vector at the start of a one-row output) is 0."""
+        if i is self.lane:
+            return UOp.const(0, i.dtype)
         a, b = i.src
         if b is self.lane or a is self.lane:
             return a if b is self.lane else b

@@ -28,11 +28,11 @@ from uopc.renderer.c import render_c
 from uopc.runtime.buffer import aligned_empty, buffer_data
 from uopc.runtime.compiler import Program, machine
 from uopc.schedule import schedule
-from uopc.schedule.plan import RefKind
+from uopc.schedule.plan import RefKind, ScheduleItem
 from uopc.tensor import Tensor
-from uopc.uop import Ops
+from uopc.uop import Ops, UOp
 
-__all__ = ["PROGRAMS", "check", "random_opts"]
+__all__ = ["PROGRAMS", "Case", "check", "one_kernel", "random_opts", "run_kernel"]
 
 RTOL = 1e-4  # of the largest |value| of NumPy's result (float32 rows of up to 128 and sums of up to 64 products)
 
@@ -116,37 +116,56 @@ def random_opts(rng: np.random.Generator, shape: tuple[int, ...], reduces: bool)
     return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile, vec=vec)
 
 
+def one_kernel(root: UOp) -> tuple[ScheduleItem, list[UOp]] | None:
+    """The one kernel `root` schedules into under the layout pass (a row kept in its output), else under the plain
+    cut (a matmul whose B the layout pass would pack), and the input BUFFERs its refs name; None if it takes more."""
+    for opt in (HandOpt(machine()), None):
+        sched, inputs = schedule([root], False, opt)
+        if len(sched.items) == 1:
+            return sched.items[0], inputs
+    return None
+
+
+def run_kernel(item: ScheduleItem, inputs: list[UOp], opts: Opts) -> np.ndarray:
+    """Lower `item` under `opts`, compile and run it on its inputs' values; its output (flat). Its arrays are
+    aligned, as uopc's own buffers are (a vector access proven aligned may be an aligned one), and the output is
+    prefilled with NaN (-1 for integers), so an element never written shows."""
+    out = aligned_empty(item.out.arg.shape[0], item.out.dtype)
+    out[:] = np.nan if out.dtype.kind == "f" else -1
+    args = []
+    for ref in item.refs:
+        if ref.kind is RefKind.OUT:
+            args.append(out)
+            continue
+        data = buffer_data(inputs[ref.i])
+        args.append(aligned_empty(data.size, inputs[ref.i].dtype))
+        args[-1][:] = data
+    Program(render_c(lower(item.body, item.out, Ctx(opts=opts)), "k", opts.register_tile), "k")(*args)
+    return out
+
+
 def check(seed: int) -> list[str]:
-    """Seed `seed`'s shapes and Opts over PROGRAMS: a report for each result NumPy disagrees with (none: [])."""
+    """Seed `seed`'s shapes and Opts over PROGRAMS: a report for each result NumPy disagrees with, or each lowering
+    that raised (none: [])."""
     rng = np.random.default_rng(seed)
     r, c, k = (int(rng.choice(v)) for v in ([1, 3, 6, 12, 17, 33, 64], [5, 16, 33, 100, 128], [7, 32, 40]))
     bad = []
     for p in PROGRAMS:
         arrays = [rng.standard_normal(s).astype(np.float32) for s in p.shapes(r, c, k)]
-        root = p.uopc(*[Tensor(a) for a in arrays]).uop
-        # the layout pass's kernels (a row kept in its output), else the plain cut's (a matmul whose B it would pack)
-        sched, inputs = schedule([root], False, HandOpt(machine()))
-        if len(sched.items) != 1:
-            sched, inputs = schedule([root], False, None)
-        if len(sched.items) != 1:
+        if (kernel := one_kernel(p.uopc(*[Tensor(a) for a in arrays]).uop)) is None:
             continue
-        (item,) = sched.items
+        item, inputs = kernel
         opts = random_opts(rng, item.body.shape, any(u.op is Ops.REDUCE for u in item.body.toposort()))
-        out = aligned_empty(item.out.arg.shape[0], item.out.dtype)
-        out[:] = np.nan if out.dtype.kind == "f" else -1  # (every element must be written)
-        args = []
-        for ref in item.refs:  # aligned, as uopc's own buffers are (a vector access proven aligned may be one)
-            if ref.kind is RefKind.OUT:
-                args.append(out)
-                continue
-            data = buffer_data(inputs[ref.i])
-            args.append(aligned_empty(data.size, inputs[ref.i].dtype))
-            args[-1][:] = data
-        Program(render_c(lower(item.body, item.out, Ctx(opts=opts)), "k", opts.register_tile), "k")(*args)
+        what = f"seed {seed}: {p.name} {'x'.join(map(str, item.body.shape))} under {opts}"
+        try:
+            out = run_kernel(item, inputs, opts)
+        except Exception as e:  # noqa: BLE001  (a crash of lowering is a finding like a wrong value)
+            bad.append(f"{what}: {type(e).__name__}: {e}")
+            continue
         want = p.numpy(*[a.astype(np.float64) for a in arrays]).reshape(-1)
         err = np.abs(out - want).max() / max(np.abs(want).max(), 1e-6)
         if not err <= p.rtol:
-            bad.append(f"seed {seed}: {p.name} {'x'.join(map(str, item.body.shape))} under {opts}: error {err:.3g}")
+            bad.append(f"{what}: error {err:.3g}")
     return bad
 
 
