@@ -761,7 +761,7 @@ def test_a_stopped_compile_leaves_no_file_even_from_the_compilers_own_children(t
     from uopc.runtime import objects
 
     fake = tmp_path / "slowcc"
-    # the last argument is the C file; the output is the argument after -o
+    # it writes the file named after -o, from a child of its own
     fake.write_text(
         '#!/bin/sh\nout=""; prev=""\nfor a; do [ "$prev" = -o ] && out="$a"; prev="$a"; done\n'
         '(sleep 0.3; echo late > "$out") &\nwait\n'

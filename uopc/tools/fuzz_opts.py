@@ -8,8 +8,9 @@ draws shapes (sizes that are not multiples of any tile: 1, 5, 17, 33, 100 ...) a
 (rows, reductions, products, pads, selects, scans, argmax, a half-precision row, a pooling window), the kernel it
 schedules into (under the layout pass, or else the plain cut) lowered under Opts of every kind: upcasts of any axis
 by 2-16 (whole vectors or not), SIMD vectors of 4-16 lanes over the last axis's copies, threads over any axis,
-unrolled reduces and cache blocks. A softmax read in vectors from its row kept in a local array computed lane 0's
-value in every lane (off by 0.13-0.97): 4 mismatches in seeds 0-19.
+unrolled reduces and cache blocks. A lowering that raises is a finding too. It found a softmax read in vectors from
+its row kept in a local array, which computed lane 0's value in every lane (off by 0.13-0.97), and a one-row max pool
+whose load index was the vector lane alone, which crashed the lowering.
 """
 
 from __future__ import annotations
