@@ -7,8 +7,8 @@
         for each tile row ty:                                   for each chunk of whole tile rows:
             rows = its alpha input rows, zero-padded                for each tile of the chunk (vectorized):
             cv = B^T rows, column by column (vectorized)                y = the alpha x alpha products of the tile
-            for each tile tx:                                           st[:, t] = A^T y A, its m x m outputs
-                V[c, :, t] = cv[:, tx*m ..] B                   for each output row of the chunk (inside OH):
+            for each row i of cv, for each tile tx:                     st[:, t] = A^T y A, its m x m outputs
+                V[c, i*alpha.., t] = cv[i, tx*m ..] B           for each output row of the chunk (inside OH):
                                                                     its tiles' points from st (inside OW)
 
 Where the products would pack V into the microkernel's panels (a B larger than half of L2, uopc.opt.gemm), the
@@ -16,7 +16,10 @@ input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/
 
 Each tile's products with the constant matrices are unrolled: a term per nonzero coefficient (a coefficient of +-1
 an add or a subtract), so F(4,3)'s input transform is about 150 flops per tile rather than 2 * 6^3 * 2; its B^T d
-half is computed once per column of a tile row, which neighbouring tiles share (their C a third smaller). The tiles of
+half is computed once per column of a tile row, which neighbouring tiles share (their C a third smaller). Its
+(B^T d) B half is a loop over the alpha rows of B^T d, each giving alpha of the tile's alpha^2 values: written out
+for all alpha^2 at once, ResNet-18's four F(4,3) input transforms took gcc 167/155/133/76 ms, 79/86/85/64 in the
+loop, and ran as fast (348-359 us a call together against 333-366, alternating). The tiles of
 a (image, channel) pair are written (read) in order. V keeps a channel's alpha^2 rows together: laid out as
 (alpha^2, C, T), the alpha^2 streams one tile writes were C*T floats apart, a multiple of 4 KiB at ResNet-18's
 14x14 and 7x7 (C*T = 256*16, 512*16): every store of a tile went to one L1 set (0.54 ms for 256 channels at 14x14,
@@ -200,15 +203,16 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     # B^T d: each column of the tile row's alpha input rows once (a loop gcc vectorizes; neighbouring tiles share
     # alpha - m columns), then (B^T d) B per tile from those columns
     column_pass = [f"cv[{i}][col] = {_combo(BT[i], [f'rows[{k}][col]' for k in range(a)])};" for i in range(a)]
-    v = [[_combo(BT[j], [f"cv[{i}][tx * {m} + {q}]" for q in range(a)]) for j in range(a)] for i in range(a)]
+    v = [_combo(BT[j], [f"ci[tx * {m} + {q}]" for q in range(a)]) for j in range(a)]
     if nr:  # OUT_CHUNK tiles (whole tile rows) into st, then their runs of tiles into the panels
         rows = max(1, min(th, OUT_CHUNK // tw))
-        stores = [f"      st[{i * a + j}][(ty % {rows}) * {tw} + tx] = {v[i][j]};" for i in range(a) for j in range(a)]
+        stores = [f"        st[i * {a} + {j}][(ty % {rows}) * {tw} + tx] = {v[j]};" for j in range(a)]
         out = _panel_stores(a * a, C, T, tw, th, rows, nr, o)
-        head = [f"  float st[{a * a}][{rows * tw}];"]
+        head, dst = [f"  float st[{a * a}][{rows * tw}];"], []
     else:
-        stores = [f"      vt[{(i * a + j) * T}LL + tx] = {v[i][j]};" for i in range(a) for j in range(a)]
+        stores = [f"        vi[{j * T}LL + tx] = {v[j]};" for j in range(a)]
         out, head = [], [f"  float* restrict vs = {o} + c * {a * a * T}LL + n * {th * tw}LL;"]
+        dst = [f"      float* restrict vi = vs + ty * {tw} + i * {a * T}LL;"]
     return [
         *_planes("cn", "c", N, C, th * tw),
         f"  const float* restrict xs = {x} + {k.offset}LL + n * {sN}LL + c * {sC}LL;",
@@ -219,9 +223,12 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         f"    for (int col = 0; col < {PW}; col++) {{",
         *(f"      {line}" for line in column_pass),
         "    }",
-        *([] if nr else [f"    float* restrict vt = vs + ty * {tw};"]),
-        f"    for (int tx = 0; tx < {tw}; tx++) {{",
+        f"    for (int i = 0; i < {a}; i++) {{  // (B^T d) B of row i of every tile: {a} of the tile's {a * a}",
+        "      const float* restrict ci = cv[i];",
+        *dst,
+        f"      for (int tx = 0; tx < {tw}; tx++) {{",
         *stores,
+        "      }",
         "    }",
         *out,
         "  }",
