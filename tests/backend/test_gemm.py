@@ -139,6 +139,33 @@ def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
     assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
 
 
+def test_a_tile_three_vectors_wide_where_whole_tiles_then_cover_more_columns(context):
+    """Columns that 3-vector tiles cover (all but one of ResNet-18's 49 output positions at 7x7) but 2- or 4-vector
+    tiles leave to the remainder region take 3 vectors and the rows the accumulator budget then holds (8x48 on
+    AVX-512); where 4-vector tiles cover as many, 4 stay. A machine with 16 vector registers has no 3-vector tile of
+    6 rows and keeps 2. The 3-vector tile keeps its accumulators in registers and computes the product."""
+    for vector_bytes, registers in [(64, 32), (32, 16)]:
+        m = replace(MACHINE, vector_bytes=vector_bytes, vector_registers=registers)
+        w, budget = vector_bytes // 4, registers * 3 // 4
+        three = budget // 3 >= 6
+        assert microkernel(512, 3 * w + 1, 4, m) == ((budget // 3, 3 * w, w) if three else (6, 2 * w, w))
+        assert microkernel(512, 6 * w + 2, 4, m)[1] == (3 if three else 2) * w  # 4-vector tiles: 4w columns
+        assert microkernel(512, 12 * w + 2, 4, m)[1] == (4 if budget // 4 >= 6 else 2) * w  # as many: the widest
+    mr, nr, w = microkernel(512, 3 * W + 1, 4, MACHINE)
+    if nr != 3 * w:
+        return
+    if not helpers.settings().CHECK_OOB:  # (index checks add a branch per load to the loop gcc compiles)
+        asm = _asm(_gemm_kernel(4 * mr, 2 * nr, 256))
+        reg = {64: "zmm", 32: "ymm"}.get(MACHINE.vector_bytes, "xmm")
+        spills = re.findall(rf"vmov\w+\s+(%{reg}\d+, -?\d*\(%r[sb]p\)|-?\d*\(%r[sb]p\), %{reg}\d+)", asm)
+        assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
+    for opt in (0, 1):
+        context(OPT=opt)
+        a = rng.standard_normal((2 * mr + 3, 300)).astype(np.float32)
+        b = rng.standard_normal((300, 3 * w + 1)).astype(np.float32)
+        _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
+
+
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_skinny_tiles_use_packed_fma_and_do_not_spill(m):
     """Fewer than 6 rows (a decode step's products) take all their rows and more vectors per row

@@ -125,7 +125,13 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, i
     if 0 < m < SKINNY_ROWS:  # the m x nv accumulators, the nv operand vectors and the broadcast in the registers
         nv = max(1, min(SKINNY_VECTORS, budget // m, (machine.vector_registers - 1) // (m + 1), n // w))
         return m, nv * w, w
-    nv = next((v for v in (4, 2) if budget // v >= 6 and n >= v * w), 1)
+    # 4 vectors wide, or 3 where their whole tiles cover more of the columns by over n/16 (or 4 do not fit), else 2:
+    # the columns past the whole tiles run in a remainder region (uopc.codegen.loops.regions) at a fraction of the
+    # FMA rate. ResNet-18's 7x7 outputs (n = 49) in 12x32 tiles left 17 columns to it, in 8x48 tiles one: its last
+    # stride-2 convolution (512 x 2304 @ 2304 x 49) took 0.608-0.616 ms against 0.669-0.673, alternating.
+    cover = {v: n // (v * w) * v * w for v in (4, 3) if budget // v >= 6 and n >= v * w}
+    wide = [v for v in cover if cover[v] >= max(cover.values()) - n / 16]
+    nv = wide[0] if wide else 2 if budget // 2 >= 6 and n >= 2 * w else 1
     # no more rows than the output has: rows past a tile's multiple run one at a time (the remainder region), so a
     # 12-row tile over 9 rows (the CNN's first convolution's weight gradient, 3x3 taps x 16 filters) ran every row
     # as one FMA chain, waiting on its latency
