@@ -195,8 +195,8 @@ _KERNELS = re.compile(r"realize: (\d+) kernels")
 
 
 def phase_split(lines: list[str]) -> str:
-    """The `realize:` lines summed: realizes, kernels, and every "<phase> <x> ms" they name (schedule, run, and the
-    phases of `realize: built plan` lines when present), in the order they first appear."""
+    """The `realize:` lines summed: realizes, kernels, and every "<phase> <x> ms" they name (plan: finding or building
+    it, run, and the phases of `realize: built plan` lines when present), in the order they first appear."""
     sums: dict[str, float] = {}
     realizes = kernels = 0
     for line in lines:

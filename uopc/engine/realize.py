@@ -401,7 +401,7 @@ def realize(
         t2 = time.perf_counter()
         plan = cp.plan
         print(
-            f"realize: {len(plan.kernels)} kernels, schedule {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms, "
+            f"realize: {len(plan.kernels)} kernels, plan {(t1 - t0) * 1e3:.1f} ms, run {(t2 - t1) * 1e3:.1f} ms, "
             f"temps {plan.temp_bytes} -> {plan.arena_bytes} bytes"
         )
     if len(uniq) == len(roots):
