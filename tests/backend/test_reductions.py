@@ -91,6 +91,28 @@ def test_sums_under_the_bounds_checker(context):
         assert abs(got - n * F01) <= 1e-6 * n * F01, (n, got)
 
 
+@pytest.mark.parametrize(
+    "rop,opts",
+    [
+        (Ops.MAX, Opts(upcast={0: 8}, ktile=3)),  # rows 0-7 one tile, 8-11 the remainder: no output loop in either
+        (Ops.MAX, Opts(upcast={0: 8}, ktile=11, vec=8)),
+        (Ops.ADD, Opts(upcast={0: 8, 1: 2}, ktile=3)),  # (a float sum takes chunks under a register tile only)
+    ],
+    ids=["max", "max-vec", "sum-tile"],
+)
+def test_a_reduce_in_k_chunks_whose_regions_have_no_output_loop(rop, opts):
+    # regression (tools.fuzz_opts seed 6): each region of the output runs its own loop over the chunks of K, but the
+    # reduce's loops were memoized by the output loops its index uses, and a one-tile region and its remainder use
+    # none: the remainder's rows read the tile's chunk loop, inside it (row max of 12 x 33 off by 3.0).
+    # reference: NumPy in float64; rtol 1e-5
+    x = np.random.default_rng(6).standard_normal((12, 2, 33)).astype(np.float32)
+    if rop is Ops.MAX:
+        got, want = run(buf(0, x.size).reshape((12, 66)).reduce(rop, 1), [x], opts=opts), x.reshape(12, 66).max(-1)
+    else:
+        got, want = run(buf(0, x.size).reshape((12, 2, 33)).reduce(rop, 1), [x], opts=opts), x.sum(-1, dtype=np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("opts", [Opts(unroll=4), Opts(ktile=1000)], ids=["unroll", "ktile"])
 def test_levels_win_over_unroll_and_ktile(opts):
     # regression: under OPT=2 the search may pick unroll or ktile for a long sum, which kept one serial chain.

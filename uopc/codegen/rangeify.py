@@ -241,8 +241,9 @@ def _accumulate(ctx: Ctx, rop: Ops, dtype: DType, val: UOp, loops: list[UOp], sc
 def _reduce(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, chunk: KChunk | None = None) -> UOp:
     """The value of REDUCE `u` at output index `idx`, lowered by the strategy _strategy picks; `chunk` (the root
     reduce under Opts.ktile, from lower) always takes the single accumulator, which can resume a partial result."""
-    # unrolled copies of one reduce differ only by constants in idx: they share one set of loops (this memo key)
-    key = (u, frozenset(ranges_in(*idx)), valid)
+    # unrolled copies of one reduce differ only by constants in idx: they share one set of loops (this memo key); each
+    # region of the output has its own chunk loop (a one-tile region and its remainder may use no output loop at all)
+    key = (u, frozenset(ranges_in(*idx)), valid, chunk.loop if chunk is not None else None)
     # the accumulators live inside the loops the output index (and a PAD gate over it) uses: their scope
     scope = ranges_in(*idx, *([valid] if valid is not None else []))
     if chunk is not None:
