@@ -8,9 +8,10 @@ draws shapes (sizes that are not multiples of any tile: 1, 5, 17, 33, 100 ...) a
 (rows, reductions, products, pads, selects, scans, argmax, a half-precision row, a pooling window), the kernel it
 schedules into (under the layout pass, or else the plain cut) lowered under Opts of every kind: upcasts of any axis
 by 2-16 (whole vectors or not), SIMD vectors of 4-16 lanes over the last axis's copies, threads over any axis,
-unrolled reduces and cache blocks. A lowering that raises is a finding too. It found a softmax read in vectors from
-its row kept in a local array, which computed lane 0's value in every lane (off by 0.13-0.97), and a one-row max pool
-whose load index was the vector lane alone, which crashed the lowering.
+unrolled reduces, cache blocks and reduces in chunks of K (ktile). A lowering that raises is a finding too. It found
+a softmax read in vectors from its row kept in a local array, which computed lane 0's value in every lane (off by
+0.13-0.97); a one-row max pool whose load index was the vector lane alone, which crashed the lowering; and a row max
+in chunks of K whose one-tile region and remainder shared one chunk loop (the remainder's rows off by up to 3.0).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from uopc.runtime.compiler import Program, machine
 from uopc.schedule import schedule
 from uopc.schedule.plan import RefKind, ScheduleItem
 from uopc.tensor import Tensor
-from uopc.uop import Ops, UOp
+from uopc.uop import Ops, UOp, epilogue_reduce
 
 __all__ = ["PROGRAMS", "Case", "check", "one_kernel", "random_opts", "run_kernel"]
 
@@ -104,8 +105,9 @@ PROGRAMS = [
 ]
 
 
-def random_opts(rng: np.random.Generator, shape: tuple[int, ...], reduces: bool) -> Opts:
-    """Opts of every kind for an output of `shape` (unroll only where the kernel reduces)."""
+def random_opts(rng: np.random.Generator, shape: tuple[int, ...], reduces: bool, k: int = 0) -> Opts:
+    """Opts of every kind for an output of `shape` (unroll only where the kernel reduces; K in chunks, ktile, only
+    where its innermost reduce axis, of size `k`, has a divisor to chunk it by)."""
     nd = len(shape)
     upcast = {ax: int(rng.choice([2, 3, 4, 8, 16])) for ax in range(nd) if rng.random() < 0.6}
     vec = 0
@@ -114,7 +116,17 @@ def random_opts(rng: np.random.Generator, shape: tuple[int, ...], reduces: bool)
     thread = int(rng.integers(nd)) if nd and rng.random() < 0.4 else None
     unroll = int(rng.choice([1, 2, 4])) if reduces else 1
     tile = {ax: int(rng.choice([8, 16, 32])) for ax in range(nd) if shape[ax] > 8 and rng.random() < 0.2}
-    return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile, vec=vec)
+    ktile = 0
+    if (chunks := [d for d in range(2, k) if k % d == 0]) and rng.random() < 0.35:
+        # (lowering takes a chunk only without unrolling, and a float sum only under a register tile: _ktile)
+        ktile, unroll = int(rng.choice(chunks)), 1
+    return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile, ktile=ktile, vec=vec)
+
+
+def _reduce_size(body: UOp) -> int:
+    """The innermost reduce axis's size of the reduce a kernel stores (or whose epilogue it stores): 0 if none."""
+    r = epilogue_reduce(body)
+    return int(r.src[0].shape[-1]) if r is not None and isinstance(r.src[0].shape[-1], int) else 0
 
 
 def one_kernel(root: UOp) -> tuple[ScheduleItem, list[UOp]] | None:
@@ -156,7 +168,8 @@ def check(seed: int) -> list[str]:
         if (kernel := one_kernel(p.uopc(*[Tensor(a) for a in arrays]).uop)) is None:
             continue
         item, inputs = kernel
-        opts = random_opts(rng, item.body.shape, any(u.op is Ops.REDUCE for u in item.body.toposort()))
+        reduces = any(u.op is Ops.REDUCE for u in item.body.toposort())
+        opts = random_opts(rng, item.body.shape, reduces, _reduce_size(item.body))
         what = f"seed {seed}: {p.name} {'x'.join(map(str, item.body.shape))} under {opts}"
         try:
             out = run_kernel(item, inputs, opts)
