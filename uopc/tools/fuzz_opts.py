@@ -1,4 +1,4 @@
-"""Differential fuzzing of lowering: one-kernel programs lowered under random Opts, run, and compared with NumPy.
+"""Differential fuzzing of lowering: small programs lowered under random Opts, run, and compared with NumPy.
 
     python -m uopc.tools.fuzz_opts --n 500 --seed 0    # prints each mismatch with its program, shape and Opts
 
@@ -6,7 +6,8 @@ The optimizers choose few of the Opts that `lower` accepts, and the autotuner ti
 their values, so a lowering bug can wait for the day a search or a heuristic first picks its Opts. Here every seed
 draws shapes (sizes that are not multiples of any tile: 1, 5, 17, 33, 100 ...) and, for each program of PROGRAMS
 (rows, reductions, products, pads, selects, scans, argmax, a half-precision row, a pooling window), the kernel it
-schedules into (under the layout pass, or else the plain cut) lowered under Opts of every kind: upcasts of any axis
+schedules into (under the layout pass, or else the plain cut), or for a convolution (3x3, strided, dilated,
+depthwise) each kernel of the chain the layout pass cuts it into, lowered under Opts of every kind: upcasts of any axis
 by 2-16 (whole vectors or not), SIMD vectors of 4-16 lanes over the last axis's copies, threads over any axis,
 unrolled reduces, cache blocks and reduces in chunks of K (ktile). A lowering that raises is a finding too. It found
 a softmax read in vectors from its row kept in a local array, which computed lane 0's value in every lane (off by
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -30,11 +32,11 @@ from uopc.renderer.c import render_c
 from uopc.runtime.buffer import aligned_empty, buffer_data
 from uopc.runtime.compiler import Program, machine
 from uopc.schedule import schedule
-from uopc.schedule.plan import RefKind, ScheduleItem
+from uopc.schedule.plan import RefKind, Schedule, ScheduleItem
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, epilogue_reduce
 
-__all__ = ["PROGRAMS", "Case", "check", "one_kernel", "random_opts", "run_kernel"]
+__all__ = ["PROGRAMS", "Case", "check", "one_kernel", "random_opts", "run_kernel", "run_schedule"]
 
 RTOL = 1e-4  # of the largest |value| of NumPy's result (float32 rows of up to 128 and sums of up to 64 products)
 
@@ -57,6 +59,9 @@ class Case(NamedTuple):
     uopc: Callable[..., Tensor]
     numpy: Callable[..., np.ndarray]
     rtol: float = RTOL
+    chain: bool = (
+        False  # the kernels the optimizer's schedule cuts it into, each under Opts of its own (one_kernel: one)
+    )
 
 
 def _rc(r: int, c: int, k: int) -> list[tuple[int, ...]]:
@@ -77,6 +82,29 @@ def _product_bt(r: int, c: int, k: int) -> list[tuple[int, ...]]:
 
 def _product(r: int, c: int, k: int) -> list[tuple[int, ...]]:
     return [(r, k), (k, c)]
+
+
+def _conv(x: np.ndarray, w: np.ndarray, stride: int = 1, pad: int = 1, dil: int = 1, groups: int = 1) -> np.ndarray:
+    """PyTorch's conv2d (NCHW, OIHW weights), tap by tap."""
+    (n, _, h, wd), (k, cg, kh, kw) = x.shape, w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - dil * (kh - 1) - 1) // stride + 1, (wd + 2 * pad - dil * (kw - 1) - 1) // stride + 1
+    out, kg = np.zeros((n, k, oh, ow)), k // groups
+    for i in range(kh):
+        for j in range(kw):
+            tap = xp[:, :, i * dil :: stride, j * dil :: stride][:, :, :oh, :ow]
+            for g in range(groups):
+                xs, ws = tap[:, g * cg : (g + 1) * cg], w[g * kg : (g + 1) * kg, :, i, j]
+                out[:, g * kg : (g + 1) * kg] += np.einsum("nchw,kc->nkhw", xs, ws)
+    return out
+
+
+def _image(r: int, c: int, k: int) -> list[tuple[int, ...]]:
+    return [(2, 3, r, c), (k, 3, 3, 3)]
+
+
+def _depthwise(r: int, c: int, k: int) -> list[tuple[int, ...]]:
+    return [(1, 4, r, c), (4, 1, 3, 3)]
 
 
 PROGRAMS = [
@@ -101,6 +129,26 @@ PROGRAMS = [
         _taller,
         lambda t: t.reshape(1, 1, *t.shape).max_pool2d(2, 1).reshape(-1),
         lambda v: np.maximum(np.maximum(v[:-1, :-1], v[1:, :-1]), np.maximum(v[:-1, 1:], v[1:, 1:])).reshape(-1),
+    ),
+    # convolutions: a padded copy, the product over windows read in place (stride 2: the windows copied, im2col),
+    # and a crop, each kernel under random Opts
+    Case("conv 3x3", _image, lambda t, u: t.conv2d(u, padding=1), _conv, chain=True),
+    Case(
+        "conv 3x3 stride 2", _image, lambda t, u: t.conv2d(u, padding=1, stride=2), partial(_conv, stride=2), chain=True
+    ),
+    Case(
+        "conv 3x3 dilation 2",
+        _image,
+        lambda t, u: t.conv2d(u, padding=2, dilation=2),
+        partial(_conv, pad=2, dil=2),
+        chain=True,
+    ),
+    Case(
+        "depthwise conv",
+        _depthwise,
+        lambda t, u: t.conv2d(u, padding=1, groups=4),
+        partial(_conv, groups=4),
+        chain=True,
     ),
 ]
 
@@ -157,22 +205,61 @@ def run_kernel(item: ScheduleItem, inputs: list[UOp], opts: Opts) -> np.ndarray:
     return out
 
 
-def check(seed: int) -> list[str]:
-    """Seed `seed`'s shapes and Opts over PROGRAMS: a report for each result NumPy disagrees with, or each lowering
-    that raised (none: [])."""
+def _fresh(size: int, dtype) -> np.ndarray:
+    """An aligned array prefilled with NaN (-1 for integers): an element never written shows."""
+    a = aligned_empty(size, dtype)
+    a[:] = np.nan if a.dtype.kind == "f" else -1
+    return a
+
+
+def run_schedule(sched: Schedule, inputs: list[UOp], opts: list[Opts]) -> np.ndarray:
+    """Lower each kernel of `sched` under its Opts, compile it, and run them in order on the inputs' values; the
+    first root's output (flat). Temps and outputs start as run_kernel's output does."""
+    arrays: dict[RefKind, list[np.ndarray]] = {
+        RefKind.IN: [],
+        RefKind.TMP: [_fresh(t.size, t.dtype) for t in sched.temps],
+        RefKind.OUT: [_fresh(o.size, o.dtype) for o in sched.outs],
+    }
+    for b in inputs:
+        arrays[RefKind.IN].append(aligned_empty(buffer_data(b).size, b.dtype))
+        arrays[RefKind.IN][-1][:] = buffer_data(b)
+    for item, o in zip(sched.items, opts, strict=True):
+        if item.copy is not None or item.checks:
+            raise ValueError(f"run_schedule: {item.name} copies a buffer or checks indices (not run here)")
+        args = [arrays[ref.kind][ref.i] for ref in item.refs]
+        Program(render_c(lower(item.body, item.out, Ctx(opts=o)), "k", o.register_tile), "k")(*args)
+    return arrays[RefKind.OUT][0]
+
+
+def _draw(rng: np.random.Generator, item: ScheduleItem) -> Opts:
+    reduces = any(u.op is Ops.REDUCE for u in item.body.toposort())
+    return random_opts(rng, item.body.shape, reduces, _reduce_size(item.body))
+
+
+def check(seed: int, programs: list[Case] | None = None) -> list[str]:
+    """Seed `seed`'s shapes and Opts over `programs` (PROGRAMS, or some of them in its order: a seed's draws for a
+    program depend on the programs before it): a report for each result NumPy disagrees with, or each lowering that
+    raised (none: [])."""
     rng = np.random.default_rng(seed)
     r, c, k = (int(rng.choice(v)) for v in ([1, 3, 6, 12, 17, 33, 64], [5, 16, 33, 100, 128], [7, 32, 40]))
     bad = []
-    for p in PROGRAMS:
+    for p in PROGRAMS if programs is None else programs:
         arrays = [rng.standard_normal(s).astype(np.float32) for s in p.shapes(r, c, k)]
-        if (kernel := one_kernel(p.uopc(*[Tensor(a) for a in arrays]).uop)) is None:
+        root = p.uopc(*[Tensor(a) for a in arrays]).uop
+        if p.chain:
+            sched, inputs = schedule([root], False, HandOpt(machine()))
+            opts = [_draw(rng, item) for item in sched.items]
+            what = f"seed {seed}: {p.name}, " + ", ".join(f"{i.name} under {o}" for i, o in zip(sched.items, opts))
+            run: Callable[[], np.ndarray] = partial(run_schedule, sched, inputs, opts)
+        elif (kernel := one_kernel(root)) is not None:
+            item, inputs = kernel
+            opts1 = _draw(rng, item)
+            what = f"seed {seed}: {p.name} {'x'.join(map(str, item.body.shape))} under {opts1}"
+            run = partial(run_kernel, item, inputs, opts1)
+        else:
             continue
-        item, inputs = kernel
-        reduces = any(u.op is Ops.REDUCE for u in item.body.toposort())
-        opts = random_opts(rng, item.body.shape, reduces, _reduce_size(item.body))
-        what = f"seed {seed}: {p.name} {'x'.join(map(str, item.body.shape))} under {opts}"
         try:
-            out = run_kernel(item, inputs, opts)
+            out = run()
         except Exception as e:  # noqa: BLE001  (a crash of lowering is a finding like a wrong value)
             bad.append(f"{what}: {type(e).__name__}: {e}")
             continue
