@@ -9,7 +9,7 @@ against torch.compile's first call with an empty and a warm inductor cache.
 Each cell is its own Python process. uopc: a fresh UOPC_CACHE temp dir (empty), then a second process on that dir
 (warm); the process never imports torch. The first call is the first call of the TinyJit'd forward or training
 step, which runs it eagerly: graph building, scheduling, gcc (or the disk cache), the run. Run at DEBUG=1, the
-`realize:` lines printed during that call give the phase split (schedule and run ms; a `realize: built plan` line's
+`realize:` lines printed during that call give the phase split (plan and run ms; a `realize: built plan` line's
 phases are summed too). torch.compile: a fresh TORCHINDUCTOR_CACHE_DIR temp dir, then the same dir again, 2 threads;
 the model is compiled (training: forward and backward; AdamW runs eagerly, as bench_mnist_step compares).
 The softmax row's target is the warm first call plus 1.2 x gcc's time on a hand-written C softmax, compiled in the
