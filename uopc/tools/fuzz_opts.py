@@ -35,6 +35,7 @@ from uopc.schedule import schedule
 from uopc.schedule.plan import RefKind, Schedule, ScheduleItem
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, epilogue_reduce
+from uopc.uop.dtype import DType
 
 __all__ = ["PROGRAMS", "Case", "check", "one_kernel", "random_opts", "run_kernel", "run_schedule"]
 
@@ -59,9 +60,8 @@ class Case(NamedTuple):
     uopc: Callable[..., Tensor]
     numpy: Callable[..., np.ndarray]
     rtol: float = RTOL
-    chain: bool = (
-        False  # the kernels the optimizer's schedule cuts it into, each under Opts of its own (one_kernel: one)
-    )
+    # run as the chain of kernels the optimizer's schedule cuts it into, each under Opts of its own (else: one_kernel)
+    chain: bool = False
 
 
 def _rc(r: int, c: int, k: int) -> list[tuple[int, ...]]:
@@ -187,42 +187,39 @@ def one_kernel(root: UOp) -> tuple[ScheduleItem, list[UOp]] | None:
     return None
 
 
-def run_kernel(item: ScheduleItem, inputs: list[UOp], opts: Opts) -> np.ndarray:
-    """Lower `item` under `opts`, compile and run it on its inputs' values; its output (flat). Its arrays are
-    aligned, as uopc's own buffers are (a vector access proven aligned may be an aligned one), and the output is
-    prefilled with NaN (-1 for integers), so an element never written shows."""
-    out = aligned_empty(item.out.arg.shape[0], item.out.dtype)
-    out[:] = np.nan if out.dtype.kind == "f" else -1
-    args = []
-    for ref in item.refs:
-        if ref.kind is RefKind.OUT:
-            args.append(out)
-            continue
-        data = buffer_data(inputs[ref.i])
-        args.append(aligned_empty(data.size, inputs[ref.i].dtype))
-        args[-1][:] = data
-    Program(render_c(lower(item.body, item.out, Ctx(opts=opts)), "k", opts.register_tile), "k")(*args)
-    return out
-
-
-def _fresh(size: int, dtype) -> np.ndarray:
+def _fresh(size: int, dtype: DType) -> np.ndarray:
     """An aligned array prefilled with NaN (-1 for integers): an element never written shows."""
     a = aligned_empty(size, dtype)
     a[:] = np.nan if a.dtype.kind == "f" else -1
     return a
 
 
+def _copy_in(b: UOp) -> np.ndarray:
+    """An aligned copy of input BUFFER `b`'s values (uopc's storage is 64-byte aligned, NumPy's 16)."""
+    data = buffer_data(b)
+    a = aligned_empty(data.size, b.dtype)
+    a[:] = data
+    return a
+
+
+def run_kernel(item: ScheduleItem, inputs: list[UOp], opts: Opts) -> np.ndarray:
+    """Lower `item` under `opts`, compile and run it on its inputs' values; its output (flat). Its arrays are
+    aligned, as uopc's own buffers are (a vector access proven aligned may be an aligned one), and the output is
+    prefilled with NaN (-1 for integers), so an element never written shows."""
+    out = _fresh(item.out.arg.shape[0], item.out.dtype)
+    args = [out if ref.kind is RefKind.OUT else _copy_in(inputs[ref.i]) for ref in item.refs]
+    Program(render_c(lower(item.body, item.out, Ctx(opts=opts)), "k", opts.register_tile), "k")(*args)
+    return out
+
+
 def run_schedule(sched: Schedule, inputs: list[UOp], opts: list[Opts]) -> np.ndarray:
     """Lower each kernel of `sched` under its Opts, compile it, and run them in order on the inputs' values; the
     first root's output (flat). Temps and outputs start as run_kernel's output does."""
     arrays: dict[RefKind, list[np.ndarray]] = {
-        RefKind.IN: [],
+        RefKind.IN: [_copy_in(b) for b in inputs],
         RefKind.TMP: [_fresh(t.size, t.dtype) for t in sched.temps],
         RefKind.OUT: [_fresh(o.size, o.dtype) for o in sched.outs],
     }
-    for b in inputs:
-        arrays[RefKind.IN].append(aligned_empty(buffer_data(b).size, b.dtype))
-        arrays[RefKind.IN][-1][:] = buffer_data(b)
     for item, o in zip(sched.items, opts, strict=True):
         if item.copy is not None or item.checks:
             raise ValueError(f"run_schedule: {item.name} copies a buffer or checks indices (not run here)")
