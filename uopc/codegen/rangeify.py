@@ -413,7 +413,7 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
         plist = output_parts(ctx, sizes, ups, blocks, shared)
         if not ups and chunk is None and _elementwise(root):  # output loops the loads take apart again are split
             probe = tuple(i + o if o else i for (i, _), o in zip(plist, offs))
-            split = split_loops(ctx, plist, rangeify(root, probe, ctx), kinds=(AxisType.LOOP,))
+            split = split_loops(ctx, plist, rangeify(root, probe, ctx), kinds=(AxisType.LOOP,), in_place=True)
             plist = [plist[k] if k in shared else p for k, p in enumerate(split)]
         lane = lane_of(ctx.opts.vec, ups.get(len(sizes) - 1, 1), ctx.idx) if lanes and sizes else None
         if lane is None:
