@@ -483,6 +483,7 @@ def test_erf_gradient_is_exact_and_reads_only_its_input():
     the incoming gradient, not one reading every intermediate of the polynomial the forward evaluates."""
     from uopc.engine.lower import make_plan
     from uopc.engine.realize import default_opt
+    from uopc.schedule import RefKind
 
     x = np.linspace(-6, 6, 4096, dtype=np.float32).reshape(64, 64)
     g = rng.standard_normal((64, 64)).astype(np.float32)
@@ -490,9 +491,11 @@ def test_erf_gradient_is_exact_and_reads_only_its_input():
     y = t.gelu()
     (y * Tensor(g)).sum().backward()
     # the forward and the backward in one plan, as a training step has them (differentiated through the polynomial:
-    # 11 kernels, the backward's reading 10 staged intermediates)
+    # 11 kernels, the backward's reading 10 staged intermediates). Each kernel reads at most x, the incoming
+    # gradient and one staged value (the forward's output and the gradient, both roots, may be one kernel: groups)
     plan, _ = make_plan([y.uop, t.grad.uop], opt=default_opt())
-    assert len(plan.kernels) <= 3 and max(len(k.refs) for k in plan.kernels) <= 4, [k.name for k in plan.kernels]
+    reads = [[r for r in k.refs[:-1] if r.kind is not RefKind.OUT] for k in plan.kernels]  # (the last: written)
+    assert len(plan.kernels) <= 3 and max(map(len, reads)) <= 3, [(k.name, k.refs) for k in plan.kernels]
     tt = torch.from_numpy(x).requires_grad_()
     (torch.nn.functional.gelu(tt) * torch.from_numpy(g)).sum().backward()
     np.testing.assert_allclose(t.grad.numpy(), tt.grad.numpy(), atol=1e-6, rtol=1e-5)

@@ -37,7 +37,7 @@ def _names(c: str) -> str:
 
 def _by_elements(graph: UOp, n_inputs: int, opts: Opts) -> str:
     out = buf(n_inputs, graph.size, graph.dtype)
-    return render_c(rangeify._lower_nests(graph, out, Ctx(opts), lanes=False), "k")
+    return render_c(rangeify._lower_nests(((graph, out),), Ctx(opts), lanes=False), "k")
 
 
 def _tile(m_up: int, vectors: int, **kw) -> Opts:

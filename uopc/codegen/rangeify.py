@@ -376,28 +376,32 @@ def _one_acc(
     return acc0.after(upd.end(*real)).index(0).load()  # ...and read once more after they end
 
 
-def lower(root: UOp, out: UOp, ctx: Ctx | None = None) -> UOp:
-    """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major)."""
+def lower(root: UOp, out: UOp, ctx: Ctx | None = None, more: tuple[tuple[UOp, UOp], ...] = ()) -> UOp:
+    """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major). `more`: further
+    (value, BUFFER) pairs of root's shape, elementwise, stored in the same loops (uopc.schedule.group_updates)."""
     with deep_recursion():
-        return _lower(root, out, ctx or Ctx())
+        return _lower(((root, out), *more), ctx or Ctx())
 
 
-def _lower(root: UOp, out: UOp, ctx: Ctx) -> UOp:
+def _lower(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx) -> UOp:
     if ctx.opts.vec > 1:  # SIMD: one expression per vector of the tile's last axis, widened (codegen.lanes)
         try:
-            ast = _lower_nests(root, out, ctx, lanes=True)
+            ast = _lower_nests(pairs, ctx, lanes=True)
             lane_stats["lanes"] += 1
             return ast
         except NoLanes:  # some value has no vector form: lower element by element, regroup what vectorizes
             lane_stats["elements"] += 1
             ctx = Ctx(ctx.opts)
-    return _lower_nests(root, out, ctx, lanes=False)
+    return _lower_nests(pairs, ctx, lanes=False)
 
 
-def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
-    """The kernel as one loop nest per output region; with `lanes`, the vectorized copies as LANE expressions."""
-    ctx.idx = dtypes.int64 if _needs_64bit(root, out) else dtypes.int32
-    _setup_checks(ctx, root, out)
+def _lower_nests(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx, lanes: bool) -> UOp:
+    """The kernel as one loop nest per output region; with `lanes`, the vectorized copies as LANE expressions. The
+    first pair's value shapes the loops; each pair stores its value at every index of them."""
+    (root, out), ctx.idx = pairs[0], dtypes.int32
+    if any(_needs_64bit(r, o) for r, o in pairs):
+        ctx.idx = dtypes.int64
+    _setup_checks(ctx, root, pairs[-1][1])
     ktile = _ktile(root, ctx.opts)
     nests, parts = [], regions(root.shape, ctx.opts.upcast, ctx.opts.vec, masked=lanes)
     # a staged row may live in the output (_row_staged) where one nest writes the output whole and no cache block
@@ -413,36 +417,23 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
         plist = output_parts(ctx, sizes, ups, blocks, shared)
         if not ups and chunk is None and _elementwise(root):  # output loops the loads take apart again are split
             probe = tuple(i + o if o else i for (i, _), o in zip(plist, offs))
-            split = split_loops(ctx, plist, rangeify(root, probe, ctx), kinds=(AxisType.LOOP,), in_place=True)
+            vals = sink(*(rangeify(r, probe, ctx) for r, _ in pairs))
+            split = split_loops(ctx, plist, vals, kinds=(AxisType.LOOP,), in_place=True)
             plist = [plist[k] if k in shared else p for k, p in enumerate(split)]
         lane = lane_of(ctx.opts.vec, ups.get(len(sizes) - 1, 1), ctx.idx) if lanes and sizes else None
         if lane is None:
             indices = combos(plist)
         else:  # the last axis in vectors: one index per vector of its copies
             indices = [c + (v,) for c in combos(plist[:-1]) for v in copies(plist[-1], lane)]
+        indices = [tuple(i + o if o else i for i, o in zip(idx, offs)) for idx in indices]
         stores = []
-        for idx in indices:
-            idx = tuple(i + o if o else i for i, o in zip(idx, offs))
-            # a chunked root reduce is lowered here, with its chunk: nothing under it is chunked
-            val = rangeify(root, idx, ctx) if chunk is None else _chunked(root, idx, ctx, chunk)
-            flat = ravel(idx, root.shape) if root.shape else UOp.const(0, ctx.idx)
-            stores.append(out.index(flat).store(val))
-        if lane is not None and last_valid is not None:  # the region's last vector is partial (its valid lanes)
-            w = lane.src[0].arg
-            nv = sizes[-1] // w  # vectors per row of the tile: the last of each row is the partial one
-            part = [i % nv == nv - 1 for i in range(len(stores))]
-            valid = last_valid - (nv - 1) * w
-            whole = iter(widen([x for x, p in zip(stores, part) if not p], lane, _loops_of))
-            tail = [x for x, p in zip(stores, part) if p]
-            if valid == 1:  # one column: scalar (simplified together, their shared parts once)
-                zero = {lane: UOp.const(0, lane.dtype)}
-                tail = list(simplify(UOp(Ops.SINK, tuple(x.substitute(zero) for x in tail))).src)
-            else:
-                tail = widen(tail, lane, _loops_of, valid, _partial_width(valid, w))
-            rest = iter(tail)
-            stores = [next(rest) if p else next(whole) for p in part]
-        elif lane is not None:
-            stores = widen(stores, lane, _loops_of)
+        for r, o in pairs:
+            st = []
+            for idx in indices:
+                # a chunked root reduce is lowered here, with its chunk: nothing under it is chunked
+                val = rangeify(r, idx, ctx) if chunk is None else _chunked(r, idx, ctx, chunk)
+                st.append(o.index(ravel(idx, r.shape) if r.shape else UOp.const(0, ctx.idx)).store(val))
+            stores += st if lane is None else _widened(st, lane, last_valid, sizes)
         loops = ranges_in(*(b for b, _ in plist), *([chunk.loop] if chunk is not None else []))
         loops = [r for r in loops if r not in shared.values()]
         nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
@@ -450,6 +441,26 @@ def _lower_nests(root: UOp, out: UOp, ctx: Ctx, lanes: bool) -> UOp:
     if ctx.opts.vec > 1 and not lanes:  # copies of an upcast axis whose index is contiguous become vector ops
         ast = vectorize(ast, ctx.opts.vec)
     return _keep_checks(simplify(merge_ends(ast)), ctx)
+
+
+def _widened(stores: list[UOp], lane: UOp, last_valid: int | None, sizes: tuple[int, ...]) -> list[UOp]:
+    """A region's stores of one output, one per vector of its copies, widened into vector stores; with
+    `last_valid`, the last vector of each row of the tile is partial (its valid lanes)."""
+    if last_valid is None:
+        return widen(stores, lane, _loops_of)
+    w = lane.src[0].arg
+    nv = sizes[-1] // w  # vectors per row of the tile: the last of each row is the partial one
+    part = [i % nv == nv - 1 for i in range(len(stores))]
+    valid = last_valid - (nv - 1) * w
+    whole = iter(widen([x for x, p in zip(stores, part) if not p], lane, _loops_of))
+    tail = [x for x, p in zip(stores, part) if p]
+    if valid == 1:  # one column: scalar (simplified together, their shared parts once)
+        zero = {lane: UOp.const(0, lane.dtype)}
+        tail = list(simplify(UOp(Ops.SINK, tuple(x.substitute(zero) for x in tail))).src)
+    else:
+        tail = widen(tail, lane, _loops_of, valid, _partial_width(valid, w))
+    rest = iter(tail)
+    return [next(rest) if p else next(whole) for p in part]
 
 
 def _partial_width(valid: int, w: int) -> int:

@@ -67,7 +67,7 @@ def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
     elif item.body.op is Ops.SETITEM:  # the region write: its loops cover the region alone
         ast, opts = lower_setitem(item.body, item.out, _region_thread(item.body, opt)), None
     else:
-        ast, opts = lowered(item.body, item.out, opt)
+        ast, opts = lowered(item.body, item.out, opt, item.more)
         ast = size_argument(ast)  # (a one-loop kernel: its size as an argument, one function for every size)
     # simplification can delete a read (x*0 -> 0): the C signature then has fewer parameters,
     # so bind exactly the slots that survive lowering, or every later argument shifts by one
@@ -118,9 +118,10 @@ _lowered_lock = threading.Lock()
 lowered_stats = {"hits": 0, "misses": 0}
 
 
-def lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
-    """The loop AST of one kernel body and the Opts it was lowered with (None: unoptimized), memoized."""
-    key = (opt, body, out, helpers.settings().CHECK_OOB, helpers.settings().CFLAGS is None)  # (rangeify.lanes)
+def lowered(body: UOp, out: UOp, opt: Any, more: tuple[tuple[UOp, UOp], ...] = ()) -> tuple[UOp, Any]:
+    """The loop AST of one kernel body and the Opts it was lowered with (None: unoptimized), memoized. `more`: a
+    group of updates' further values and outputs (ScheduleItem.more), lowered in the loops `body` chooses."""
+    key = (opt, body, out, more, helpers.settings().CHECK_OOB, helpers.settings().CFLAGS is None)  # (rangeify.lanes)
     with _lowered_lock:
         hit = _lowered_memo.get(key)
         if hit is not None:
@@ -129,10 +130,10 @@ def lowered(body: UOp, out: UOp, opt: Any) -> tuple[UOp, Any]:
             return hit
     with helpers.phase("lower"):
         # adjacent dims that every read walks in order run as one loop (the kernel keeps its name and output)
-        if (shape := merged_shape(body)) != body.shape:
-            body = body.reshape(shape)
+        if (shape := merged_shape(body)) != body.shape and all(merged_shape(v) == shape for v, _ in more):
+            body, more = body.reshape(shape), tuple((v.reshape(shape), o) for v, o in more)
         opts = opt.choose(body, out) if opt is not None else None
-        res = lower(body, out, Ctx(opts=opts)), opts
+        res = lower(body, out, Ctx(opts=opts), more), opts
     with _lowered_lock:
         lowered_stats["misses"] += 1
         _lowered_memo[key] = res

@@ -40,8 +40,9 @@ from uopc.schedule.fusion import (
     stage_rows,
     stage_shared_chains,
 )
+from uopc.schedule.groups import update_groups
 from uopc.schedule.plan import Copy, Out, Ref, RefKind, Schedule, ScheduleItem, Temp
-from uopc.uop import ALU, OWN_KERNEL, Ops, ParamArg, UOp, base_buffer
+from uopc.uop import ALU, OWN_KERNEL, Ops, ParamArg, UOp, base_buffer, sink
 from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite_all
 
 __all__ = [
@@ -182,14 +183,26 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
         ph = UOp(Ops.BUFFER, (), ParamArg(-1 - len(place), u.dtype, (max(1, prod(u.shape)),)))
         place[u] = ph.reshape(u.shape) if u.shape != ph.shape else ph
     ph_ref = {base_buffer(place[u]).arg.slot: ref[u] for u in points}
-    # 5. one item per piece (a SCATTER or SETITEM is two: copy its base, then write the values in)
+    # 5. one item per piece (a SCATTER or SETITEM is two: copy its base, then write the values in); with an
+    #    optimizer, a run of elementwise updates (an optimizer step's, per parameter) is one item (groups)
+    bodies = {
+        u: (u.src[0] if u.op is Ops.STAGE else u).substitute({p: v for p, v in place.items() if p is not u})
+        for u in points
+    }
+    grouped = update_groups(points, bodies, place, ref) if opt is not None and not fuse_reduce else []
+    group_of = {run[0][0]: run for run in grouped}
+    later = {u for run in grouped for u, _ in run[1:]}
     items: list[ScheduleItem] = []
     n_err = 0  # error records so far: a kernel with index checks gets the next one
     for u in points:
-        body = u.src[0] if u.op is Ops.STAGE else u
-        body = body.substitute({p: v for p, v in place.items() if p is not u})
+        if u in later:
+            continue
+        if u in group_of:
+            items.append(_item([(v, ref[m]) for m, v in group_of[u]], ph_ref, in_idx, n_err, row_buffers=False))
+            continue
+        body = bodies[u]
         for piece in (body.src[0], body) if body.op in (Ops.SCATTER, Ops.SETITEM) else (body,):
-            item = _item(piece, ref[u], ph_ref, in_idx, n_err, row_buffers=opt is not None)
+            item = _item([(piece, ref[u])], ph_ref, in_idx, n_err, row_buffers=opt is not None)
             if piece is not body and base_buffer(piece) in in_idx:  # the base copied as it is
                 item = replace(item, copy=Copy(Ref(RefKind.IN, in_idx[base_buffer(piece)]), ref[u]))
             n_err += bool(item.checks)
@@ -198,19 +211,24 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
 
 
 def _item(
-    body: UOp, out_ref: Ref, ph_ref: dict[int, Ref], in_idx: dict[UOp, int], n_err: int, row_buffers: bool
+    pieces: list[tuple[UOp, Ref]], ph_ref: dict[int, Ref], in_idx: dict[UOp, int], n_err: int, row_buffers: bool
 ) -> ScheduleItem:
-    """One piece of the graph, writing `out_ref`: its buffers renumbered, its parameters bound to refs; with
-    `row_buffers` (an optimizer's plan), values its passes over a row share kept in row buffers (stage_rows)."""
-    # renumber buffers 0..n-1 in topological order (output last): identical kernels are one body
-    bufs = [b for b in body.toposort() if b.op is Ops.BUFFER]
+    """One piece of the graph, writing its Ref (a group of updates: several, each its value): buffers renumbered,
+    parameters bound to refs; with `row_buffers` (an optimizer's plan), values its passes over a row share kept in
+    row buffers (stage_rows)."""
+    # renumber buffers 0..n-1 in topological order (outputs last): identical kernels are one body
+    bufs = [b for b in sink(*(v for v, _ in pieces)).toposort() if b.op is Ops.BUFFER]
     local = {b: UOp(Ops.BUFFER, (), ParamArg(i, b.dtype, b.arg.shape)) for i, b in enumerate(bufs)}
-    out = UOp(Ops.BUFFER, (), ParamArg(len(bufs), body.dtype, (max(1, prod(body.shape)),)))
-    body = body.substitute(local)
+    outs = [
+        UOp(Ops.BUFFER, (), ParamArg(len(bufs) + j, v.dtype, (max(1, prod(v.shape)),)))
+        for j, (v, _) in enumerate(pieces)
+    ]
+    values = [v.substitute(local) for v, _ in pieces]
+    body, out = values[0], outs[0]
     if row_buffers and body.op not in (Ops.SCATTER, Ops.SETITEM) and body.op not in OWN_KERNEL:
         body = stage_rows(body)
     work = body.src[1] if body.op is Ops.SETITEM else body  # what it computes: a region write, its value alone
-    refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [out_ref]
+    refs = [ph_ref[b.arg.slot] if b.arg.slot < 0 else Ref(RefKind.IN, in_idx[b]) for b in bufs] + [r for _, r in pieces]
     checks = checks_of(work)
     if checks:  # the error record is the parameter after the output; one record per kernel that checks
         refs.append(Ref(RefKind.ERR, n_err))
@@ -218,9 +236,13 @@ def _item(
         name, op = "s_" + "_".join(map(str, body.src[2].shape or (1,))), f"scatter_{body.arg[3].name.lower()}"
     elif body.op is Ops.SETITEM:  # the region write: named by the region (w_ and its counts)
         name, op = "w_" + "_".join(map(str, work.shape or (1,))), f"setitem ({kernel_op(work)})"
+    elif len(values) > 1:  # a group of updates: each value's ops, once
+        name, op = kernel_name(body), f"{len(values)} updates, " + kernel_op(sink(*values)).removeprefix("elementwise ")
     else:
         name, op = kernel_name(body), kernel_op(body)
-    return ScheduleItem(name, body, out, tuple(refs), _flops(work), checks, op)
+    more = tuple(zip(values[1:], outs[1:], strict=True))
+    flops = _flops(work) + sum(_flops(v) for v in values[1:])
+    return ScheduleItem(name, body, out, tuple(refs), flops, checks, op, more=more)
 
 
 def checks_of(root: UOp) -> tuple[str, ...]:
@@ -232,10 +254,12 @@ def checks_of(root: UOp) -> tuple[str, ...]:
 def moved_bytes(item: ScheduleItem, slots: list[int]) -> int:
     """Bytes a kernel must move at least: each buffer it still reads once (its `slots` that survive lowering), and
     its output once (a region write: the region)."""
-    bufs = {b.arg.slot: b for b in item.body.toposort() if b.op is Ops.BUFFER}
-    read = sum(prod(bufs[i].arg.shape) * bufs[i].dtype.itemsize for i in slots if i in bufs and bufs[i] is not item.out)
-    written = prod(item.body.src[1].shape) if item.body.op is Ops.SETITEM else prod(item.out.arg.shape)
-    return read + written * item.out.dtype.itemsize
+    outs = [item.out, *(o for _, o in item.more)]
+    bufs = {b.arg.slot: b for b in sink(item.body, *(v for v, _ in item.more)).toposort() if b.op is Ops.BUFFER}
+    read = sum(prod(bufs[i].arg.shape) * bufs[i].dtype.itemsize for i in slots if i in bufs and bufs[i] not in outs)
+    if item.body.op is Ops.SETITEM:
+        return read + prod(item.body.src[1].shape) * item.out.dtype.itemsize
+    return read + sum(prod(o.arg.shape) * o.dtype.itemsize for o in outs)
 
 
 def _assign_refs(

@@ -119,8 +119,9 @@ def _padded(nbytes: int) -> int:
 @dataclass(frozen=True)
 class ScheduleItem:
     """One kernel as the scheduler cuts it, not lowered yet: its body with buffers renumbered 0..n-1 in topological
-    order (identical kernels of a model's repeated layers are one object), the BUFFER it writes (slot n), and the
-    plan array each slot binds to (then the kernel's error record, if it checks indices). The engine lowers it."""
+    order (identical kernels of a model's repeated layers are one object), the BUFFER it writes (slot n; a group of
+    updates writes more, `more`), and the plan array each slot binds to (then the kernel's error record, if it
+    checks indices). The engine lowers it."""
 
     name: str
     body: UOp
@@ -130,6 +131,8 @@ class ScheduleItem:
     checks: tuple[str, ...]  # labels of its data-dependent index checks (GATHERs), by their number
     op: str  # the Tensor-level operation it computes ("sum", "matmul", "exp2 mul ...")
     copy: Copy | None = None  # a copy of an input buffer (Kernel.copy)
+    # further (value, BUFFER) pairs it stores in the same loops, the BUFFERs in slots n+1.. (uopc.schedule.groups)
+    more: tuple[tuple[UOp, UOp], ...] = ()
 
 
 @dataclass(frozen=True)

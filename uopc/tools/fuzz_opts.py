@@ -5,14 +5,15 @@
 The optimizers choose few of the Opts that `lower` accepts, and the autotuner times candidates without checking
 their values, so a lowering bug can wait for the day a search or a heuristic first picks its Opts. Here every seed
 draws shapes (sizes that are not multiples of any tile: 1, 5, 17, 33, 100 ...) and, for each program of PROGRAMS
-(rows, reductions, products, pads, selects, scans, argmax, a half-precision row, a pooling window), the kernel it
-schedules into (under the layout pass, or else the plain cut), or for a convolution (3x3, strided, dilated,
-depthwise) each kernel of the chain the layout pass cuts it into, lowered under Opts of every kind: upcasts of any axis
-by 2-16 (whole vectors or not), SIMD vectors of 4-16 lanes over the last axis's copies, threads over any axis,
-unrolled reduces, cache blocks and reduces in chunks of K (ktile). A lowering that raises is a finding too. It found
-a softmax read in vectors from its row kept in a local array, which computed lane 0's value in every lane (off by
-0.13-0.97); a one-row max pool whose load index was the vector lane alone, which crashed the lowering; and a row max
-in chunks of K whose one-tile region and remainder shared one chunk loop (the remainder's rows off by up to 3.0).
+(rows, reductions, products, pads, selects, scans, argmax, a half-precision row, a pooling window, a group of
+updates one kernel stores), the kernel it schedules into (under the layout pass, or else the plain cut), or for a
+convolution (3x3, strided, dilated, depthwise) each kernel of the chain the layout pass cuts it into, lowered under
+Opts of every kind: upcasts of any axis by 2-16 (whole vectors or not), SIMD vectors of 4-16 lanes over the last
+axis's copies, threads over any axis, unrolled reduces, cache blocks and reduces in chunks of K (ktile). A lowering
+that raises is a finding too. It found a softmax read in vectors from its row kept in a local array, which computed
+lane 0's value in every lane (off by 0.13-0.97); a one-row max pool whose load index was the vector lane alone,
+which crashed the lowering; and a row max in chunks of K whose one-tile region and remainder shared one chunk loop
+(the remainder's rows off by up to 3.0).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def _layernorm(v: np.ndarray) -> np.ndarray:
 
 
 class Case(NamedTuple):
-    """A program: its inputs' shapes from the seed's sizes (R, C, K), uopc's form and NumPy's."""
+    """A program: its inputs' shapes from the seed's sizes (R, C, K), uopc's form and NumPy's (each a value, or a
+    tuple of them: roots realized together, run as the schedule cuts them)."""
 
     name: str
     shapes: Callable[[int, int, int], list[tuple[int, ...]]]
@@ -107,6 +109,12 @@ def _depthwise(r: int, c: int, k: int) -> list[tuple[int, ...]]:
     return [(1, 4, r, c), (4, 1, 3, 3)]
 
 
+def _updates(m, g, x):  # (Tensors or NumPy arrays alike)
+    a = m * 0.9 + g * 0.1
+    b = g * g * 0.5 + x
+    return a, b, x - a * 0.3 / (b * b + 1) ** 0.5
+
+
 PROGRAMS = [
     Case("softmax", _rc, lambda t: t.softmax(-1), _softmax),
     Case("log_softmax", _rc, lambda t: t.log_softmax(-1), lambda v: np.log(_softmax(v))),
@@ -130,6 +138,8 @@ PROGRAMS = [
         lambda t: t.reshape(1, 1, *t.shape).max_pool2d(2, 1).reshape(-1),
         lambda v: np.maximum(np.maximum(v[:-1, :-1], v[1:, :-1]), np.maximum(v[:-1, 1:], v[1:, 1:])).reshape(-1),
     ),
+    # three roots one kernel stores (uopc.schedule.groups), the third from the first two's values, as AdamW's update
+    Case("updates", lambda r, c, k: [(r, c)] * 3, _updates, _updates),
     # convolutions: a padded copy, the product over windows read in place (stride 2: the windows copied, im2col),
     # and a crop, each kernel under random Opts
     Case("conv 3x3", _image, lambda t, u: t.conv2d(u, padding=1), _conv, chain=True),
@@ -214,7 +224,7 @@ def run_kernel(item: ScheduleItem, inputs: list[UOp], opts: Opts) -> np.ndarray:
 
 def run_schedule(sched: Schedule, inputs: list[UOp], opts: list[Opts]) -> np.ndarray:
     """Lower each kernel of `sched` under its Opts, compile it, and run them in order on the inputs' values; the
-    first root's output (flat). Temps and outputs start as run_kernel's output does."""
+    roots' outputs, flat, one after another. Temps and outputs start as run_kernel's output does."""
     arrays: dict[RefKind, list[np.ndarray]] = {
         RefKind.IN: [_copy_in(b) for b in inputs],
         RefKind.TMP: [_fresh(t.size, t.dtype) for t in sched.temps],
@@ -224,8 +234,8 @@ def run_schedule(sched: Schedule, inputs: list[UOp], opts: list[Opts]) -> np.nda
         if item.copy is not None or item.checks:
             raise ValueError(f"run_schedule: {item.name} copies a buffer or checks indices (not run here)")
         args = [arrays[ref.kind][ref.i] for ref in item.refs]
-        Program(render_c(lower(item.body, item.out, Ctx(opts=o)), "k", o.register_tile), "k")(*args)
-    return arrays[RefKind.OUT][0]
+        Program(render_c(lower(item.body, item.out, Ctx(opts=o), item.more), "k", o.register_tile), "k")(*args)
+    return np.concatenate(arrays[RefKind.OUT])
 
 
 def _draw(rng: np.random.Generator, item: ScheduleItem) -> Opts:
@@ -242,13 +252,14 @@ def check(seed: int, programs: list[Case] | None = None) -> list[str]:
     bad = []
     for p in PROGRAMS if programs is None else programs:
         arrays = [rng.standard_normal(s).astype(np.float32) for s in p.shapes(r, c, k)]
-        root = p.uopc(*[Tensor(a) for a in arrays]).uop
-        if p.chain:
-            sched, inputs = schedule([root], False, HandOpt(machine()))
+        got = p.uopc(*[Tensor(a) for a in arrays])
+        roots = [t.uop for t in (got if isinstance(got, tuple) else (got,))]
+        if p.chain or len(roots) > 1:
+            sched, inputs = schedule(roots, False, HandOpt(machine()))
             opts = [_draw(rng, item) for item in sched.items]
             what = f"seed {seed}: {p.name}, " + ", ".join(f"{i.name} under {o}" for i, o in zip(sched.items, opts))
             run: Callable[[], np.ndarray] = partial(run_schedule, sched, inputs, opts)
-        elif (kernel := one_kernel(root)) is not None:
+        elif (kernel := one_kernel(roots[0])) is not None:
             item, inputs = kernel
             opts1 = _draw(rng, item)
             what = f"seed {seed}: {p.name} {'x'.join(map(str, item.body.shape))} under {opts1}"
@@ -260,7 +271,8 @@ def check(seed: int, programs: list[Case] | None = None) -> list[str]:
         except Exception as e:  # noqa: BLE001  (a crash of lowering is a finding like a wrong value)
             bad.append(f"{what}: {type(e).__name__}: {e}")
             continue
-        want = p.numpy(*[a.astype(np.float64) for a in arrays]).reshape(-1)
+        want = p.numpy(*[a.astype(np.float64) for a in arrays])
+        want = np.concatenate([w.reshape(-1) for w in want]) if isinstance(want, tuple) else want.reshape(-1)
         err = np.abs(out - want).max() / max(np.abs(want).max(), 1e-6)
         if not err <= p.rtol:
             bad.append(f"{what}: error {err:.3g}")
