@@ -107,15 +107,30 @@ def test_roots_that_read_no_common_data_or_each_other_through_a_view_stay_apart(
     np.testing.assert_array_equal(b.numpy(), yn * 3)
 
 
-def test_a_group_that_reads_an_input_transposed_does_not_write_that_input_in_place():
-    # x.assign(x * 2) grouped with b = x.T * 3 + 1, which reads the old x across the kernel's elements: x's new
-    # value may not go into x's storage while b still reads it (uopc.engine.realize.inplace_ok). reference: NumPy
+def test_roots_whose_reads_walk_their_elements_differently_stay_apart():
+    # a walks x in order (one loop of 1024), b walks it transposed (32 x 32 loops): the loops one suits are not the
+    # other's (HandOpt.group), so two kernels, though both read x. reference: NumPy, rtol 1e-6, atol 1e-6
+    rng = np.random.default_rng(5)
+    xn = rng.standard_normal((32, 32)).astype(np.float32)
+    x = Tensor(xn)
+    a, b = x * 2, x.T * 3 + 1
+    assert [k.op for k in _plan([a, b], 1).kernels] == ["elementwise mul", "elementwise mul add"]
+    Tensor.realize_all(a, b)
+    np.testing.assert_array_equal(a.numpy(), xn * 2)
+    np.testing.assert_allclose(b.numpy(), xn.T * 3 + 1, rtol=1e-6, atol=1e-6)
+
+
+def test_a_group_that_reads_an_input_reversed_does_not_write_that_input_in_place():
+    # x.assign(x * 2) grouped with b = x.flip(0) * 3 + 1 (one loop each, so one kernel), which reads the old x
+    # across the kernel's elements: x's new value may not go into x's storage while b still reads it
+    # (uopc.engine.realize.inplace_ok). reference: NumPy
     rng = np.random.default_rng(3)
-    xn = rng.standard_normal((64, 64)).astype(np.float32)
+    xn = rng.standard_normal(4096).astype(np.float32)
     x = Tensor(xn.copy())
     x.realize()
-    b = x.T * 3 + 1
+    b = x.flip(0) * 3 + 1
+    assert [k.op for k in _plan([b, x * 2], 1).kernels] == ["2 updates, mul add"]
     x.assign(x * 2)
     Tensor.realize_all(b, x)
-    np.testing.assert_allclose(b.numpy(), xn.T * 3 + 1, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(b.numpy(), xn[::-1] * 3 + 1, rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(x.numpy(), xn * 2)

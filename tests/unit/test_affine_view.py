@@ -1,13 +1,13 @@
 """uopc.uop.indexing.affine_view: a chain of movement ops as one strided view (offset, strides), checked against
 NumPy applying the same ops to arange: every element where the strides say, or None where no strides can say it.
-And uopc.codegen.loops.merged_shape, which reads the same strides to merge an elementwise kernel's loops."""
+And uopc.opt.strides.merged_shape, which reads the same strides to merge an elementwise kernel's loops."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from uopc.codegen.loops import merged_shape
+from uopc.opt.strides import merged_shape
 from uopc.tensor import Tensor
 from uopc.uop import Ops, ParamArg, UOp
 from uopc.uop.dtype import dtypes

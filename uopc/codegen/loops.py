@@ -6,7 +6,6 @@ uopc.codegen.rangeify builds every kernel's loops with these.
     levels((4096,))                 -> [[(0, 512)], [(0, 8)]]       a leaf of 512 elements, then 8 leaf sums
     regions((10, 20), {0: 4, 1: 8}) -> whole tiles, then the remainder rows and columns, each a tile and a nest
     split_loops: r in range(576) read as r // 9, (r // 3) % 3, r % 3   -> loops (64, 3, 3)
-    merged_shape: x (128, 32, 14, 14) + y.permute(...) read in order       -> one loop of 802816
     size_argument: for (i = 0; i < 200704; i++) ...                          -> for (i = 0; i < uopc_n; i++) ...
 """
 
@@ -16,9 +15,8 @@ import itertools
 from typing import Any
 
 from uopc.opt.opts import Opts
-from uopc.uop import ALU, AxisType, Ops, UOp
+from uopc.uop import AxisType, Ops, UOp
 from uopc.uop.dtype import dtypes
-from uopc.uop.indexing import reshape_strides
 from uopc.uop.symbolic import simplify
 from uopc.uop.variable import SizeArg, Variable
 
@@ -34,7 +32,6 @@ __all__ = [
     "largest_divisor",
     "levels",
     "merge_ends",
-    "merged_shape",
     "output_parts",
     "regions",
     "shared_loops",
@@ -197,76 +194,6 @@ def regions(
         ups = {k: f for k, (_, _, f, _) in enumerate(combo) if f > 1}
         out.append((tuple(c[0] for c in combo), tuple(c[1] for c in combo), ups, combo[-1][3] if combo else None))
     return out
-
-
-HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)
-
-
-def _access_strides(root: UOp) -> list[tuple[int, ...]] | None:
-    """The strides, in `root`'s index space, of every buffer element an elementwise `root` reads, one tuple per read
-    (a constant reads none); None when some read is no strided view of its buffer (a PAD's condition, a gather, a
-    reduce, a reshape that is no view, a symbolic dim): then no two loops may be merged."""
-    memo: dict[UOp, list[tuple[int, ...]] | None] = {}
-    for u in root.toposort():
-        # (16-bit floats keep their loops: gcc 12 vectorizes their integer conversions in a nest, not in one long
-        # loop, where it tries 32 halves per vector, finds no 32-float vector and gives up)
-        if any(type(n) is not int for n in u.shape) or u.dtype in HALF_FLOATS:
-            return None
-        if u.op is Ops.BUFFER:
-            memo[u] = [(1,)]
-        elif u.op is Ops.CONST or u.op is Ops.DEFINE_VAR:
-            memo[u] = []
-        elif u.op in ALU:
-            parts = [memo[s] for s in u.src]
-            memo[u] = None if any(p is None for p in parts) else [st for p in parts for st in p]  # type: ignore[union-attr]
-        elif u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP) and memo[u.src[0]] is not None:
-            memo[u] = _view_strides(u, memo[u.src[0]])  # type: ignore[arg-type]
-        else:
-            return None
-        if memo[u] is None:
-            return None
-    return memo[root]
-
-
-def _view_strides(u: UOp, inner: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
-    """The read strides `inner` of u's source, seen through movement op u (None: a reshape that is no view)."""
-    src_shape = [int(n) for n in u.src[0].shape]
-    out = []
-    for st in inner:
-        if u.op is Ops.RESHAPE:
-            got = reshape_strides(src_shape, list(st), [int(n) for n in u.arg])
-            if got is None:
-                return None
-            out.append(tuple(got))
-        elif u.op is Ops.PERMUTE:
-            out.append(tuple(st[i] for i in u.arg))
-        elif u.op is Ops.EXPAND:
-            out.append(tuple(0 if a != b else x for a, b, x in zip(src_shape, u.arg, st, strict=True)))
-        elif u.op is Ops.FLIP:
-            out.append(tuple(-x if f else x for f, x in zip(u.arg, st, strict=True)))
-        else:  # SHRINK moves the start, not the strides
-            out.append(st)
-    return out
-
-
-def merged_shape(root: UOp) -> tuple[int, ...]:
-    """`root`'s shape with each run of adjacent dims that every read walks in order (stride of a dim = its size
-    times the stride of the next, in every buffer read) merged into one: an elementwise kernel over (128, 32, 14, 14)
-    is one loop of 802816, not loops of 14 that gcc vectorizes with remainders (and unrolls at length, slowly).
-    Only for an elementwise root without padding or 16-bit floats: anything else keeps its shape."""
-    shape = [int(n) for n in root.shape] if all(type(n) is int for n in root.shape) else []
-    if len(shape) < 2 or (reads := _access_strides(root)) is None:
-        return tuple(root.shape)
-    dims = [k for k, n in enumerate(shape) if n != 1]  # a dim of size 1 is no loop: it joins either neighbour
-    if not dims:
-        return (1,)
-    merged = [shape[dims[-1]]]
-    for a, b in zip(dims[-2::-1], dims[:0:-1], strict=True):  # each non-1 dim with the next one, innermost first
-        if all(st[a] == st[b] * shape[b] for st in reads):
-            merged[0] *= shape[a]
-        else:
-            merged.insert(0, shape[a])
-    return tuple(merged)
 
 
 def size_argument(ast: UOp) -> UOp:

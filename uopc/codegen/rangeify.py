@@ -378,7 +378,7 @@ def _one_acc(
 
 def lower(root: UOp, out: UOp, ctx: Ctx | None = None, more: tuple[tuple[UOp, UOp], ...] = ()) -> UOp:
     """Lower shaped `root` into a SINK that stores every element into BUFFER `out` (row-major). `more`: further
-    (value, BUFFER) pairs of root's shape, elementwise, stored in the same loops (uopc.schedule.group_updates)."""
+    (value, BUFFER) pairs of root's shape, elementwise, stored in the same loops (uopc.schedule.groups)."""
     with deep_recursion():
         return _lower(((root, out), *more), ctx or Ctx())
 

@@ -18,10 +18,11 @@ from typing import Any
 
 from uopc import helpers
 from uopc.codegen.attention import lower_attention
-from uopc.codegen.loops import merged_shape, size_argument
+from uopc.codegen.loops import size_argument
 from uopc.codegen.rangeify import Ctx, lower, lower_scatter, lower_setitem
 from uopc.codegen.winograd import lower_winograd
 from uopc.helpers import prod
+from uopc.opt.strides import merged_shape
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
 from uopc.uop import Ops, UOp
 from uopc.uop.variable import Variable

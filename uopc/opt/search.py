@@ -20,7 +20,7 @@ from uopc import helpers
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
 from uopc.opt.gemm import uses_microkernel
-from uopc.opt.heuristic import fit_symbolic, hand_opt_choice, reduce_size, row_fits, symbolic_kernel
+from uopc.opt.heuristic import fit_symbolic, groupable, hand_opt_choice, reduce_size, row_fits, symbolic_kernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.uop import Ops, UOp, epilogue_reduce, structure_key
@@ -124,3 +124,7 @@ class SearchOpt:
     def row_fusion(self, r: UOp, reader: UOp) -> bool:
         """As HandOpt.row_fusion: a reduce is computed per row inside its reader when a row fits in cache."""
         return row_fits(r, self.machine)
+
+    def group(self, first: UOp, value: UOp) -> bool:
+        """As HandOpt.group: values whose reads walk their elements alike share one kernel's loops."""
+        return groupable(first, value)

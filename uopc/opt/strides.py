@@ -1,7 +1,9 @@
 """Views and strides on the shape graph: which buffer elements a view reads, asked of the index maps.
 
 `push_views` moves views through ALU ops so each operand's own chain of views is visible; `operand_views` lists
-those chains; `last_axis_stride` is the distance in memory between neighbours along one axis of a view.
+those chains; `last_axis_stride` is the distance in memory between neighbours along one axis of a view;
+`merged_shape` an elementwise kernel's loops, with the dims every read walks in order merged
+(x (128, 32, 14, 14) + y.permute(...) read in order -> one loop of 802816).
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from collections.abc import Iterator
 from functools import lru_cache
 
 from uopc.uop import ALU, MOVEMENT, STORED, AxisType, Ops, RangeArg, UOp
-from uopc.uop.indexing import flat_index
+from uopc.uop.dtype import dtypes
+from uopc.uop.indexing import flat_index, reshape_strides
 from uopc.uop.rewrite import PatternMatcher, UPat
 from uopc.uop.symbolic import eval_int, simplify
 
@@ -84,3 +87,73 @@ def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
         return v1 - v0
     e0, e1 = at(0), at(1)  # something eval_int does not evaluate (a gathered index): simplify decides
     return e1.arg - e0.arg if e0.op is Ops.CONST and e1.op is Ops.CONST else None
+
+
+HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)
+
+
+def _access_strides(root: UOp) -> list[tuple[int, ...]] | None:
+    """The strides, in `root`'s index space, of every buffer element an elementwise `root` reads, one tuple per read
+    (a constant reads none); None when some read is no strided view of its buffer (a PAD's condition, a gather, a
+    reduce, a reshape that is no view, a symbolic dim): then no two loops may be merged."""
+    memo: dict[UOp, list[tuple[int, ...]] | None] = {}
+    for u in root.toposort():
+        # (16-bit floats keep their loops: gcc 12 vectorizes their integer conversions in a nest, not in one long
+        # loop, where it tries 32 halves per vector, finds no 32-float vector and gives up)
+        if any(type(n) is not int for n in u.shape) or u.dtype in HALF_FLOATS:
+            return None
+        if u.op is Ops.BUFFER:
+            memo[u] = [(1,)]
+        elif u.op is Ops.CONST or u.op is Ops.DEFINE_VAR:
+            memo[u] = []
+        elif u.op in ALU:
+            parts = [memo[s] for s in u.src]
+            memo[u] = None if any(p is None for p in parts) else [st for p in parts for st in p]  # type: ignore[union-attr]
+        elif u.op in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP) and memo[u.src[0]] is not None:
+            memo[u] = _view_strides(u, memo[u.src[0]])  # type: ignore[arg-type]
+        else:
+            return None
+        if memo[u] is None:
+            return None
+    return memo[root]
+
+
+def _view_strides(u: UOp, inner: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+    """The read strides `inner` of u's source, seen through movement op u (None: a reshape that is no view)."""
+    src_shape = [int(n) for n in u.src[0].shape]
+    out = []
+    for st in inner:
+        if u.op is Ops.RESHAPE:
+            got = reshape_strides(src_shape, list(st), [int(n) for n in u.arg])
+            if got is None:
+                return None
+            out.append(tuple(got))
+        elif u.op is Ops.PERMUTE:
+            out.append(tuple(st[i] for i in u.arg))
+        elif u.op is Ops.EXPAND:
+            out.append(tuple(0 if a != b else x for a, b, x in zip(src_shape, u.arg, st, strict=True)))
+        elif u.op is Ops.FLIP:
+            out.append(tuple(-x if f else x for f, x in zip(u.arg, st, strict=True)))
+        else:  # SHRINK moves the start, not the strides
+            out.append(st)
+    return out
+
+
+def merged_shape(root: UOp) -> tuple[int, ...]:
+    """`root`'s shape with each run of adjacent dims that every read walks in order (stride of a dim = its size
+    times the stride of the next, in every buffer read) merged into one: an elementwise kernel over (128, 32, 14, 14)
+    is one loop of 802816, not loops of 14 that gcc vectorizes with remainders (and unrolls at length, slowly).
+    Only for an elementwise root without padding or 16-bit floats: anything else keeps its shape."""
+    shape = [int(n) for n in root.shape] if all(type(n) is int for n in root.shape) else []
+    if len(shape) < 2 or (reads := _access_strides(root)) is None:
+        return tuple(root.shape)
+    dims = [k for k, n in enumerate(shape) if n != 1]  # a dim of size 1 is no loop: it joins either neighbour
+    if not dims:
+        return (1,)
+    merged = [shape[dims[-1]]]
+    for a, b in zip(dims[-2::-1], dims[:0:-1], strict=True):  # each non-1 dim with the next one, innermost first
+        if all(st[a] == st[b] * shape[b] for st in reads):
+            merged[0] *= shape[a]
+        else:
+            merged.insert(0, shape[a])
+    return tuple(merged)

@@ -189,7 +189,7 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
         u: (u.src[0] if u.op is Ops.STAGE else u).substitute({p: v for p, v in place.items() if p is not u})
         for u in points
     }
-    grouped = update_groups(points, bodies, place, ref) if opt is not None and not fuse_reduce else []
+    grouped = update_groups(points, bodies, place, ref, getattr(opt, "group", None)) if not fuse_reduce else []
     group_of = {run[0][0]: run for run in grouped}
     later = {u for run in grouped for u, _ in run[1:]}
     items: list[ScheduleItem] = []
