@@ -1,4 +1,4 @@
-"""Values one kernel stores together: consecutive elementwise values of one shape that read the same data, or each
+"""Roots one kernel stores together: consecutive elementwise roots of one shape that read the same data, or each
 other's values, are computed in one loop nest, each stored into its own output. An optimizer step is such a run for
 every parameter:
 
