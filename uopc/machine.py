@@ -5,10 +5,11 @@ the GEMM microkernel and the search depend on.
     >>> m.vector_bytes, m.vector_registers, m.l2_bytes, "avx512f" in m.isa
     (64, 32, 2097152, True)
 
-The ISA is what the compiler will target with the given flags (its predefined macros: `-march` in CFLAGS decides,
-not /proc/cpuinfo), and the width of auto-vectorized loops is what its tuning prefers (`-Q --help=target`), after
-uopc's own rule (`VECTOR_WIDTH_RULE`). Cache sizes come from sysfs, the core count from this process's affinity mask.
-/proc/cpuinfo is read here and nowhere else. At first use a canary kernel (half-precision loads and stores with
+The ISA is what the compiler will target with the given flags (the -m options gcc's `-Q --help=target` lists
+enabled, or any compiler's predefined macros: `-march` in CFLAGS decides, not /proc/cpuinfo), and the width of
+auto-vectorized loops is what its tuning prefers (the same listing), after uopc's own rule (`VECTOR_WIDTH_RULE`).
+Cache sizes come from sysfs, the core count from this process's affinity mask. /proc/cpuinfo is read here and
+nowhere else. At first use a canary kernel (half-precision loads and stores with
 masked tails) is compiled and assembled with the chosen flags; if the assembler rejects AVX512-FP16 code (gcc 12
 emits masked `vmovsh`, which binutils 2.40 refuses), the extension is dropped with `-mno-avx512fp16`.
 
@@ -64,6 +65,22 @@ _ISA_MACROS = {
     "__AMX_TILE__": "amx_tile",
     "__AMX_BF16__": "amx_bf16",
     "__ARM_NEON": "neon",
+}
+# the same extensions as gcc's -m options, which `-Q --help=target` lists [enabled] or [disabled]
+_ISA_OPTIONS = {
+    "-msse4.2": "sse4_2",
+    "-mavx": "avx",
+    "-mavx2": "avx2",
+    "-mfma": "fma",
+    "-mf16c": "f16c",
+    "-mavx512f": "avx512f",
+    "-mavx512dq": "avx512dq",
+    "-mavx512bw": "avx512bw",
+    "-mavx512vl": "avx512vl",
+    "-mavx512bf16": "avx512bf16",
+    "-mavx512fp16": "avx512fp16",
+    "-mamx-tile": "amx_tile",
+    "-mamx-bf16": "amx_bf16",
 }
 
 # half loads and stores, a half select and a masked tail (n is not known): gcc 12 with AVX512-FP16 turns the select
@@ -194,16 +211,32 @@ def _run(cmd: list[str], src: str = "") -> subprocess.CompletedProcess:
 
 
 def _isa(cc: str, flags: list[str]) -> frozenset[str]:
+    """The ISA extensions from the compiler's predefined macros (any C compiler answers -dM -E)."""
     out = _run([cc, *flags, "-dM", "-E", "-x", "c", "-"]).stdout
     defined = {ln.split()[1] for ln in out.splitlines() if ln.startswith("#define ")}
     return frozenset(name for macro, name in _ISA_MACROS.items() if macro in defined)
 
 
-def _preferred_width(cc: str, flags: list[str]) -> int | None:
-    """The bytes gcc's tuning prefers for auto-vectorized loops (None: no preference, the widest register)."""
+_TARGET_OPTION = re.compile(r"^\s+(-m[\w.-]+)\s+\[(enabled|disabled)\]", re.M)
+
+
+def _target(cc: str, flags: list[str]) -> tuple[frozenset[str] | None, int | None]:
+    """One question to gcc (`-Q --help=target`, one compiler start, ~7 ms): the ISA extensions its -m options enable
+    (None where it lists none of them: not an x86 gcc, so `_isa` asks the macros) and the bytes its tuning prefers
+    for auto-vectorized loops (None: no preference, the widest register). The options and the macros agree (a test
+    asks both)."""
     out = _run([cc, *flags, "-Q", "--help=target"]).stdout
     m = re.search(r"-mprefer-vector-width=\s+(\w+)", out)
-    return int(m.group(1)) // 8 if m and m.group(1).isdigit() else None
+    width = int(m.group(1)) // 8 if m and m.group(1).isdigit() else None
+    states = dict(_TARGET_OPTION.findall(out))
+    if not any(opt in states for opt in _ISA_OPTIONS):
+        return None, width
+    return frozenset(name for opt, name in _ISA_OPTIONS.items() if states.get(opt) == "enabled"), width
+
+
+def _isa_and_width(cc: str, flags: list[str]) -> tuple[frozenset[str], int | None]:
+    isa, width = _target(cc, flags)
+    return (isa if isa is not None else _isa(cc, flags)), width
 
 
 def _assembles(cc: str, flags: list[str]) -> tuple[bool, str]:
@@ -215,24 +248,20 @@ def _assembles(cc: str, flags: list[str]) -> tuple[bool, str]:
 def _probe_compiler(cc: str, flags: list[str]) -> Machine:
     extra: list[str] = []
     notes: list[str] = []
-    # the two questions to the compiler run at once (each is a gcc start, ~10 ms: part of an empty cache's first call)
-    with ThreadPoolExecutor(1) as pool:
-        width = pool.submit(_preferred_width, cc, flags)
-        isa = _isa(cc, flags)
-        auto = width.result()
+    isa, auto = _isa_and_width(cc, flags)  # one gcc start (two, the macros asked too, where it is not gcc)
     if "avx512fp16" in isa:
         # the canary with and without the extension, and the width without it, at once (in sequence they took
         # ~75 ms of an empty cache's first call on a Xeon whose assembler rejects the extension)
         alt = [*flags, "-mno-avx512fp16"]
         with ThreadPoolExecutor(2) as pool:
-            alt_ok, alt_width = pool.submit(_assembles, cc, alt), pool.submit(_preferred_width, cc, alt)
+            alt_ok, alt_width = pool.submit(_assembles, cc, alt), pool.submit(_target, cc, alt)
             ok, err = _assembles(cc, flags)
             if not ok and alt_ok.result()[0]:
                 extra.append("-mno-avx512fp16")
                 first = err.splitlines()[-1] if err else "an error"
                 notes.append(f"the assembler rejects AVX512-FP16 code ({first}): compiling with -mno-avx512fp16")
                 isa = isa - {"avx512fp16"}
-                auto = alt_width.result()  # (the width with the flag the assembler needs)
+                auto = alt_width.result()[1]  # (the width with the flag the assembler needs)
     vector = 64 if "avx512f" in isa else 32 if "avx" in isa else 16
     auto = auto or vector
     want = max((w for name, w in VECTOR_WIDTH_RULE.items() if name in isa), default=auto)

@@ -104,6 +104,23 @@ def test_march_in_cflags_decides_the_isa():
 
 
 @pytest.mark.skipif(not X86, reason="x86-64 targets")
+@pytest.mark.parametrize("march", [None, "-march=x86-64-v3", "-march=sapphirerapids", "-march=znver3"])
+def test_the_options_gcc_lists_agree_with_its_macros(march):
+    # the probe reads the ISA from one `-Q --help=target` listing (one gcc start); the macros are the reference
+    flags = [*runtime.base_cflags(), *([march] if march else [])]
+    cc = runtime._resolve_compiler()
+    isa, _ = mach._target(cc, flags)
+    assert isa is not None, "an x86-64 gcc lists its -m options"
+    assert isa == mach._isa(cc, flags)
+
+
+def test_a_compiler_that_lists_no_options_is_asked_its_macros(fake_cc: str):
+    # the fake answers --help=target with the preferred width only (not gcc's -m listing): the ISA comes from -dM
+    assert mach._target(fake_cc, ["-O3"])[0] is None
+    assert "avx512f" in mach.probe(fake_cc, ["-O3", "-march=x"]).isa
+
+
+@pytest.mark.skipif(not X86, reason="x86-64 targets")
 def test_another_machine_is_another_plan():
     x = np.arange(4096, dtype=np.float32)
     a = (Tensor(x) * 2.0).sum().numpy()
