@@ -518,7 +518,7 @@ def test_plan_compiles_one_unit_per_kernel_and_links_one_object(monkeypatch):
     np.testing.assert_allclose(got, ref, rtol=1e-5)
 
 
-def test_register_tiled_kernels_carry_o2_under_the_default_flags(context, monkeypatch):
+def test_register_tiled_kernels_carry_their_attribute_under_the_default_flags(context, monkeypatch):
     """A kernel lowered with a vector register tile (the GEMM microkernel) is defined with TILED_OPTIMIZE when the
     flags are uopc's defaults, and no other kernel is; flags the user chose (CFLAGS) are left as they are."""
     from uopc.renderer.c import TILED_OPTIMIZE

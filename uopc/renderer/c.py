@@ -580,17 +580,18 @@ def render_c(ast: UOp, name: str, tiled: bool = False) -> str:
 
 
 # A kernel that keeps a register tile of vectors (the GEMM microkernel, convolutions through it) is compiled at gcc's
-# -O2 with -O3's vectorizer cost model when the flags are uopc's defaults (-O3). -O3 lets gcc unroll small loops
-# completely even where the code grows (-fpeel-loops): around a tile uopc already unrolled (a convolution's taps
-# around its MR x NR FMAs) the conv kernels ran up to 1.8x slower. Measured on a Zen 4, both forms in one process,
-# alternating: ResNet-18 inference at batch 1 45.0 -> 32.4 ms; plain GEMMs 256-2048, the GPT-2 forward, the CNN and
-# char-GPT steps unchanged within noise. Other kernels keep -O3: small window loops that gcc unrolls and vectorizes
-# there ran up to 4x slower at -O2 (the CNN step's pooling, 2.3x; ResNet's im2col copies, 2x), and some copies and
-# small reductions 1.2-1.3x. Fused attention ran 2x slower under this attribute (attention 12x512x64 forward 3.7 ->
-# 7.8 ms) though its whole unit compiled with -O2 flags ran as fast as -O3: the attribute is not the flag. And it
-# saves no compile time there: gcc took 0.35-0.38 s on a Winograd input transform with it, 0.37-0.41 s without (the
-# -O2 flag: 0.16 s).
-TILED_OPTIMIZE = '__attribute__((optimize("O2", "vect-cost-model=dynamic"))) '
+# -O1 with the -O2 passes it needs (FMA contraction is an "expensive optimization"; strict aliasing) when the flags
+# are uopc's defaults (-O3). -O3 lets gcc unroll small loops completely even where the code grows (-fpeel-loops):
+# around a tile uopc already unrolled (a convolution's taps around its MR x NR FMAs) the conv kernels ran up to 1.8x
+# slower (ResNet-18 at batch 1 45.0 -> 32.4 ms at -O2). Its code is uopc's own vectors, so the rest of -O2 buys no
+# speed: on a Zen 4, both forms in one process, alternating, ResNet-18 (batch 1 and 8), the CNN and char-GPT steps,
+# GPT-2's forward and GEMMs 1x768x2304 to 1024^3 ran the same, and gcc took a quarter less on each tiled unit (the
+# CNN step's largest three: 115/105/91 -> 85/78/76 ms), 8-10% of the CNN's and ResNet-18's cold gcc time. Other
+# kernels keep -O3: small window loops that gcc unrolls and vectorizes there ran up to 4x slower at -O2 (the CNN
+# step's pooling, 2.3x; ResNet's im2col copies, 2x), and some copies and small reductions 1.2-1.3x. Fused attention
+# ran 2x slower under an -O2 attribute (attention 12x512x64 forward 3.7 -> 7.8 ms) though its whole unit compiled
+# with -O2 flags ran as fast as -O3: the attribute is not the flag.
+TILED_OPTIMIZE = '__attribute__((optimize("O1", "expensive-optimizations", "strict-aliasing"))) '
 
 
 def optimize_attribute(tiled: bool) -> str:
