@@ -197,3 +197,28 @@ def test_deep_chain_simplify():
             assert s is x + UOp.const(5000, dtypes.i32)
         else:  # float additions are not reassociated
             assert s.op is Ops.ADD and s.src[1] is UOp.const(1.0, dt)
+
+
+def test_a_memo_keeps_each_nodes_rewrite_across_calls():
+    # a matcher with `memo` (pure rules: symbolic's) keeps each node's result on the node: a later rewrite that
+    # reaches the node, under a new root, neither walks below it nor asks the rules again
+    calls = []
+
+    def fold(x, c):
+        calls.append(x)
+        return x
+
+    pm = PatternMatcher([(UPat(Ops.MUL, src=(UPat.var("x"), UPat.cvar("c", 1))), fold)], memo="_test_memo")
+    x, y = buf(0, 4, dtypes.i32), buf(1, 4, dtypes.i32)
+    inner = (x * 1 + y * 1) * 1
+    assert graph_rewrite(inner, pm) is x + y and len(calls) == 3
+    calls.clear()
+    assert graph_rewrite(inner * 1 + 2, pm) is x + y + 2 and calls == [x + y]  # only the new MUL asked
+    # a node that is its own rewrite is remembered too, without holding itself
+    assert graph_rewrite(x + y, pm) is x + y and (x + y).__dict__["_test_memo"] is not x + y
+    # with a ctx the rules may read it, so nothing is taken from the memo or kept
+    calls.clear()
+    assert graph_rewrite(inner, pm, ctx=object()) is x + y and len(calls) == 3
+    # the same memo on symbolic: a result read back equals one computed fresh
+    e = (x * 4 + 8) // 4 + (y % 4) * 0
+    assert simplify(e) is simplify(e) is x + 2

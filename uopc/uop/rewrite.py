@@ -4,7 +4,8 @@
     graph_rewrite(root, pm)   # bottom-up, each node rewritten until no rule applies
 
 A rule's function receives the named sub-matches as keyword arguments (plus `ctx` if it asks for it)
-and returns a replacement UOp, or None to decline.
+and returns a replacement UOp, or None to decline. A matcher of pure rules may keep each node's result on the node
+(`memo`), so that a later rewrite with it does not walk that node's graph again.
 """
 
 from __future__ import annotations
@@ -79,10 +80,16 @@ class UPat:
 
 
 class PatternMatcher:
-    """An ordered list of (pattern, function) rules, indexed by op for speed."""
+    """An ordered list of (pattern, function) rules, indexed by op for speed.
 
-    def __init__(self, rules: list[tuple[UPat, Callable[..., UOp | None]]]):
-        self.rules = rules
+    `memo`: the rules are a pure function of the graph (no ctx, no settings), so what a rewrite gives for a node
+    holds for every later rewrite with them: it is kept on the node under this name (as toposort keeps its order)
+    and a later graph_rewrite that reaches the node takes it without walking what lies below. Lowering simplifies
+    the same index arithmetic again and again (a third of the nodes the CNN step's first call simplified had been
+    simplified before); `symbolic` keeps one."""
+
+    def __init__(self, rules: list[tuple[UPat, Callable[..., UOp | None]]], memo: str | None = None):
+        self.rules, self.memo = rules, memo
         self.by_op: dict[Ops, list[tuple[UPat, Callable, bool]]] = {o: [] for o in Ops}
         for pat, fn in rules:
             wants_ctx = "ctx" in inspect.signature(fn).parameters
@@ -117,22 +124,38 @@ def graph_rewrite_all(roots: list[UOp], pm: PatternMatcher, ctx: Any = None) -> 
     call spent 3.7 s walking it again, 128 times over, in the layout pass and the scheduler)."""
     done: dict[UOp, UOp] = {}
     waiting: dict[UOp, UOp] = {}  # node -> the replacement whose own rewrite it waits for
+    memo = pm.memo if ctx is None else None
     for root in roots:
-        _rewrite_into(root, pm, ctx, done, waiting)
+        _rewrite_into(root, pm, ctx, done, waiting, memo)
     return [done[r] for r in roots]
 
 
-def _rewrite_into(root: UOp, pm: PatternMatcher, ctx: Any, done: dict[UOp, UOp], waiting: dict[UOp, UOp]) -> None:
+_FIXED = object()  # a memo entry: the node is its own rewrite (not the node itself: it would hold itself)
+
+
+def _remember(u: UOp, r: UOp, memo: str) -> None:
+    u.__dict__[memo] = _FIXED if r is u else r
+
+
+def _rewrite_into(
+    root: UOp, pm: PatternMatcher, ctx: Any, done: dict[UOp, UOp], waiting: dict[UOp, UOp], memo: str | None = None
+) -> None:
     stack = [root]
     while stack:
         u = stack[-1]
         if u in done:
             stack.pop()
             continue
+        if memo is not None and (m := u.__dict__.get(memo)) is not None:
+            done[u] = u if m is _FIXED else m
+            stack.pop()
+            continue
         if u in waiting:
             r = waiting[u]
             if r in done:
                 done[u] = done[r]
+                if memo is not None:
+                    _remember(u, done[r], memo)
                 stack.pop()
             else:
                 stack.append(r)
@@ -148,6 +171,10 @@ def _rewrite_into(root: UOp, pm: PatternMatcher, ctx: Any, done: dict[UOp, UOp],
             done[u] = n
             if n is not u:
                 done.setdefault(n, n)
+            if memo is not None:
+                _remember(u, n, memo)
+                if n is not u:
+                    _remember(n, n, memo)
             stack.pop()
         else:
             waiting[u] = r

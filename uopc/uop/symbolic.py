@@ -301,7 +301,8 @@ symbolic = PatternMatcher(
         # div/mod by a positive constant, using the bounds of RANGEs
         (UPat(Ops.IDIV, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.IDIV)),
         (UPat(Ops.MOD, src=(x, UPat.cvar("c"))), lambda x, c: _divmod_fold(x, c, Ops.MOD)),
-    ]
+    ],
+    memo="_simplified",  # the rules read only the graph (bounds included): see PatternMatcher
 )
 
 
