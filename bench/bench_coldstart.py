@@ -7,11 +7,13 @@ against torch.compile's first call with an empty and a warm inductor cache.
     python bench/bench_coldstart.py --quick                      # small configs, to try it out
 
 Each cell is its own Python process. uopc: a fresh UOPC_CACHE temp dir (empty), then a second process on that dir
-(warm); the process never imports torch. The first call is the first call of the TinyJit'd forward or training
+(warm), in --rounds rounds (default 3: the table gives medians and ranges, a single first call on this VM varies by
+10-20%); the process never imports torch. The first call is the first call of the TinyJit'd forward or training
 step, which runs it eagerly: graph building, scheduling, gcc (or the disk cache), the run. Run at DEBUG=1, the
 `realize:` lines printed during that call give the phase split (plan and run ms; a `realize: built plan` line's
-phases are summed too). torch.compile: a fresh TORCHINDUCTOR_CACHE_DIR temp dir, then the same dir again, 2 threads;
-the model is compiled (training: forward and backward; AdamW runs eagerly, as bench_mnist_step compares).
+phases are summed too). torch.compile: a fresh TORCHINDUCTOR_CACHE_DIR temp dir, then the same dir again, 2 threads
+(--torch-rounds rounds, default 1); the model is compiled (training: forward and backward; AdamW runs eagerly, as
+bench_mnist_step compares).
 The softmax row's target is the warm first call plus 1.2 x gcc's time on a hand-written C softmax, compiled in the
 same run with uopc's compiler and flags. Timings are wall clock on a shared machine: the load average is printed.
 """
@@ -223,16 +225,19 @@ def describe(side: str, run: Run) -> str:
     return line
 
 
-def measure(row: Row, args, scratch: str) -> dict[str, Run | float]:
-    """Both caches for uopc (and torch.compile), each a fresh process; for softmax also gcc's time."""
+def measure(row: Row, args, scratch: str) -> dict[str, list[Run] | float]:
+    """Both caches for uopc (and torch.compile), each a fresh process, in rounds (a round: an empty cache of its
+    own, then a warm process on it); for softmax also gcc's time."""
     extra = ["--quick"] if args.quick else []
     base = {k: v for k, v in os.environ.items() if k != "DEBUG"}
-    cells: dict[str, Run | float] = {}
-    ucache = tempfile.mkdtemp(prefix="uopc-", dir=scratch)
-    for state in ("empty", "warm"):
-        env = dict(base, UOPC_CACHE=ucache, DEBUG="1")
-        cells[f"uopc {state}"] = run_child([row.model, "--framework", "uopc", *extra], env)
-        print(describe(f"uopc {state}", cells[f"uopc {state}"]), flush=True)
+    cells: dict[str, list[Run] | float] = {}
+    for k in range(args.rounds):
+        ucache = tempfile.mkdtemp(prefix="uopc-", dir=scratch)
+        for state in ("empty", "warm"):
+            env = dict(base, UOPC_CACHE=ucache, DEBUG="1")
+            run = run_child([row.model, "--framework", "uopc", *extra], env)
+            cells.setdefault(f"uopc {state}", []).append(run)
+            print(describe(f"uopc {state}" + (f" #{k + 1}" if args.rounds > 1 else ""), run), flush=True)
     if row.model == "softmax":
         gcc = run_child(["gcc"], dict(base, UOPC_CACHE=ucache))
         if gcc.result:
@@ -241,22 +246,35 @@ def measure(row: Row, args, scratch: str) -> dict[str, Run | float]:
         else:
             print(f"  gcc hand-written     failed: {gcc.error}", flush=True)
     if not args.no_torch:
-        tcache = tempfile.mkdtemp(prefix="inductor-", dir=scratch)
-        for state in ("empty", "warm"):
-            env = dict(base, TORCHINDUCTOR_CACHE_DIR=tcache)
-            cells[f"torch.compile {state}"] = run_child([row.model, "--framework", "torch", *extra], env)
-            print(describe(f"torch.compile {state}", cells[f"torch.compile {state}"]), flush=True)
+        for k in range(args.torch_rounds):
+            tcache = tempfile.mkdtemp(prefix="inductor-", dir=scratch)
+            for state in ("empty", "warm"):
+                env = dict(base, TORCHINDUCTOR_CACHE_DIR=tcache)
+                run = run_child([row.model, "--framework", "torch", *extra], env)
+                cells.setdefault(f"torch.compile {state}", []).append(run)
+                side = f"torch.compile {state}" + (f" #{k + 1}" if args.torch_rounds > 1 else "")
+                print(describe(side, run), flush=True)
     return cells
 
 
+def median_first(runs: list[Run] | None) -> float | None:
+    """The median first call of the runs that succeeded (the upper one of an even count), or None."""
+    ok = sorted(r.first_s for r in runs or () if r.first_s is not None)
+    return ok[len(ok) // 2] if ok else None
+
+
 def _cell(cells: dict, key: str, target: float | None = None) -> str:
-    run = cells.get(key)
-    if run is None:
+    runs = cells.get(key)
+    if runs is None:
         return "-"
-    if run.first_s is None:
+    med = median_first(runs)
+    if med is None:
         return "failed"
-    mark = " (over)" if target is not None and run.first_s > target else ""
-    return f"{run.first_s:.2f} s{mark}"
+    mark = " (over)" if target is not None and med > target else ""
+    ok = sorted(r.first_s for r in runs if r.first_s is not None)
+    spread = f" ({ok[0]:.2f}-{ok[-1]:.2f})" if len(ok) > 1 else ""
+    failed = f", {len(runs) - len(ok)} failed" if len(ok) < len(runs) else ""
+    return f"{med:.2f} s{spread}{failed}{mark}"
 
 
 def table(results: dict[str, dict], quick: bool) -> None:
@@ -269,7 +287,7 @@ def table(results: dict[str, dict], quick: bool) -> None:
             t_empty, t_warm = (None, None) if quick else row.target
             target = f"<= {row.target[0]:g} s / <= {row.target[1]:g} s"
         else:  # softmax: the warm first call plus 1.2 x gcc on the hand-written kernel
-            warm, gcc = cells["uopc warm"].first_s, cells.get("gcc")
+            warm, gcc = median_first(cells["uopc warm"]), cells.get("gcc")
             t_empty = warm + 1.2 * gcc if warm is not None and gcc is not None else None
             t_warm = None
             target = f"<= {t_empty:.2f} s (warm + 1.2 x gcc {gcc:.2f} s)" if t_empty is not None else "-"
@@ -287,6 +305,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}")
     ap.add_argument("--no-torch", action="store_true", help="skip torch.compile")
     ap.add_argument("--quick", action="store_true", help="small configs, for trying the benchmark out")
+    ap.add_argument("--rounds", type=int, default=3, help="uopc's rounds (empty, then warm); the table: medians")
+    ap.add_argument("--torch-rounds", type=int, default=1, help="torch.compile's rounds (each empty one: ~15 s)")
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one cell in this process
     ap.add_argument("--framework", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -310,6 +330,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="coldstart-") as scratch:  # both caches go when the row is done
             results[name] = measure(ROWS[name], args, scratch)
     print()
+    if args.rounds > 1 or args.torch_rounds > 1:
+        print(f"medians (and ranges) of {args.rounds} rounds for uopc, {args.torch_rounds} for torch.compile")
     table(results, args.quick)
 
 
