@@ -217,7 +217,7 @@ def describe(side: str, run: Run) -> str:
     r = run.result
     stats = ", ".join(f"{k} {v}" for k, v in r.get("stats", {}).items())
     line = (
-        f"  {side:20s} first call {r['first_s']:7.2f} s   (import {r['import_s']:.2f} s, build {r['build_s']:.2f} s, "
+        f"  {side:20s} first call {r['first_s']:7.3f} s   (import {r['import_s']:.2f} s, build {r['build_s']:.2f} s, "
         f"process {run.total_s:.2f} s)"
     )
     if side.startswith("uopc"):
@@ -257,6 +257,11 @@ def measure(row: Row, args, scratch: str) -> dict[str, list[Run] | float]:
     return cells
 
 
+def _s(x: float) -> str:
+    """Seconds, to the millisecond below one second (the softmax row is decided by a few ms)."""
+    return f"{x:.2f}" if x >= 1 else f"{x:.3f}"
+
+
 def median_first(runs: list[Run] | None) -> float | None:
     """The median first call of the runs that succeeded (the upper one of an even count), or None."""
     ok = sorted(r.first_s for r in runs or () if r.first_s is not None)
@@ -272,9 +277,9 @@ def _cell(cells: dict, key: str, target: float | None = None) -> str:
         return "failed"
     mark = " (over)" if target is not None and med > target else ""
     ok = sorted(r.first_s for r in runs if r.first_s is not None)
-    spread = f" ({ok[0]:.2f}-{ok[-1]:.2f})" if len(ok) > 1 else ""
+    spread = f" ({_s(ok[0])}-{_s(ok[-1])})" if len(ok) > 1 else ""
     failed = f", {len(runs) - len(ok)} failed" if len(ok) < len(runs) else ""
-    return f"{med:.2f} s{spread}{failed}{mark}"
+    return f"{_s(med)} s{spread}{failed}{mark}"
 
 
 def table(results: dict[str, dict], quick: bool) -> None:
@@ -290,7 +295,7 @@ def table(results: dict[str, dict], quick: bool) -> None:
             warm, gcc = median_first(cells["uopc warm"]), cells.get("gcc")
             t_empty = warm + 1.2 * gcc if warm is not None and gcc is not None else None
             t_warm = None
-            target = f"<= {t_empty:.2f} s (warm + 1.2 x gcc {gcc:.2f} s)" if t_empty is not None else "-"
+            target = f"<= {t_empty:.3f} s (warm + 1.2 x gcc {gcc:.3f} s)" if t_empty is not None else "-"
         targets = {"uopc empty": t_empty, "uopc warm": t_warm}
         body.append([row.title(quick), *[_cell(cells, c, targets.get(c)) for c in cols], target])
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
