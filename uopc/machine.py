@@ -9,9 +9,9 @@ The ISA is what the compiler will target with the given flags (the -m options gc
 enabled, or any compiler's predefined macros: `-march` in CFLAGS decides, not /proc/cpuinfo), and the width of
 auto-vectorized loops is what its tuning prefers (the same listing), after uopc's own rule (`VECTOR_WIDTH_RULE`).
 Cache sizes come from sysfs, the core count from this process's affinity mask. /proc/cpuinfo is read here and
-nowhere else. At first use a canary kernel (half-precision loads and stores with
-masked tails) is compiled and assembled with the chosen flags; if the assembler rejects AVX512-FP16 code (gcc 12
-emits masked `vmovsh`, which binutils 2.40 refuses), the extension is dropped with `-mno-avx512fp16`.
+nowhere else. Where the compiler targets AVX512-FP16, a canary kernel (half-precision loads and stores with masked
+tails) is compiled and assembled with the chosen flags; if the assembler rejects it (gcc 12 emits masked `vmovsh`,
+which binutils 2.40 refuses), the extension is dropped with `-mno-avx512fp16`.
 
 The probe's result is kept on disk in the kernel cache's `machine/` folder (keyed on the compiler, its version, the
 flags, this CPU and `PROBE_VERSION`), so a warm process asks the compiler nothing.
