@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from uopc.engine.realize import capture
 from uopc.helpers import Context
 from uopc.tensor import Tensor
+from uopc.tensor.conv import ROWS_MIN_CHANNELS
 
 RTOL = ATOL = 1e-4
 rng = np.random.default_rng(0)
@@ -58,6 +59,11 @@ CONV2D = [
     ((2, 3, 23, 18), (4, 3, 7, 7), {"stride": 2, "padding": 3}),
     ((1, 4, 15, 16), (6, 2, 7, 7), {"stride": 2, "groups": 2}),
     ((2, 2, 13, 14), (3, 2, 8, 7), {"stride": (2, 2), "padding": (0, 2)}),
+    # 16 or more output channels per group: the positions as the GEMM's rows, the windows read in place (no im2col)
+    ((2, 5, 9, 11), (17, 5, 3, 3), {"stride": 2, "padding": 1}),
+    ((1, 6, 10, 9), (32, 3, 3, 3), {"stride": 2, "groups": 2, "dilation": 2, "padding": 2}),
+    ((1, 4, 12, 13), (20, 4, 3, 2), {"stride": (2, 3), "padding": (1, 0)}),
+    ((2, 3, 9, 9), (16, 3, 1, 1), {"stride": 2}),  # a ResNet's 1x1 downsampling
 ]
 
 
@@ -67,7 +73,7 @@ def test_conv2d(xs, ws, kw):
     check(lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw), r(*xs), r(*ws), b)
 
 
-@pytest.mark.parametrize("case", [0, 2, 4, 5])
+@pytest.mark.parametrize("case", [0, 2, 4, 5, 13])
 def test_conv2d_under_the_autotuner(case):
     # OPT=2 times candidate Opts for every kernel, the in-place GEMMs of the forward and both gradients included
     # (make test's second pass runs the whole module at OPT=0 with every index checked)
@@ -103,11 +109,12 @@ def test_a_7x7_stride_2_convolution_reads_its_input_in_place():
 
 @pytest.mark.parametrize("l2_share", [0.75, 1.5])
 def test_a_strided_convolutions_im2col_is_read_in_place_where_it_fits_in_l2(l2_share):
-    # the GEMM's B is the im2col copy (K = C*3*3 rows of positions): packing it into panels would copy it again every
-    # call, so where it fits in L2 the microkernel reads it where it is (one copy kernel); past L2 it is packed (two)
+    # with few output channels the windows are copied (im2col), and the GEMM's B is that copy (K = C*3*3 rows of
+    # positions): packing it into panels would copy it again every call, so where it fits in L2 the microkernel reads
+    # it where it is (one copy kernel); past L2 it is packed (two)
     from uopc.runtime.compiler import machine
 
-    cin, cout = 32, 32
+    cin, cout = 32, ROWS_MIN_CHANNELS // 2
     side = int((l2_share * machine().l2_bytes / (cin * 9 * 4)) ** 0.5)  # output positions per side
     x, w = Tensor(r(1, cin, 2 * side, 2 * side)), Tensor(r(cout, cin, 3, 3))
     with Context(OPT=1), capture() as calls:
@@ -115,6 +122,21 @@ def test_a_strided_convolutions_im2col_is_read_in_place_where_it_fits_in_l2(l2_s
     names = [k.name for c in calls for k in c.cp.plan.kernels]
     assert len([n for n in names if n.startswith("e_")]) == (1 if l2_share < 1 else 2), names
     ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
+def test_a_strided_convolution_with_many_channels_reads_its_windows_in_place():
+    # the output positions are the GEMM's rows and the channels its vector lanes: the input is copied once, padded
+    # (e_1_8_31_31), and no kernel copies its windows (im2col's loops end in the 3 x 3 taps: _3_3_15_15); the product
+    # is channels-last, (groups, batch * positions, channels) (r_1_225_32), and the consumer (here the relu) reads
+    # it as NCHW (e_1_32_15_15)
+    x, w = Tensor(r(1, 8, 29, 29)), Tensor(r(2 * ROWS_MIN_CHANNELS, 8, 3, 3))
+    with Context(OPT=1), capture() as calls:
+        out = x.conv2d(w, stride=2, padding=1).relu().realize()
+    names = [k.name for c in calls for k in c.cp.plan.kernels]
+    assert "e_1_8_31_31" in names and "r_1_225_32" in names, names
+    assert not any("_3_3_" in n for n in names), names
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1).relu().numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 

@@ -136,6 +136,19 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     assert (s.upcast, s.thread, s.unroll) == ({}, None, 4)
 
 
+def test_a_transposing_elementwise_kernel_gets_blocks_also_when_its_loops_merge():
+    # relu of a (P, C) product read as (C, 8, 8): the two spatial dims merge into one loop (merged_shape), which puts
+    # a view on top of the ALU ops; the strided read is still seen, so the transposing kernel gets 32 x 32 blocks
+    from uopc.opt.strides import merged_shape
+
+    x = buf(0, 64 * 128).reshape((64, 128)).permute((1, 0)).reshape((128, 8, 8))
+    body = x.alu(Ops.MAX, UOp.const(0.0, dtypes.float32).reshape((1, 1, 1)).expand((128, 8, 8)))
+    shape = merged_shape(body)
+    assert shape == (128, 64)
+    assert hand_opt_choice(body.reshape(shape), ZEN4).tile == {0: 32, 1: 32}
+    assert hand_opt_choice(buf(0, 64 * 128).reshape((128, 64)).alu(Ops.NEG), ZEN4).tile == {}  # read in order
+
+
 def test_dedup_key_keeps_cache_blocks(monkeypatch):
     # regression: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
     monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)  # the plain heuristic's candidate (no cache blocks)

@@ -14,7 +14,7 @@ from uopc.machine import Machine
 from uopc.opt.gemm import gemm_opts, uses_microkernel
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
-from uopc.opt.strides import last_axis_stride, merged_shape, operand_views
+from uopc.opt.strides import access_strides, last_axis_stride, merged_shape, operand_views
 from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.variable import Variable, symbolic
 
@@ -191,7 +191,11 @@ def _block(shape: tuple[int, ...], row_bytes: int, l2_bytes: int) -> dict[int, i
 
 
 def _strided_read(body: UOp) -> bool:
-    """Does the kernel read some buffer with a non-unit stride along its innermost output axis?"""
+    """Does the kernel read some buffer with a non-unit stride along its innermost output axis? (Asked of every
+    read of an elementwise body, also one whose loops were merged: a view on top of its ALU ops. Otherwise asked
+    of the views at its leaves.)"""
+    if (reads := access_strides(body)) is not None:
+        return any(st and st[-1] not in (0, 1) for st in reads)
     tops = [body] if body.op in MOVEMENT else [view for view, _ in operand_views(body)]
     for view in tops:
         base = view

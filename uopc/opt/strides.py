@@ -92,7 +92,7 @@ def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
 HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)
 
 
-def _access_strides(root: UOp) -> list[tuple[int, ...]] | None:
+def access_strides(root: UOp) -> list[tuple[int, ...]] | None:
     """The strides, in `root`'s index space, of every buffer element an elementwise `root` reads, one tuple per read
     (a constant reads none); None when some read is no strided view of its buffer (a PAD's condition, a gather, a
     reduce, a reshape that is no view, a symbolic dim): then no two loops may be merged."""
@@ -145,7 +145,7 @@ def merged_shape(root: UOp) -> tuple[int, ...]:
     is one loop of 802816, not loops of 14 that gcc vectorizes with remainders (and unrolls at length, slowly).
     Only for an elementwise root without padding or 16-bit floats: anything else keeps its shape."""
     shape = [int(n) for n in root.shape] if all(type(n) is int for n in root.shape) else []
-    if len(shape) < 2 or (reads := _access_strides(root)) is None:
+    if len(shape) < 2 or (reads := access_strides(root)) is None:
         return tuple(root.shape)
     dims = [k for k, n in enumerate(shape) if n != 1]  # a dim of size 1 is no loop: it joins either neighbour
     if not dims:

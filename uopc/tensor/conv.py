@@ -17,8 +17,12 @@ every tap without being copied once per tap.
     out_ext (N, Cout, OH*Wp) = sum over (C, kh, kw) of w * view   -> cut to (N, Cout, OH, OW)
 
 A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1
-one over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides);
-other strided ones copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32 convolution may
+one over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides).
+Other strided ones with overlapping windows and 16 or more output channels per group take the output positions
+as the GEMM's rows and the channels as its vector lanes (_conv_rows): the microkernel broadcasts each window
+element from the padded input where it lies, whatever the stride, so the windows are never copied; the product is
+channels-last and its consumer reads it as NCHW. The rest (non-overlapping windows, as a 1x1 stride 2's, and few
+channels per group) copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32 convolution may
 instead run by Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around alpha^2 batched GEMMs,
 uopc.uop.winograd) where the cost rule _winograd_tile says it pays.
 
@@ -65,6 +69,11 @@ def _round_positions(npos: int) -> int:
 # a strided convolution runs as a stride-1 one over the input's phases (space to depth) when the kernel padded to a
 # whole number of strides adds at most this many multiply-adds: 7x7 stride 2 (8x8: 1.31) does, 3x3 (1.78) does not
 SPACE_TO_DEPTH_MAX = 1.35
+
+
+# a strided convolution with at least this many output channels per group runs with its positions as the GEMM's
+# rows and its channels as the vector lanes (Tensor._conv_rows: no im2col); fewer copy the windows (im2col)
+ROWS_MIN_CHANNELS = 16
 
 
 def _space_to_depth_pays(ks: Sequence[int], st: Sequence[int], dl: Sequence[int]) -> bool:
@@ -238,6 +247,8 @@ class ConvMixin:
             out = self._conv_in_place(w, pads, dl, groups)
         elif _space_to_depth_pays(ks, st, dl):
             out = self._conv_space_to_depth(w, pads, st, groups, outs)
+        elif cout // groups >= ROWS_MIN_CHANNELS and any(k > s or d > 1 for k, s, d in zip(ks, st, dl, strict=True)):
+            out = self._conv_rows(w, pads, st, dl, groups, outs)
         else:
             out = self._conv_im2col(w, pads, st, dl, groups, outs)
         out = self._mark_conv(w, out, st, dl, pads, groups)
@@ -343,8 +354,26 @@ class ConvMixin:
         out = x2._conv_in_place(w2, [(0, 0)] * n, [1] * n, groups)
         return out.shrink([None, None, *[(0, o) for o in outs]])
 
+    def _conv_rows(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
+        """A strided convolution as an implicit GEMM with the output positions as rows: (N, P, Cout) = windows
+        (N, P, Cin*k) @ w^T (Cin*k, Cout). The input is stored padded once (the copy that also applies the previous
+        layer's elementwise tail); the microkernel reads each window's elements where they lie, a broadcast per row
+        and tap (uopc.opt.gemm: an operand of memory that is not a computed value is read in place), and the output
+        channels are its vector lanes, from the weight's panels (packed once per weight change). So the windows are
+        never copied. The product is channels-last; its consumer reads it as (N, Cout, *out)."""
+        n, ks = w.ndim - 2, w.shape[2:]
+        N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
+        g, cg, og = groups, cin // groups, cout // groups
+        kk, npos = cg * prod(ks), prod(outs)
+        x = self.pad([None, None, *pads]).contiguous()._windows(ks, st, dl)  # (N, Cin, *out, *k)
+        # (N, g, cg, P, *k) -> (g, N*P, cg*k): the batch's positions all rows of one GEMM, the reduction last
+        x = x.reshape(N, g, cg, npos, *ks).permute(1, 0, 3, 2, *range(4, 4 + n)).reshape(g, N * npos, 1, kk)
+        out = (x * w.reshape(g, 1, og, kk)).sum(-1)  # (g, N*P, og)
+        return out.reshape(g, N, npos, og).permute(1, 0, 3, 2).reshape(N, cout, *outs)
+
     def _conv_im2col(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
-        """A strided convolution: the windows copied once into rows (im2col), then a GEMM. Returns (N, Cout, *out)."""
+        """A strided convolution with few output channels per group (a depthwise one's: too few for the lanes of
+        _conv_rows): the windows copied once into rows (im2col), then a GEMM. Returns (N, Cout, *out)."""
         n, ks = w.ndim - 2, w.shape[2:]
         N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
         g, cg, og = groups, cin // groups, cout // groups

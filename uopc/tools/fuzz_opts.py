@@ -140,8 +140,8 @@ PROGRAMS = [
     ),
     # three roots one kernel stores (uopc.schedule.groups), the third from the first two's values, as AdamW's update
     Case("updates", lambda r, c, k: [(r, c)] * 3, _updates, _updates),
-    # convolutions: a padded copy, the product over windows read in place (stride 2: the windows copied, im2col),
-    # and a crop, each kernel under random Opts
+    # convolutions: a padded copy, the product over windows read in place (stride 2: with the positions as rows, or
+    # with fewer than 16 output channels the windows copied, im2col), and a crop, each kernel under random Opts
     Case("conv 3x3", _image, lambda t, u: t.conv2d(u, padding=1), _conv, chain=True),
     Case(
         "conv 3x3 stride 2", _image, lambda t, u: t.conv2d(u, padding=1, stride=2), partial(_conv, stride=2), chain=True
