@@ -71,6 +71,20 @@ def test_matmuls_and_softmax_over_a_symbolic_axis():
         np.testing.assert_allclose(rows, k[0, 0, :n] @ w, rtol=1e-5, atol=1e-5)
 
 
+def test_convolutions_over_a_symbolic_batch():
+    """A 3x3 convolution with 16 output channels over the first n images, at stride 1 (the padded input read in
+    place) and 2 (the positions as the GEMM's rows: a symbolic batch stays a dim of its own, not merged into them)."""
+    v = Variable("images", 1, 3)
+    a = rng.standard_normal((3, 3, 9, 10)).astype(np.float32)
+    w = rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
+    x, wt = Tensor(a), Tensor(w)
+    for n in (1, 3):
+        for stride in (1, 2):
+            out = x[: v.bind(n)].conv2d(wt, stride=stride, padding=1).numpy()
+            ref = torch.nn.functional.conv2d(torch.tensor(a[:n]), torch.tensor(w), stride=stride, padding=1)
+            np.testing.assert_allclose(out, ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_tinyjit_replays_with_each_new_value():
     """A jitted step takes the Variable bound as an argument: the replay runs the captured plan with the new value,
     builds no graph and compiles nothing; the result has the symbolic shape and the new value's elements."""
