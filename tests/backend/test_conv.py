@@ -88,6 +88,7 @@ def test_conv2d_under_the_autotuner(case):
         ((2, 3, 13), (4, 3, 3), {"padding": 1}),
         ((1, 4, 11), (4, 2, 2), {"groups": 2, "stride": 2, "dilation": 2}),
         ((2, 3, 50), (5, 3, 7), {"stride": 2, "padding": 3}),  # space to depth
+        ((2, 3, 21), (16, 3, 3), {"stride": 2, "padding": 1}),  # the positions as the GEMM's rows
     ],
 )
 def test_conv1d(xs, ws, kw):
