@@ -222,8 +222,10 @@ def plan_key(skey: tuple, fuse_reduce: bool, opt: Any, s: helpers.Settings, m: M
 
 
 # a plan with less kernel C than this compiles as one unit: one gcc run beats a run per kernel plus the link there
-# (the suite's thousands of small plans: 580 s per pass per kernel); bigger ones compile per kernel, in parallel
-ONE_UNIT_CHARS = 100_000
+# (the suite's thousands of small plans: 580 s per pass per kernel); bigger ones compile per kernel, in parallel.
+# At 100_000, GPT-2's forward (~100 K of kernel C once its GEMMs lost their remainder regions) became one unit: gcc
+# 0.71-0.79 s on one core against 0.37-0.48 s per kernel on two, its first call 1.92 -> 2.13 s (Zen 4, 3 rounds)
+ONE_UNIT_CHARS = 64_000
 
 
 class _EarlyCompile:
