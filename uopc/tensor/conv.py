@@ -71,8 +71,9 @@ def _round_positions(npos: int) -> int:
 SPACE_TO_DEPTH_MAX = 1.35
 
 
-# a strided convolution with at least this many output channels per group runs with its positions as the GEMM's
-# rows and its channels as the vector lanes (Tensor._conv_rows: no im2col); fewer copy the windows (im2col)
+# a strided convolution with overlapping windows and at least this many output channels per group runs with its
+# positions as the GEMM's rows and its channels as the vector lanes (Tensor._conv_rows: no im2col); fewer channels,
+# or windows that do not overlap, copy the windows (im2col)
 ROWS_MIN_CHANNELS = 16
 
 
@@ -375,8 +376,9 @@ class ConvMixin:
         return out.reshape(g, N, npos, og).permute(1, 0, 3, 2).reshape(N, cout, *outs)
 
     def _conv_im2col(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
-        """A strided convolution with few output channels per group (a depthwise one's: too few for the lanes of
-        _conv_rows): the windows copied once into rows (im2col), then a GEMM. Returns (N, Cout, *out)."""
+        """A strided convolution whose windows do not overlap (a 1x1 stride 2: the copy is a quarter of the input)
+        or with few output channels per group (a depthwise one's: too few for the lanes of _conv_rows): the windows
+        copied once into rows (im2col), then a GEMM. Returns (N, Cout, *out)."""
         n, ks = w.ndim - 2, w.shape[2:]
         N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
         g, cg, og = groups, cin // groups, cout // groups
