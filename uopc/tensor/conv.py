@@ -369,10 +369,9 @@ class ConvMixin:
         x = self.pad([None, None, *pads]).contiguous()._windows(ks, st, dl)  # (N, Cin, *out, *k)
         # (N, g, cg, P, *k) -> (g, N*P, cg*k): the batch's positions all rows of one GEMM, the reduction last (a
         # symbolic batch stays a dim of its own: (g, N, P, cg*k), a GEMM per image)
-        nb = [N] if type(N) is int else [N, 1]
-        x = x.reshape(N, g, cg, npos, *ks).permute(1, 0, 3, 2, *range(4, 4 + n))
-        x = x.reshape(g, *nb[:-1], nb[-1] * npos, 1, kk)
-        out = (x * w.reshape(g, *[1] * len(nb), og, kk)).sum(-1)  # (g, N*P, og)
+        rows = (N * npos,) if type(N) is int else (N, npos)
+        x = x.reshape(N, g, cg, npos, *ks).permute(1, 0, 3, 2, *range(4, 4 + n)).reshape(g, *rows, 1, kk)
+        out = (x * w.reshape(g, *[1] * len(rows), og, kk)).sum(-1)  # (g, *rows, og)
         return out.reshape(g, N, npos, og).permute(1, 0, 3, 2).reshape(N, cout, *outs)
 
     def _conv_im2col(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
