@@ -92,13 +92,20 @@ def test_vectorize_elementwise(n):
     assert not re.search(r"data1\[", src), "an element stored alone"
 
 
-def test_vectorize_selects_lane_by_lane():
-    # gcc's vector extension has no C form for ?: on vectors in C: a relu group selects lane by lane (scalar ?: on
-    # each lane of the loaded vector) and packs the lanes into the vector it stores
+def test_vectorize_selects_on_a_vector_mask():
+    # gcc's vector extension has no ?: on vectors in C: a ReLU's select on a float compare is the compare of whole
+    # vectors (a mask of all-ones or all-zeros lanes) and the two values' bits ANDed with it and its complement; a
+    # NaN, a -0.0 and a negative give +0.0, as where(0 < x, x, 0) does element by element
     x = buf(0, 64).reshape((4, 16))
     g = (UOp.const(0.0) < x).where(x, UOp.const(0.0))
     src = render_c(lower(g, buf(1, 64), Ctx(opts=Opts(upcast={1: 8}, vec=8))), "k")
-    assert "[7]))?" in src and "(f32x8){" in src and "(*(f32x8" in src
+    assert "((f32x8)(((i32x8)" in src and "?" not in src.split("void k", 1)[1] and "(*(f32x8" in src
+    xs = np.arange(64, dtype=np.float32) - 31.5
+    xs[[3, 17, 40]] = [np.nan, -0.0, np.inf]
+    a, o = _aligned(xs), _aligned(np.full(64, 7.0, np.float32))
+    Program(src, "k")(a, o)
+    np.testing.assert_array_equal(o, np.where(0 < xs, xs, np.float32(0)))
+    assert not np.signbit(o).any()
 
 
 def test_vectorize_checks_bounds(context):
@@ -397,6 +404,59 @@ def test_epilogue_left_alone(context):
         np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
     y = (Tensor(a) @ Tensor(w)).relu()
     assert [kk.op for kk in _kernels(y, None)][-2:] == ["matmul", "elementwise cmplt where"]
+
+
+def test_epilogue_relu_on_nan_and_signed_zero(context):
+    # the ReLU of an epilogue is a select on a compare of whole vectors (codegen.lanes' vector mask): a NaN or -0.0
+    # product gives +0.0, as where(0 < x, x, 0) does element by element
+    context(OPT=1)
+    m, k, n = 2 * MR + 1, 200, 2 * NR + 3
+    a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    a[1, 3], a[4] = np.nan, 0.0
+    w[:, 5] = -0.0
+    y = (Tensor(a) @ Tensor(w)).relu()
+    (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+    assert "where" in gemm.op
+    p = a.astype(np.float64) @ w
+    ref = np.where(0 < p, p, 0.0)
+    out = y.numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
+    assert not np.isnan(out).any() and not np.signbit(out).any()
+
+
+@pytest.mark.parametrize("oob", [0, 1])
+@pytest.mark.parametrize("k,stride,size", [(1, 1, 14), (1, 2, 14), (3, 2, 15)])
+def test_conv_epilogue_batchnorm_relu_residual(context, oob, k, stride, size):
+    # a 1x1 convolution's GEMM, read as NCHW through a reshape of (N, 1, Cout, positions), takes an eval-mode
+    # BatchNorm, the residual add and the ReLU as its epilogue (uopc.schedule.epilogues.lift_reshaped_epilogues): no
+    # kernel stores the bare convolution. A strided 3x3's product is channels-last (read through a transpose): its
+    # ops stay a kernel of their own. The values either way against torch.
+    torch = pytest.importorskip("torch")
+    from uopc.nn import BatchNorm2d, Conv2d
+
+    context(OPT=1, CHECK_OOB=oob)
+    g = np.random.default_rng(k + stride)
+    cin, cout = 24, 32
+    x = g.standard_normal((2, cin, size, size)).astype(np.float32)
+    conv, bn = Conv2d(cin, cout, k, stride, k // 2, bias=False), BatchNorm2d(cout)
+    bn.running_mean = Tensor(g.standard_normal(cout).astype(np.float32))
+    bn.running_var = Tensor(g.random(cout).astype(np.float32) + 0.5)
+    bn.weight, bn.bias = (Tensor(g.standard_normal(cout).astype(np.float32)) for _ in range(2))
+    osz = (size + 2 * (k // 2) - k) // stride + 1
+    res = g.standard_normal((2, cout, osz, osz)).astype(np.float32)
+    y = (bn(conv(Tensor(x))) + Tensor(res)).relu().contiguous() * 2.0
+    ks = _kernels(y, HandOpt(MACHINE))
+    gemm = [kk for kk in ks if kk.op.startswith("matmul")]
+    bare = [kk for kk in ks if "sqrt" in kk.op and not kk.op.startswith("matmul")]  # BatchNorm in a kernel of its own
+    assert len(gemm) == 1 and ("cmplt" in gemm[0].op) == (k == 1) and bool(bare) == (k == 3), [kk.op for kk in ks]
+    tc = torch.nn.Conv2d(cin, cout, k, stride, k // 2, bias=False)
+    tc.weight.data = torch.from_numpy(conv.weight.numpy())
+    tb = torch.nn.BatchNorm2d(cout).eval()
+    for name in ("running_mean", "running_var", "weight", "bias"):
+        getattr(tb, name).data = torch.from_numpy(getattr(bn, name).numpy())
+    with torch.no_grad():
+        ref = (torch.relu(tb(tc(torch.from_numpy(x))) + torch.from_numpy(res)) * 2.0).numpy()
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("cin", [8, 128])

@@ -24,11 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
-from uopc.uop import ALU, AxisType, Ops, RangeArg, UOp
+from uopc.uop import ALU, COMPARE, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
 
 __all__ = ["NoLanes", "copies", "lane_of", "lane_stats", "widen"]
+
+# a float select on a float compare widens to a select on gcc's vector mask, lanes of this integer type
+_MASK = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
 
 # lowerings under Opts.vec that built one expression per vector (lanes) or fell back to one per element (elements)
 lane_stats = {"lanes": 0, "elements": 0}
@@ -110,6 +113,8 @@ class _Widen:
             return UOp(Ops.WHERE, (u.src[0], a, b), None, a.dtype)
         if op in VECTOR_ALU and u.dtype.is_float:
             return UOp(op, tuple(self.wide(s) for s in u.src), u.arg, u.dtype.vec(n))
+        if op is Ops.WHERE and (mask := self._mask(u.src[0], u.dtype)) is not None:  # a ReLU in a GEMM's epilogue
+            return UOp(Ops.WHERE, (mask, self.wide(u.src[1]), self.wide(u.src[2])), None, u.dtype.vec(n))
         if op in ALU and not any(x.op is Ops.ALLOC for x in u.src):
             # no vector form (a compare, a select on lanes, max, a math function: a GEMM's epilogue): the scalar op
             # once per lane, on that lane of each source, packed; gcc's SLP vectorizer regroups what it can. Runs once
@@ -120,6 +125,13 @@ class _Widen:
             )
             return UOp(Ops.VECTORIZE, lanes, None, u.dtype.vec(n))
         raise NoLanes
+
+    def _mask(self, c: UOp, dtype: DType) -> UOp | None:
+        """Compare `c` of two `dtype` values, for a select of `dtype` values, as a vector mask (gcc's: each lane all
+        ones or all zeros, an integer of the float's size); None for any other condition."""
+        if c.op not in COMPARE or dtype not in _MASK or c.src[0].dtype is not dtype:
+            return None
+        return UOp(c.op, tuple(self.wide(s) for s in c.src), None, _MASK[dtype].vec(self.width))
 
     @staticmethod
     def _zero(u: UOp) -> UOp:

@@ -222,8 +222,8 @@ class HandOpt:
 
     def epilogue(self, r: UOp, reader: UOp) -> bool:
         """May REDUCE `r` take the elementwise ops of `reader` (the kernel body that reads it) as an epilogue
-        (uopc.schedule.fusion.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when the
-        epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
+        (uopc.schedule.epilogues.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when
+        the epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
         output of a float32 sum would round them)."""
         return uses_microkernel(r, self.machine) and reader.dtype is r.dtype
 

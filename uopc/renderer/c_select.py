@@ -57,6 +57,9 @@ def render_where(r, u: UOp) -> str:
     """C for WHERE `u` (r: the uopc.renderer.c.CRenderer rendering it). A select against +0.0 of one against +0.0
     (where(mask, where(tap == argmax, g, 0), 0): a max-pool's backward) takes both conditions into one mask."""
     c, a, b = u.src
+    if c.dtype.count > 1 and c.dtype.is_int:  # a vector mask (codegen.lanes): a's bits where its lane is set, else b's
+        it, m = c.dtype.cname, r.expr(c)
+        return f"(({u.dtype.cname})((({it}){r.expr(a)} & {m}) | (({it}){r.expr(b)} & ~{m})))"
     if u.dtype in _KEEP and _reads_mask(c) and (kept := _kept(u)) is not None:
         name, code = _KEEP[u.dtype]
         r.use_bits()

@@ -30,9 +30,9 @@ from typing import Any
 from uopc import helpers
 from uopc.helpers import prod
 from uopc.schedule.attention import recognize_attention
+from uopc.schedule.epilogues import epilogue_fusions, lift_reshaped_epilogues
 from uopc.schedule.fusion import (
     contraction,
-    epilogue_fusions,
     row_fusions,
     stage_attention_operands,
     stage_broadcast_compute,
@@ -173,6 +173,9 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     #    elementwise at its own index is computed by that reader (an epilogue), if the optimizer takes it
     points = _materialize_points(roots, fuse_reduce)
     if not fuse_reduce:
+        # (a matmul read through a reshape, a convolution's GEMM as NCHW: its reader's ops move to the matmul's shape)
+        if (lifted := lift_reshaped_epilogues(roots, points, getattr(opt, "epilogue", None))) is not roots:
+            roots, points = lifted, _materialize_points(lifted, fuse_reduce)
         fused = epilogue_fusions(roots, points, getattr(opt, "epilogue", None))
         fused |= row_fusions(roots, points, getattr(opt, "row_fusion", None), fused)
         if fused:

@@ -1,7 +1,7 @@
 """Fusion and staging decisions of the scheduler, on the shape graph before it is cut: what to materialize that no
 rule of Chapter 7 cuts (values several kernels would recompute: stage_broadcast_compute, stage_shared_chains,
-stage_recomputed), and which REDUCEs a kernel that reads them computes itself (epilogue_fusions: a matmul's
-elementwise tail; row_fusions: the reduces of a row read per row). stage_rows, after the cut, keeps in a row buffer
+stage_recomputed), and which REDUCEs a kernel that reads them computes per row (row_fusions; a matmul's elementwise
+tail: uopc.schedule.epilogues). stage_rows, after the cut, keeps in a row buffer
 a value two passes over a row would each compute. uopc.schedule.cut applies them; each weighs bytes against work.
 """
 
@@ -17,7 +17,6 @@ from uopc.uop.indexing import affine_view
 __all__ = [
     "broadcast_read",
     "contraction",
-    "epilogue_fusions",
     "row_fusions",
     "stage_broadcast_compute",
     "stage_recomputed",
@@ -39,56 +38,6 @@ def _region(body: UOp) -> list[UOp]:
         if u is body or u.op not in _MATERIALIZED:
             stack.extend(u.src)
     return out
-
-
-def _at_own_index(body: UOp, r: UOp) -> bool:
-    """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
-    index (r's elements are each computed once, by the output element that uses it)?"""
-    found, seen, stack = False, set(), [body]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u is r:
-            found = True
-        elif u.op in ALU and u.shape == r.shape:
-            stack.extend(u.src)
-        elif u.op not in _MATERIALIZED and r in _region(u):  # read through a view or at another shape
-            return False
-    return found
-
-
-def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> frozenset[UOp]:
-    """The REDUCEs that are computed by the one kernel that reads them, as the reduce of that kernel followed by its
-    elementwise ops (an epilogue: a matmul's bias, activation, residual add applied while the tile is in registers).
-
-    The cost rule: fusing saves writing r and reading it back (2 x its bytes) and recomputes nothing, when exactly
-    one kernel reads r, only through elementwise ops at r's own index, and that kernel computes no other fused
-    reduce. `accepts(r, reader_body)` is the optimizer's say (it fuses only what its kernels keep fast: the GEMM
-    microkernel takes an epilogue); without an optimizer nothing is fused, so OPT=0 keeps Chapter 7's kernels."""
-    if accepts is None:
-        return frozenset()
-    rootset = set(roots)
-    readers: dict[UOp, list[UOp]] = {}
-    for p in points:
-        body = p.src[0] if p.op is Ops.STAGE else p
-        for u in _region(body):
-            if u.op is Ops.REDUCE and u is not body:
-                readers.setdefault(u, []).append(p)
-    fused: dict[UOp, UOp] = {}  # kernel -> the reduce it takes in
-    taken: set[UOp] = set()
-    for r, ks in readers.items():
-        if r in rootset or len(ks) != 1 or ks[0].op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM):
-            continue
-        k = ks[0]
-        body = k.src[0] if k.op is Ops.STAGE else k
-        if body.shape == r.shape and _at_own_index(body, r) and accepts(r, body):
-            if k in fused:  # two matmuls in one kernel: neither gets the microkernel, so neither fuses
-                taken.add(k)
-            else:
-                fused[k] = r
-    return frozenset(r for k, r in fused.items() if k not in taken)
 
 
 def row_fusions(

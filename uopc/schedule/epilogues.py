@@ -1,0 +1,176 @@
+"""Epilogues: the REDUCEs (matmuls) that the one kernel reading them computes itself, its elementwise ops applied
+to the register tile before the one store (a bias, an activation, a residual add, a BatchNorm in eval mode).
+
+    relu(r + bias)          ->  one kernel: r's tile, then + bias, relu, store        (epilogue_fusions)
+    relu(reshape(r) + b)    ->  reshape(relu(r + reshape(b)))                          (lift_reshaped_epilogues)
+
+Decided on the shape graph before it is cut (uopc.schedule.cut), with the optimizer's say.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uopc.schedule.fusion import _MATERIALIZED, _region
+from uopc.uop import ALU, MOVEMENT, Ops, UOp, base_buffer
+
+__all__ = ["EPILOGUE_BROADCASTS", "epilogue_fusions", "lift_reshaped_epilogues"]
+
+
+def _at_own_index(body: UOp, r: UOp) -> bool:
+    """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
+    index (r's elements are each computed once, by the output element that uses it)?"""
+    found, seen, stack = False, set(), [body]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u is r:
+            found = True
+        elif u.op in ALU and u.shape == r.shape:
+            stack.extend(u.src)
+        elif u.op not in _MATERIALIZED and r in _region(u):  # read through a view or at another shape
+            return False
+    return found
+
+
+def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> frozenset[UOp]:
+    """The REDUCEs that are computed by the one kernel that reads them, as the reduce of that kernel followed by its
+    elementwise ops (an epilogue: a matmul's bias, activation, residual add applied while the tile is in registers).
+
+    The cost rule: fusing saves writing r and reading it back (2 x its bytes) and recomputes nothing, when exactly
+    one kernel reads r, only through elementwise ops at r's own index, and that kernel computes no other fused
+    reduce. `accepts(r, reader_body)` is the optimizer's say (it fuses only what its kernels keep fast: the GEMM
+    microkernel takes an epilogue); without an optimizer nothing is fused, so OPT=0 keeps Chapter 7's kernels."""
+    if accepts is None:
+        return frozenset()
+    rootset = set(roots)
+    readers: dict[UOp, list[UOp]] = {}
+    for p in points:
+        body = p.src[0] if p.op is Ops.STAGE else p
+        for u in _region(body):
+            if u.op is Ops.REDUCE and u is not body:
+                readers.setdefault(u, []).append(p)
+    fused: dict[UOp, UOp] = {}  # kernel -> the reduce it takes in
+    taken: set[UOp] = set()
+    for r, ks in readers.items():
+        if r in rootset or len(ks) != 1 or ks[0].op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM):
+            continue
+        k = ks[0]
+        body = k.src[0] if k.op is Ops.STAGE else k
+        if body.shape == r.shape and _at_own_index(body, r) and accepts(r, body):
+            if k in fused:  # two matmuls in one kernel: neither gets the microkernel, so neither fuses
+                taken.add(k)
+            else:
+                fused[k] = r
+    return frozenset(r for k, r in fused.items() if k not in taken)
+
+
+def _reshaped_read(body: UOp, r: UOp) -> UOp | None:
+    """The one chain of RESHAPEs through which `body` reads REDUCE `r`, if it reads r only through that chain and
+    ALU ops of body's own shape; else None."""
+    view, seen, stack = None, set(), [body]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op is Ops.RESHAPE and base_buffer(u) is r:
+            if view is not None and view is not u:
+                return None
+            view = u
+        elif u is r:
+            return None
+        elif u.op in ALU and u.shape == body.shape:
+            stack.extend(u.src)
+        elif u.op not in _MATERIALIZED and r in _region(u):  # read through another view
+            return None
+    return view
+
+
+def _at_shape(u: UOp, view: UOp, r: UOp, memo: dict[UOp, UOp | None]) -> UOp | None:
+    """`u`, an ALU op at the view's shape that reads the view, computed at r's shape: the view's reads of r are r
+    itself, every other source of that shape is reshaped to r's, shape-() constants stay. None for a node that does
+    not read the view."""
+    if u in memo:
+        return memo[u]
+    out = None
+    if u is view:
+        out = r
+    elif u.op in ALU and u.shape == view.shape:
+        src = [_at_shape(s, view, r, memo) for s in u.src]
+        if any(s is not None for s in src):
+            out = u.replace(src=tuple(n if n is not None else base_buffer(s).reshape(r.shape) if s.shape == view.shape
+                                      else s for s, n in zip(u.src, src, strict=True)))  # fmt: skip
+    memo[u] = out
+    return out
+
+
+def _lifted(body: UOp, view: UOp, r: UOp) -> UOp | None:
+    try:
+        return _at_shape(body, view, r, {})
+    except ValueError:  # a symbolic dim that cannot be regrouped
+        return None
+
+
+# an epilogue reads at most this many broadcast values (per output channel of a convolution: a BatchNorm's four)
+# once lifted: a row of a GEMM's tile holds each in a register across the product's loops, and two BatchNorms' eight
+# (ResNet's downsampling block: its 1x1 convolution's epilogue would apply its own and the residual's) spilled the
+# tile's accumulators (1.3x the separate kernels' time, one process, alternating)
+EPILOGUE_BROADCASTS = 4
+
+
+def _broadcasts(body: UOp) -> int:
+    """The materialized values `body` reads through an EXPAND (a bias, a BatchNorm's statistics)."""
+    bases = set()
+    for u in _region(body):
+        if u.op is Ops.EXPAND:
+            b = u
+            while b.op in MOVEMENT:
+                b = b.src[0]
+            bases.add(b)
+    return len(bases)
+
+
+def lift_reshaped_epilogues(roots: list[UOp], points: list[UOp], accepts: Any) -> list[UOp]:
+    """`roots` with each matmul that one kernel reads only through RESHAPEs and elementwise ops (a convolution's
+    GEMM, (N, groups, Cout/groups, positions), read as (N, Cout, H, W) by its bias, BatchNorm, ReLU and residual
+    add) computing those ops at the matmul's own shape, the reshape put on their result: the kernel stores the same
+    bytes, and now reads the matmul at its own index, so epilogue_fusions may make the ops its epilogue. The same
+    readers and the optimizer's say as there, and at most EPILOGUE_BROADCASTS broadcast values; nothing changes
+    without an optimizer. (Through a transpose, a strided convolution's channels-last product, the result would be
+    stored in the product's order: its readers, Winograd's input transform, then read it strided and ran ~2x
+    slower.)"""
+    if accepts is None:
+        return roots
+    readers: dict[UOp, list[UOp]] = {}
+    for p in points:
+        body = p.src[0] if p.op is Ops.STAGE else p
+        for u in _region(body):
+            if u.op is Ops.REDUCE and u is not body:
+                readers.setdefault(u, []).append(p)
+    lifts: dict[UOp, UOp] = {}  # kernel -> the matmul it reads through a reshape
+    for r, ks in readers.items():
+        k = ks[0]
+        if len(ks) != 1 or k.op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM) or k in lifts:
+            continue
+        body = k.src[0] if k.op is Ops.STAGE else k
+        if body.shape == r.shape or body.op not in ALU or (view := _reshaped_read(body, r)) is None:
+            continue
+        lifted = _lifted(body, view, r)
+        if lifted is not None and _broadcasts(lifted) <= EPILOGUE_BROADCASTS and accepts(r, lifted):
+            lifts[k] = r
+    if not lifts:
+        return roots
+    # rebuilt bottom-up: a lifted kernel may read another (its rebuilt sources hold the rebuilt matmul)
+    new: dict[UOp, UOp] = {}
+    for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
+        src = tuple(new[s] for s in u.src)
+        n = u if src == u.src else u.replace(src=src)
+        if (r := lifts.get(u)) is not None:
+            body, r = (n.src[0] if n.op is Ops.STAGE else n), new[r]
+            lifted = _lifted(body, _reshaped_read(body, r), r)
+            n = (n.replace(src=(lifted,)) if n.op is Ops.STAGE else lifted).reshape(body.shape)
+        new[u] = n
+    return [base_buffer(new[u]) for u in roots]
