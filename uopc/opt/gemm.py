@@ -21,7 +21,8 @@ from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
 from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
-from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite
+from uopc.uop.indexing import affine_view
+from uopc.uop.rewrite import graph_rewrite
 from uopc.uop.variable import symbolic
 from uopc.uop.winograd import winograd_panels
 
@@ -253,23 +254,15 @@ def _winograd_panels(x: UOp, panel: int, axis: int) -> UOp | None:
         a2, rows, C = v.shape
         rowwise = v
     shape = (a2, 1, rows, C) if axis == 2 else (a2, rows, 1, C)
-    if _canonical(rowwise.reshape(shape).expand(x.shape)) is not _canonical(x):
+    # x must read the transform's rows as that view does: the same elements at the same places (both are views of
+    # v alone, so their offsets and strides say it; comparing the views rewritten into one form walked all of the
+    # graph under them, 36 times in ResNet-18's first call)
+    want = rowwise.reshape(shape).expand(x.shape)
+    if (got := affine_view(x, v)) is None or got != affine_view(want, v):
         return None
     p = winograd_panels(v, panel)
     flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * panel, C)).shrink(((0, a2), (0, rows), (0, C)))
     return flat.reshape(shape).expand(x.shape)
-
-
-# a reshape of a reshape is one reshape (a convolution reshapes U twice on its way to the products)
-_one_reshape = PatternMatcher(
-    [(UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="r"),), name="o"), lambda o, r: r.src[0].reshape(o.shape))]
-)
-
-
-def _canonical(x: UOp) -> UOp:
-    """`x` with its views pushed through ALU ops and chains of reshapes merged: two views of one thing that read the
-    same elements the same way are then one node (hash-consing)."""
-    return graph_rewrite(graph_rewrite(x, push_views), _one_reshape)
 
 
 def split_k(roots: list[UOp], machine: Machine) -> list[UOp]:

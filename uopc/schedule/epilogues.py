@@ -17,6 +17,17 @@ from uopc.uop import ALU, MOVEMENT, Ops, UOp, base_buffer
 __all__ = ["EPILOGUE_BROADCASTS", "epilogue_fusions", "lift_reshaped_epilogues"]
 
 
+def _readers(points: list[UOp]) -> dict[UOp, list[UOp]]:
+    """Each REDUCE that kernels read (not one a kernel computes as its own value) -> the kernels (points) reading it."""
+    readers: dict[UOp, list[UOp]] = {}
+    for p in points:
+        body = p.src[0] if p.op is Ops.STAGE else p
+        for u in _region(body):
+            if u.op is Ops.REDUCE and u is not body:
+                readers.setdefault(u, []).append(p)
+    return readers
+
+
 def _at_own_index(body: UOp, r: UOp) -> bool:
     """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
     index (r's elements are each computed once, by the output element that uses it)?"""
@@ -46,12 +57,7 @@ def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> froze
     if accepts is None:
         return frozenset()
     rootset = set(roots)
-    readers: dict[UOp, list[UOp]] = {}
-    for p in points:
-        body = p.src[0] if p.op is Ops.STAGE else p
-        for u in _region(body):
-            if u.op is Ops.REDUCE and u is not body:
-                readers.setdefault(u, []).append(p)
+    readers = _readers(points)
     fused: dict[UOp, UOp] = {}  # kernel -> the reduce it takes in
     taken: set[UOp] = set()
     for r, ks in readers.items():
@@ -129,7 +135,8 @@ def _broadcasts(body: UOp) -> int:
             b = u
             while b.op in MOVEMENT:
                 b = b.src[0]
-            bases.add(b)
+            if b.op is not Ops.CONST:
+                bases.add(b)
     return len(bases)
 
 
@@ -144,12 +151,7 @@ def lift_reshaped_epilogues(roots: list[UOp], points: list[UOp], accepts: Any) -
     slower.)"""
     if accepts is None:
         return roots
-    readers: dict[UOp, list[UOp]] = {}
-    for p in points:
-        body = p.src[0] if p.op is Ops.STAGE else p
-        for u in _region(body):
-            if u.op is Ops.REDUCE and u is not body:
-                readers.setdefault(u, []).append(p)
+    readers = _readers(points)
     lifts: dict[UOp, UOp] = {}  # kernel -> the matmul it reads through a reshape
     for r, ks in readers.items():
         k = ks[0]
