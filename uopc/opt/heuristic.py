@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from uopc.helpers import prod
 from uopc.machine import Machine
-from uopc.opt.gemm import gemm_opts, uses_microkernel
+from uopc.opt.gemm import gemm_opts, uses_microkernel, vector_epilogue
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.opt.strides import access_strides, last_axis_stride, merged_shape, operand_views
@@ -224,8 +224,9 @@ class HandOpt:
         """May REDUCE `r` take the elementwise ops of `reader` (the kernel body that reads it) as an epilogue
         (uopc.schedule.epilogues.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when
         the epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
-        output of a float32 sum would round them)."""
-        return uses_microkernel(r, self.machine) and reader.dtype is r.dtype
+        output of a float32 sum would round them), and if each op that varies along the tile's vectors has a vector
+        form (vector_epilogue: a scalar op per lane made the GEMM slower than the GEMM and a kernel after it)."""
+        return uses_microkernel(r, self.machine) and reader.dtype is r.dtype and vector_epilogue(r, reader)
 
     def row_fusion(self, r: UOp, reader: UOp) -> bool:
         """May REDUCE `r` be computed per row inside `reader`, the kernel that reads it (uopc.schedule.fusion.

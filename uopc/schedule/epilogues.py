@@ -95,20 +95,20 @@ def _reshaped_read(body: UOp, r: UOp) -> UOp | None:
     return view
 
 
-def _at_shape(u: UOp, view: UOp, r: UOp, memo: dict[UOp, UOp | None]) -> UOp | None:
-    """`u`, an ALU op at the view's shape that reads the view, computed at r's shape: the view's reads of r are r
-    itself, every other source of that shape is reshaped to r's, shape-() constants stay. None for a node that does
-    not read the view."""
-    if u in memo:
-        return memo[u]
-    out = None
+def _at_shape(u: UOp, view: UOp, r: UOp, memo: dict[UOp, UOp]) -> UOp:
+    """`u`, an ALU op at the view's shape (or one of its sources), computed at r's shape: the view's reads of r are
+    r itself, every ALU op of that shape is rebuilt at r's, every other source of that shape (a read) is reshaped to
+    r's, shape-() constants stay."""
+    if (hit := memo.get(u)) is not None:
+        return hit
     if u is view:
         out = r
     elif u.op in ALU and u.shape == view.shape:
-        src = [_at_shape(s, view, r, memo) for s in u.src]
-        if any(s is not None for s in src):
-            out = u.replace(src=tuple(n if n is not None else base_buffer(s).reshape(r.shape) if s.shape == view.shape
-                                      else s for s, n in zip(u.src, src, strict=True)))  # fmt: skip
+        out = u.replace(src=tuple(_at_shape(s, view, r, memo) for s in u.src))
+    elif u.shape == view.shape:
+        out = base_buffer(u).reshape(r.shape)
+    else:
+        out = u
     memo[u] = out
     return out
 
