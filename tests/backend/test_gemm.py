@@ -445,7 +445,7 @@ def test_epilogue_relu_on_nan_and_signed_zero(context):
 @pytest.mark.parametrize("k,stride,size", [(1, 1, 14), (1, 2, 14), (3, 2, 15)])
 def test_conv_epilogue_batchnorm_relu_residual(context, oob, k, stride, size):
     # a 1x1 convolution's GEMM, read as NCHW through a reshape of (N, 1, Cout, positions), takes an eval-mode
-    # BatchNorm, the residual add and the ReLU as its epilogue (uopc.schedule.epilogues.lift_reshaped_epilogues): no
+    # BatchNorm, the residual add and the ReLU as its epilogue (uopc.schedule.epilogues.lift_epilogues): no
     # kernel stores the bare convolution. A strided 3x3's product is channels-last (read through a transpose): its
     # ops stay a kernel of their own. The values either way against torch.
     torch = pytest.importorskip("torch")
@@ -473,6 +473,42 @@ def test_conv_epilogue_batchnorm_relu_residual(context, oob, k, stride, size):
         getattr(tb, name).data = torch.from_numpy(getattr(bn, name).numpy())
     with torch.no_grad():
         ref = (torch.relu(tb(tc(torch.from_numpy(x))) + torch.from_numpy(res)) * 2.0).numpy()
+    np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("k,dilation,size", [(5, 1, 13), (3, 2, 12), (1, 1, 28)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_conv_epilogue_through_padded_positions(context, k, dilation, size, residual):
+    # a stride-1 convolution's GEMM computes every position of the padded width (and a 1x1's positions rounded up to
+    # whole tiles), cut to the output by a SHRINK: its BatchNorm and ReLU, constant along the cut positions, are
+    # its epilogue, stored at the GEMM's shape and read through the cut; a residual add, which varies there, keeps
+    # them in a kernel of their own. The values either way against torch
+    torch = pytest.importorskip("torch")
+    from uopc.nn import BatchNorm2d, Conv2d
+
+    context(OPT=1)
+    g = np.random.default_rng(k + dilation)
+    cin, cout, pad = 16, 32, dilation * (k // 2)
+    x = g.standard_normal((2, cin, size, size)).astype(np.float32)
+    conv, bn = Conv2d(cin, cout, k, 1, pad, dilation=dilation, bias=False), BatchNorm2d(cout)
+    bn.running_mean = Tensor(g.standard_normal(cout).astype(np.float32))
+    bn.running_var = Tensor(g.random(cout).astype(np.float32) + 0.5)
+    res = g.standard_normal((2, cout, size, size)).astype(np.float32)
+    y = bn(conv(Tensor(x)))
+    y = ((y + Tensor(res)) if residual else y).relu().contiguous() * 2.0
+    ks = _kernels(y, HandOpt(MACHINE))
+    (gemm,) = [kk for kk in ks if kk.op.startswith("matmul")]
+    assert ("cmplt" in gemm.op) != residual, [kk.op for kk in ks]
+    tc = torch.nn.Conv2d(cin, cout, k, 1, pad, dilation=dilation, bias=False)
+    tc.weight.data = torch.from_numpy(conv.weight.numpy())
+    tb = torch.nn.BatchNorm2d(cout).eval()
+    tb.running_mean.data, tb.running_var.data = (
+        torch.from_numpy(bn.running_mean.numpy()),
+        torch.from_numpy(bn.running_var.numpy()),
+    )
+    with torch.no_grad():
+        ref = tb(tc(torch.from_numpy(x))) + (torch.from_numpy(res) if residual else 0)
+        ref = (torch.relu(ref) * 2.0).numpy()
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 

@@ -30,7 +30,7 @@ from typing import Any
 from uopc import helpers
 from uopc.helpers import prod
 from uopc.schedule.attention import recognize_attention
-from uopc.schedule.epilogues import epilogue_fusions, lift_reshaped_epilogues
+from uopc.schedule.epilogues import epilogue_fusions, lift_epilogues
 from uopc.schedule.fusion import (
     contraction,
     row_fusions,
@@ -174,7 +174,7 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     points = _materialize_points(roots, fuse_reduce)
     if not fuse_reduce:
         # (a matmul read through a reshape, a convolution's GEMM as NCHW: its reader's ops move to the matmul's shape)
-        if (lifted := lift_reshaped_epilogues(roots, points, getattr(opt, "epilogue", None))) is not roots:
+        if (lifted := lift_epilogues(roots, points, getattr(opt, "epilogue", None))) is not roots:
             roots, points = lifted, _materialize_points(lifted, fuse_reduce)
         fused = epilogue_fusions(roots, points, getattr(opt, "epilogue", None))
         fused |= row_fusions(roots, points, getattr(opt, "row_fusion", None), fused)

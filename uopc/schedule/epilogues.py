@@ -2,7 +2,8 @@
 to the register tile before the one store (a bias, an activation, a residual add, a BatchNorm in eval mode).
 
     relu(r + bias)          ->  one kernel: r's tile, then + bias, relu, store        (epilogue_fusions)
-    relu(reshape(r) + b)    ->  reshape(relu(r + reshape(b)))                          (lift_reshaped_epilogues)
+    relu(reshape(r) + b)    ->  reshape(relu(r + reshape(b)))                          (lift_epilogues)
+    relu(shrink(r) * s)     ->  shrink(relu(r * s'))    (s' = s along the cut positions too)
 
 Decided on the shape graph before it is cut (uopc.schedule.cut), with the optimizer's say.
 """
@@ -13,8 +14,9 @@ from typing import Any
 
 from uopc.schedule.fusion import _MATERIALIZED, _region
 from uopc.uop import ALU, MOVEMENT, Ops, UOp, base_buffer
+from uopc.uop.indexing import affine_view
 
-__all__ = ["EPILOGUE_BROADCASTS", "epilogue_fusions", "lift_reshaped_epilogues"]
+__all__ = ["EPILOGUE_BROADCASTS", "epilogue_fusions", "lift_epilogues"]
 
 
 def _readers(points: list[UOp]) -> dict[UOp, list[UOp]]:
@@ -73,16 +75,25 @@ def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> froze
     return frozenset(r for k, r in fused.items() if k not in taken)
 
 
-def _reshaped_read(body: UOp, r: UOp) -> UOp | None:
-    """The one chain of RESHAPEs through which `body` reads REDUCE `r`, if it reads r only through that chain and
-    ALU ops of body's own shape; else None."""
+_VIEWS = (Ops.RESHAPE, Ops.SHRINK)  # what may lie between a matmul and its reader (the reader's ops move below it)
+
+
+def _view_base(u: UOp) -> UOp:
+    while u.op in _VIEWS:
+        u = u.src[0]
+    return u
+
+
+def _viewed_read(body: UOp, r: UOp) -> UOp | None:
+    """The one chain of RESHAPEs and SHRINKs through which `body` reads REDUCE `r`, if it reads r only through that
+    chain and ALU ops of body's own shape; else None."""
     view, seen, stack = None, set(), [body]
     while stack:
         u = stack.pop()
         if u in seen:
             continue
         seen.add(u)
-        if u.op is Ops.RESHAPE and base_buffer(u) is r:
+        if u.op in _VIEWS and _view_base(u) is r:
             if view is not None and view is not u:
                 return None
             view = u
@@ -95,10 +106,51 @@ def _reshaped_read(body: UOp, r: UOp) -> UOp | None:
     return view
 
 
+class _NoLift(Exception):
+    """An operand of the reader cannot be read at the matmul's shape."""
+
+
+def _constant_along(u: UOp, axes: list[int]) -> bool:
+    """Does read `u` (a view of a constant or of a stored node) have one value along each of `axes`?"""
+    base = u
+    while base.op in MOVEMENT:
+        base = base.src[0]
+    if base.op is Ops.CONST:
+        return True
+    if not all(type(d) is int for d in (*u.shape, *base.shape)) or (av := affine_view(u, base)) is None:
+        return False
+    return all(av[1][i] == 0 for i in axes)
+
+
+def _undo(u: UOp, view: UOp) -> UOp:
+    """Read `u`, of the view's shape, at the shape of the view's base: a reshape undone; a SHRINK undone by reading,
+    along each axis it cuts, the one value u has there (a per-channel statistic along a convolution's padded
+    positions; a read that varies there, a residual, raises _NoLift)."""
+    while view.op in _VIEWS:
+        full = view.src[0].shape
+        if view.op is Ops.RESHAPE:
+            u = base_buffer(u).reshape(full)
+        else:
+            cut = [i for i, ((lo, hi), n) in enumerate(zip(view.arg, full, strict=True)) if (lo, hi) != (0, n)]
+            if not _constant_along(u, cut):
+                raise _NoLift
+            u = u.shrink(tuple((0, 1) if i in cut else (0, d) for i, d in enumerate(u.shape))).expand(full)
+        view = view.src[0]
+    return u
+
+
+def _redo(u: UOp, view: UOp) -> UOp:
+    """`u`, of the shape of the view's base, read through the view's chain."""
+    if view.op not in _VIEWS:
+        return u
+    u = _redo(u, view.src[0])
+    return u.reshape(view.shape) if view.op is Ops.RESHAPE else u.shrink(view.arg)
+
+
 def _at_shape(u: UOp, view: UOp, r: UOp, memo: dict[UOp, UOp]) -> UOp:
     """`u`, an ALU op at the view's shape (or one of its sources), computed at r's shape: the view's reads of r are
-    r itself, every ALU op of that shape is rebuilt at r's, every other source of that shape (a read) is reshaped to
-    r's, shape-() constants stay."""
+    r itself, every ALU op of that shape is rebuilt at r's, every other source of that shape (a read) is read there
+    (_undo), shape-() constants stay."""
     if (hit := memo.get(u)) is not None:
         return hit
     if u is view:
@@ -106,7 +158,7 @@ def _at_shape(u: UOp, view: UOp, r: UOp, memo: dict[UOp, UOp]) -> UOp:
     elif u.op in ALU and u.shape == view.shape:
         out = u.replace(src=tuple(_at_shape(s, view, r, memo) for s in u.src))
     elif u.shape == view.shape:
-        out = base_buffer(u).reshape(r.shape)
+        out = _undo(u, view)
     else:
         out = u
     memo[u] = out
@@ -116,7 +168,7 @@ def _at_shape(u: UOp, view: UOp, r: UOp, memo: dict[UOp, UOp]) -> UOp:
 def _lifted(body: UOp, view: UOp, r: UOp) -> UOp | None:
     try:
         return _at_shape(body, view, r, {})
-    except ValueError:  # a symbolic dim that cannot be regrouped
+    except (_NoLift, ValueError):  # (ValueError: a symbolic dim that cannot be regrouped)
         return None
 
 
@@ -140,26 +192,31 @@ def _broadcasts(body: UOp) -> int:
     return len(bases)
 
 
-def lift_reshaped_epilogues(roots: list[UOp], points: list[UOp], accepts: Any) -> list[UOp]:
-    """`roots` with each matmul that one kernel reads only through RESHAPEs and elementwise ops (a convolution's
-    GEMM, (N, groups, Cout/groups, positions), read as (N, Cout, H, W) by its bias, BatchNorm, ReLU and residual
-    add) computing those ops at the matmul's own shape, the reshape put on their result: the kernel stores the same
-    bytes, and now reads the matmul at its own index, so epilogue_fusions may make the ops its epilogue. The same
-    readers and the optimizer's say as there, and at most EPILOGUE_BROADCASTS broadcast values; nothing changes
-    without an optimizer. (Through a transpose, a strided convolution's channels-last product, the result would be
-    stored in the product's order: its readers, Winograd's input transform, then read it strided and ran ~2x
-    slower.)"""
+def lift_epilogues(roots: list[UOp], points: list[UOp], accepts: Any) -> list[UOp]:
+    """`roots` with each matmul that one kernel reads only through RESHAPEs and SHRINKs and elementwise ops (a
+    convolution's GEMM, (N, groups, Cout/groups, positions), read as (N, Cout, H, W) by its bias, BatchNorm, ReLU and
+    residual add; a stride-1 one's positions span the padded width, cut to the output) computing those ops at the
+    matmul's own shape, the view put on their result: the kernel now reads the matmul at its own index, so
+    epilogue_fusions may make the ops its epilogue. Under reshapes alone it stores the same bytes; under a cut it
+    stores the uncut positions too (their values never read), so it is lifted there only where every other operand
+    has one value along the cut positions (a per-channel statistic, not a residual) and not as an output of the plan.
+    The same readers and the optimizer's say as epilogue_fusions, and at most EPILOGUE_BROADCASTS broadcast values;
+    nothing changes without an optimizer. (Through a transpose, a strided convolution's channels-last product, the
+    result would be stored in the product's order: its readers, Winograd's input transform, then read it strided and
+    ran ~2x slower.)"""
     if accepts is None:
         return roots
     readers = _readers(points)
-    lifts: dict[UOp, UOp] = {}  # kernel -> the matmul it reads through a reshape
+    lifts: dict[UOp, UOp] = {}  # kernel -> the matmul it reads through a view
     for r, ks in readers.items():
         k = ks[0]
         if len(ks) != 1 or k.op in (Ops.REDUCE, Ops.SCATTER, Ops.SETITEM) or k in lifts:
             continue
         body = k.src[0] if k.op is Ops.STAGE else k
-        if body.shape == r.shape or body.op not in ALU or (view := _reshaped_read(body, r)) is None:
+        if body.shape == r.shape or body.op not in ALU or (view := _viewed_read(body, r)) is None:
             continue
+        if k.op is not Ops.STAGE and any(u.op is Ops.SHRINK for u in view.toposort(stop={r})):
+            continue  # (an output of the plan is stored compact: a cut view of it would be a copy)
         lifted = _lifted(body, view, r)
         if lifted is not None and _broadcasts(lifted) <= EPILOGUE_BROADCASTS and accepts(r, lifted):
             lifts[k] = r
@@ -172,7 +229,8 @@ def lift_reshaped_epilogues(roots: list[UOp], points: list[UOp], accepts: Any) -
         n = u if src == u.src else u.replace(src=src)
         if (r := lifts.get(u)) is not None:
             body, r = (n.src[0] if n.op is Ops.STAGE else n), new[r]
-            lifted = _lifted(body, _reshaped_read(body, r), r)
-            n = (n.replace(src=(lifted,)) if n.op is Ops.STAGE else lifted).reshape(body.shape)
+            view = _viewed_read(body, r)
+            lifted = _lifted(body, view, r)
+            n = _redo(n.replace(src=(lifted,)) if n.op is Ops.STAGE else lifted, view)
         new[u] = n
     return [base_buffer(new[u]) for u in roots]
