@@ -33,19 +33,7 @@ def _readers(points: list[UOp]) -> dict[UOp, list[UOp]]:
 def _at_own_index(body: UOp, r: UOp) -> bool:
     """Does `body` read REDUCE `r` only through ALU ops of r's shape, so each output element reads r at its own
     index (r's elements are each computed once, by the output element that uses it)?"""
-    found, seen, stack = False, set(), [body]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u is r:
-            found = True
-        elif u.op in ALU and u.shape == r.shape:
-            stack.extend(u.src)
-        elif u.op not in _MATERIALIZED and r in _region(u):  # read through a view or at another shape
-            return False
-    return found
+    return body.shape == r.shape and _read_of(body, r) is r
 
 
 def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> frozenset[UOp]:
@@ -84,26 +72,30 @@ def _view_base(u: UOp) -> UOp:
     return u
 
 
-def _viewed_read(body: UOp, r: UOp) -> UOp | None:
-    """The one chain of RESHAPEs and SHRINKs through which `body` reads REDUCE `r`, if it reads r only through that
-    chain and ALU ops of body's own shape; else None."""
-    view, seen, stack = None, set(), [body]
+def _read_of(body: UOp, r: UOp) -> UOp | None:
+    """How `body` reads REDUCE `r` through ALU ops of its own shape: r itself, or the one chain of RESHAPEs and
+    SHRINKs it reads r through; None if it reads r otherwise too (another view, another shape) or not at all."""
+    found, seen, stack = None, set(), [body]
     while stack:
         u = stack.pop()
         if u in seen:
             continue
         seen.add(u)
-        if u.op in _VIEWS and _view_base(u) is r:
-            if view is not None and view is not u:
+        if u is r or (u.op in _VIEWS and _view_base(u) is r):
+            if found is not None and found is not u:
                 return None
-            view = u
-        elif u is r:
-            return None
+            found = u
         elif u.op in ALU and u.shape == body.shape:
             stack.extend(u.src)
-        elif u.op not in _MATERIALIZED and r in _region(u):  # read through another view
+        elif u.op not in _MATERIALIZED and r in _region(u):  # read through another view or at another shape
             return None
-    return view
+    return found
+
+
+def _viewed_read(body: UOp, r: UOp) -> UOp | None:
+    """The chain of RESHAPEs and SHRINKs through which `body` reads REDUCE `r` alone (see _read_of), else None."""
+    v = _read_of(body, r)
+    return v if v is not None and v is not r else None
 
 
 class _NoLift(Exception):
