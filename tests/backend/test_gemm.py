@@ -427,7 +427,7 @@ def test_epilogue_relu_on_nan_and_signed_zero(context):
     # the ReLU of an epilogue is a select on a compare of whole vectors (codegen.lanes' vector mask): a NaN or -0.0
     # product gives +0.0, as where(0 < x, x, 0) does element by element
     context(OPT=1)
-    m, k, n = 2 * MR + 1, 200, 2 * NR + 3
+    m, k, n = 2 * MR + 1, 400, 2 * NR + 3  # (k: past GEMM_MIN_WORK for any MR x NR tile)
     a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     a[1, 3], a[4] = np.nan, 0.0
     w[:, 5] = -0.0
