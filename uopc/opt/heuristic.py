@@ -206,6 +206,11 @@ def _strided_read(body: UOp) -> bool:
     return False
 
 
+def takes_epilogue(r: UOp, reader: UOp, machine: Machine) -> bool:
+    """HandOpt.epilogue's answer (SearchOpt's too)."""
+    return uses_microkernel(r, machine) and reader.dtype is r.dtype and vector_epilogue(r, reader)
+
+
 @dataclass(frozen=True)
 class HandOpt:
     """The default optimizer for one machine: layout pass + hand-chosen Opts. Part of the plan key (with its
@@ -226,7 +231,7 @@ class HandOpt:
         the epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
         output of a float32 sum would round them), and if each op that varies along the tile's vectors has a vector
         form (vector_epilogue: a scalar op per lane made the GEMM slower than the GEMM and a kernel after it)."""
-        return uses_microkernel(r, self.machine) and reader.dtype is r.dtype and vector_epilogue(r, reader)
+        return takes_epilogue(r, reader, self.machine)
 
     def row_fusion(self, r: UOp, reader: UOp) -> bool:
         """May REDUCE `r` be computed per row inside `reader`, the kernel that reads it (uopc.schedule.fusion.

@@ -19,8 +19,15 @@ from typing import Protocol
 from uopc import helpers
 from uopc.helpers import atomic_write
 from uopc.machine import Machine
-from uopc.opt.gemm import uses_microkernel
-from uopc.opt.heuristic import fit_symbolic, groupable, hand_opt_choice, reduce_size, row_fits, symbolic_kernel
+from uopc.opt.heuristic import (
+    fit_symbolic,
+    groupable,
+    hand_opt_choice,
+    reduce_size,
+    row_fits,
+    symbolic_kernel,
+    takes_epilogue,
+)
 from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.uop import Ops, UOp, epilogue_reduce, structure_key
@@ -118,8 +125,9 @@ class SearchOpt:
         return search_opt(body, out, self.machine, self.timer)
 
     def epilogue(self, r: UOp, reader: UOp) -> bool:
-        """As HandOpt.epilogue: a matmul the microkernel runs takes its reader's elementwise ops."""
-        return uses_microkernel(r, self.machine) and reader.dtype is r.dtype
+        """As HandOpt.epilogue: a matmul the microkernel runs takes its reader's elementwise ops where they have a
+        vector form."""
+        return takes_epilogue(r, reader, self.machine)
 
     def row_fusion(self, r: UOp, reader: UOp) -> bool:
         """As HandOpt.row_fusion: a reduce is computed per row inside its reader when a row fits in cache."""
