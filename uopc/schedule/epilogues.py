@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from uopc.schedule.fusion import _MATERIALIZED, _region
+from uopc.schedule.fusion import MATERIALIZED, kernel_region
 from uopc.uop import ALU, MOVEMENT, Ops, UOp, base_buffer
 from uopc.uop.indexing import affine_view
 
@@ -24,7 +24,7 @@ def _readers(points: list[UOp]) -> dict[UOp, list[UOp]]:
     readers: dict[UOp, list[UOp]] = {}
     for p in points:
         body = p.src[0] if p.op is Ops.STAGE else p
-        for u in _region(body):
+        for u in kernel_region(body):
             if u.op is Ops.REDUCE and u is not body:
                 readers.setdefault(u, []).append(p)
     return readers
@@ -87,7 +87,7 @@ def _read_of(body: UOp, r: UOp) -> UOp | None:
             found = u
         elif u.op in ALU and u.shape == body.shape:
             stack.extend(u.src)
-        elif u.op not in _MATERIALIZED and r in _region(u):  # read through another view or at another shape
+        elif u.op not in MATERIALIZED and r in kernel_region(u):  # read through another view or at another shape
             return None
     return found
 
@@ -174,7 +174,7 @@ EPILOGUE_BROADCASTS = 4
 def _broadcasts(body: UOp) -> int:
     """The materialized values `body` reads through an EXPAND (a bias, a BatchNorm's statistics)."""
     bases = set()
-    for u in _region(body):
+    for u in kernel_region(body):
         if u.op is Ops.EXPAND:
             b = u
             while b.op in MOVEMENT:

@@ -15,8 +15,10 @@ from uopc.uop.attention import widened_source
 from uopc.uop.indexing import affine_view
 
 __all__ = [
+    "MATERIALIZED",
     "broadcast_read",
     "contraction",
+    "kernel_region",
     "row_fusions",
     "stage_broadcast_compute",
     "stage_recomputed",
@@ -25,7 +27,7 @@ __all__ = [
 ]
 
 
-def _region(body: UOp) -> list[UOp]:
+def kernel_region(body: UOp) -> list[UOp]:
     """The nodes a kernel computing `body` evaluates: its graph down to the materialized nodes it reads (included,
     not entered)."""
     out, seen, stack = [], set(), [body]
@@ -35,7 +37,7 @@ def _region(body: UOp) -> list[UOp]:
             continue
         seen.add(u)
         out.append(u)
-        if u is body or u.op not in _MATERIALIZED:
+        if u is body or u.op not in MATERIALIZED:
             stack.extend(u.src)
     return out
 
@@ -234,7 +236,7 @@ def _row_work(u: UOp) -> int:
 
 
 # a node's kernel reads what it was computed from: buffers and other kernels' results
-_MATERIALIZED = STORED | {Ops.SCATTER, Ops.SETITEM}
+MATERIALIZED = STORED | {Ops.SCATTER, Ops.SETITEM}
 
 
 def _fused_work(u: UOp) -> int:
@@ -242,7 +244,7 @@ def _fused_work(u: UOp) -> int:
     n, seen, stack = 0, set(), [u]
     while stack:
         x = stack.pop()
-        if x in seen or x.op in _MATERIALIZED:
+        if x in seen or x.op in MATERIALIZED:
             continue
         seen.add(x)
         n += x.op in ALU
@@ -324,7 +326,7 @@ def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
     reads: dict[UOp, frozenset[tuple[UOp, int]]] = {}
     todo: set[UOp] = set()
     for u in order:
-        if u.op in _MATERIALIZED:
+        if u.op in MATERIALIZED:
             reads[u] = frozenset(((u, prod(u.shape)),))
             continue
         r = frozenset().union(*(reads[x] for x in u.src))
@@ -346,9 +348,9 @@ def _computing_kernels(order: list[UOp], rootset: set[UOp]) -> dict[UOp, set[UOp
             kernels.setdefault(u, set()).add(u)
         mine = kernels.get(u, set())
         for x in u.src:
-            if x.op in _MATERIALIZED or x.op is Ops.CONST:
+            if x.op in MATERIALIZED or x.op is Ops.CONST:
                 continue
-            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED else mine)
+            kernels.setdefault(x, set()).update({u} if u.op in MATERIALIZED else mine)
     return kernels
 
 
@@ -383,7 +385,7 @@ def stage_recomputed(
     work: dict[UOp, int] = {}
     reads: dict[UOp, frozenset] = {}
     for u in order:
-        if u.op in _MATERIALIZED or u.op is Ops.CONST:
+        if u.op in MATERIALIZED or u.op is Ops.CONST:
             work[u], reads[u] = 0, frozenset((u,)) if u.op is not Ops.CONST else frozenset()
         else:
             work[u] = sum(work[x] for x in u.src) + (_OP_COST.get(u.op, 1) if u.op in ALU else 0)
@@ -406,9 +408,9 @@ def stage_recomputed(
                 todo.add(u)
         mine = {u} if u in todo else kernels.get(u, set())
         for x in u.src:
-            if (x.op in _MATERIALIZED and x not in rowwise) or x.op is Ops.CONST:
+            if (x.op in MATERIALIZED and x not in rowwise) or x.op is Ops.CONST:
                 continue
-            kernels.setdefault(x, set()).update({u} if u.op in _MATERIALIZED and u not in rowwise else mine)
+            kernels.setdefault(x, set()).update({u} if u.op in MATERIALIZED and u not in rowwise else mine)
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
 
 
