@@ -5,9 +5,10 @@ the GEMM microkernel and the search depend on.
     >>> m.vector_bytes, m.vector_registers, m.l2_bytes, "avx512f" in m.isa
     (64, 32, 2097152, True)
 
-The ISA is what the compiler will target with the given flags (the -m options gcc's `-Q --help=target` lists
-enabled, or any compiler's predefined macros: `-march` in CFLAGS decides, not /proc/cpuinfo), and the width of
-auto-vectorized loops is what its tuning prefers (the same listing), after uopc's own rule (`VECTOR_WIDTH_RULE`).
+The ISA is what the compiler will target with the given flags (the -m options gcc's driver expands -march=native
+into, or that `-Q --help=target` lists enabled, or any compiler's predefined macros: `-march` in CFLAGS decides, not
+/proc/cpuinfo), and the width of auto-vectorized loops is uopc's own rule (`VECTOR_WIDTH_RULE`) where it has one,
+else what the compiler's tuning prefers (the same listing).
 Cache sizes come from sysfs, the core count from this process's affinity mask. /proc/cpuinfo is read here and
 nowhere else. Where the compiler targets AVX512-FP16, a canary kernel (half-precision loads and stores with masked
 tails) is compiled and assembled with the chosen flags; if the assembler rejects it (gcc 12 emits masked `vmovsh`,
@@ -37,7 +38,7 @@ from uopc.helpers import atomic_write
 __all__ = ["VECTOR_WIDTH_RULE", "Machine", "available_cpus", "cpu_fingerprint", "cpu_model", "probe"]
 
 # bump when what the probe records (or how) changes: old records on disk are then never read again
-PROBE_VERSION = 2  # 2: l3_bytes
+PROBE_VERSION = 3  # 2: l3_bytes; 3: the ISA of -march=native from the driver
 
 # Auto-vectorized loops (gcc's own vectorizer, not uopc's explicit vector types) use the full AVX-512 width on every
 # AVX-512 machine. Measured on a Zen 4 (bench/bench_vector_width.py, 9 interleaved rounds, medians, 512 vs 256-bit):
@@ -234,6 +235,31 @@ def _target(cc: str, flags: list[str]) -> tuple[frozenset[str] | None, int | Non
     return frozenset(name for opt, name in _ISA_OPTIONS.items() if states.get(opt) == "enabled"), width
 
 
+def _native_isa(cc: str, flags: list[str]) -> frozenset[str] | None:
+    """The ISA extensions gcc's driver expands `-march=native` into, from the cc1 command `-###` prints without running
+    it (a driver start, ~2 ms, where `-Q --help=target` starts cc1: ~9 ms of an empty cache's first call). None where
+    the flags hold other -m options (an -mno-avx512f there disables what it implies, which only cc1 works out) or the
+    driver prints no such command (not gcc)."""
+    if "-march=native" not in flags or any(
+        f.startswith("-m") and f != "-march=native" and not f.startswith(("-mtune=", "-mprefer-vector-width="))
+        for f in flags
+    ):
+        return None
+    out = _run([cc, *flags, "-###", "-S", "-x", "c", "-o", os.devnull, os.devnull]).stderr
+    cc1 = next((ln for ln in out.splitlines() if re.match(r'\s*"?\S*/cc1"? ', ln)), None)
+    if cc1 is None:
+        return None
+    enabled: dict[str, bool] = {}
+    for no, name in _CC1_OPTION.findall(cc1):  # in order: a later option overrides an earlier one
+        enabled["-m" + name] = not no
+    if "-mavx" not in enabled and "-msse4.2" not in enabled:  # not the expansion of a native x86 target
+        return None
+    return frozenset(name for opt, name in _ISA_OPTIONS.items() if enabled.get(opt))
+
+
+_CC1_OPTION = re.compile(r'(?<=\s)"?-m(no-)?([a-z][\w.-]*)(?=[\s"])')
+
+
 def _isa_and_width(cc: str, flags: list[str]) -> tuple[frozenset[str], int | None]:
     isa, width = _target(cc, flags)
     return (isa if isa is not None else _isa(cc, flags)), width
@@ -248,7 +274,14 @@ def _assembles(cc: str, flags: list[str]) -> tuple[bool, str]:
 def _probe_compiler(cc: str, flags: list[str]) -> Machine:
     extra: list[str] = []
     notes: list[str] = []
-    isa, auto = _isa_and_width(cc, flags)  # one gcc start (two, the macros asked too, where it is not gcc)
+    user_width = any(f.startswith("-mprefer-vector-width") for f in flags)
+    native = _native_isa(cc, flags)
+    # where uopc's rule decides the width, gcc's preference is not asked: the driver's expansion is the whole answer
+    ruled = native is not None and not user_width and any(name in native for name in VECTOR_WIDTH_RULE)
+    if ruled:
+        isa, auto = native, None
+    else:
+        isa, auto = _isa_and_width(cc, flags)  # one gcc start (two, the macros asked too, where it is not gcc)
     if "avx512fp16" in isa:
         # the canary with and without the extension, and the width without it, at once (in sequence they took
         # ~75 ms of an empty cache's first call on a Xeon whose assembler rejects the extension)
@@ -265,7 +298,11 @@ def _probe_compiler(cc: str, flags: list[str]) -> Machine:
     vector = 64 if "avx512f" in isa else 32 if "avx" in isa else 16
     auto = auto or vector
     want = max((w for name, w in VECTOR_WIDTH_RULE.items() if name in isa), default=auto)
-    if want > auto and not any(f.startswith("-mprefer-vector-width") for f in flags):
+    if ruled:  # (whatever gcc's tuning prefers: the flag is redundant where it prefers the rule's width already)
+        extra.append(f"-mprefer-vector-width={want * 8}")
+        notes.append(f"auto-vectorized loops at {want * 8} bits, uopc's rule for this ISA")
+        auto = want
+    elif want > auto and not user_width:
         extra.append(f"-mprefer-vector-width={want * 8}")
         notes.append(
             f"the compiler prefers {auto * 8}-bit auto-vectorized loops: uopc's rule for this ISA is {want * 8}"

@@ -114,6 +114,48 @@ def test_the_options_gcc_lists_agree_with_its_macros(march):
     assert isa == mach._isa(cc, flags)
 
 
+@pytest.mark.skipif(not X86, reason="x86-64 targets")
+def test_the_native_expansion_agrees_with_the_macros():
+    # -march=native: the ISA from the cc1 command the driver prints (`-###`, no compiler started); the macros decide
+    flags, cc = runtime.base_cflags(), runtime._resolve_compiler()
+    if "-march=native" not in flags or mach._run([cc, "--version"]).stdout.find("gcc") < 0:
+        pytest.skip("the driver's expansion of -march=native is gcc's")
+    assert mach._native_isa(cc, flags) == mach._isa(cc, flags)
+    # other -m options (what they imply is cc1's to work out) and other targets ask the compiler instead
+    assert mach._native_isa(cc, [*flags, "-mno-avx512f"]) is None
+    assert mach._native_isa(cc, [*flags, "-march=x86-64-v3"]) is None
+
+
+NATIVE_CC = """#!/bin/sh
+# the driver of a gcc on an AVX-512 machine: -### prints the cc1 command, -march=native expanded; every question is
+# logged, and nothing else is answered
+echo "$*" >> "$0.log"
+case " $* " in
+  *" -### "*)
+    echo 'Target: x86_64-linux-gnu' >&2
+    echo ' /usr/lib/gcc/12/cc1 -quiet /dev/null "-march=znver4" -msse4.2 -mavx -mavx2 -mfma -mf16c -mavx512f \
+-mavx512vl -mno-avx512fp16 -mno-amx-tile "-mtune=znver4" -O3' >&2
+    exit 0 ;;
+esac
+exit 1
+"""
+
+
+def test_a_native_avx512_target_is_probed_from_the_driver_alone(tmp_path: Path):
+    cc = tmp_path / "nativecc"
+    cc.write_text(NATIVE_CC)
+    cc.chmod(0o755)
+    m = mach.probe(str(cc), ["-O3", "-march=native"])
+    assert m.isa == {"sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512vl"}
+    # uopc's rule decides the width, whatever the tuning prefers: the driver was the only question
+    assert "-mprefer-vector-width=512" in m.extra_flags and m.auto_vector_bytes == 64
+    asked = (tmp_path / "nativecc.log").read_text().splitlines()
+    assert len(asked) == 1 and "-###" in asked[0].split(), asked
+    # a width in CFLAGS: the rule does not decide it, so gcc's listing is asked too
+    mach.probe(str(cc), ["-O3", "-march=native", "-mprefer-vector-width=256"])
+    assert "--help=target" in (tmp_path / "nativecc.log").read_text()
+
+
 def test_a_compiler_that_lists_no_options_is_asked_its_macros(fake_cc: str):
     # the fake answers --help=target with the preferred width only (not gcc's -m listing): the ISA comes from -dM
     assert mach._target(fake_cc, ["-O3"])[0] is None

@@ -44,12 +44,14 @@ def uopc_version() -> str:
 def source_digest(root: str) -> str:
     """A digest of the .py files under `root`, by path relative to it and content."""
     h = hashlib.sha256()
+    skip = len(os.path.join(root, ""))
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
         for f in sorted(files):
             if f.endswith(".py"):
-                with open(os.path.join(d, f), "rb") as fh:
-                    h.update(os.path.relpath(os.path.join(d, f), root).encode() + b"\0" + fh.read() + b"\0")
+                path = os.path.join(d, f)
+                with open(path, "rb") as fh:  # (the path cut, not os.path.relpath: that was a third of the time)
+                    h.update(path[skip:].encode() + b"\0" + fh.read() + b"\0")
     return h.hexdigest()
 
 

@@ -37,20 +37,24 @@ _gomp: Any = None
 _gomp_loaded = False
 
 
+def _open_gomp(name: str) -> Any:
+    try:
+        gomp = ctypes.CDLL(name)
+        gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
+        gomp.omp_set_num_threads.restype = None
+        return gomp
+    except (OSError, AttributeError):
+        return None
+
+
 def _libgomp() -> Any:
     """libgomp, loaded once (None when unavailable, e.g. a compiler with another OpenMP runtime)."""
     global _gomp, _gomp_loaded
     if not _gomp_loaded:
-        for name in ("libgomp.so.1", ctypes.util.find_library("gomp")):
-            if not name:
-                continue
-            try:
-                _gomp = ctypes.CDLL(name)
-                _gomp.omp_set_num_threads.argtypes = [ctypes.c_int]
-                _gomp.omp_set_num_threads.restype = None
-                break
-            except (OSError, AttributeError):
-                _gomp = None
+        _gomp = _open_gomp("libgomp.so.1")
+        # find_library runs `ldconfig -p` (2-5 ms of every process's first call): only where the soname fails
+        if _gomp is None and (found := ctypes.util.find_library("gomp")):
+            _gomp = _open_gomp(found)
         _gomp_loaded = True
     return _gomp
 
