@@ -121,6 +121,36 @@ def test_same_source_compiles_once(cache: Path):
     assert len(so) == 1 and len(js) == 1 and not tmp
 
 
+LIBM = """
+void sines(float* a, float* out) { for (int i = 0; i < 16; i++) out[i] = __builtin_sinf(a[i] * 7.0f); }
+"""
+
+
+def test_libm_links_only_where_the_process_lacks_it(monkeypatch: pytest.MonkeyPatch):
+    # CPython has libm in its global scope, where a kernel's sinf resolves at load: the link skips reading it
+    runtime._link_libs.cache_clear()
+    assert "-lm" not in runtime._link_libs()
+    a = np.linspace(-3, 3, 16, dtype=np.float32)
+    out = np.zeros(16, np.float32)
+    Program(LIBM, "sines")(a, out)
+    np.testing.assert_allclose(out, np.sin(a * np.float32(7)), rtol=1e-6, atol=1e-6)
+
+    class NoGlobals:  # a process whose global scope has no libm (its dlsym finds nothing)
+        def __init__(self, name):
+            pass
+
+        def __getattr__(self, name):
+            raise AttributeError(name)
+
+    monkeypatch.setattr(runtime.ctypes, "CDLL", NoGlobals)
+    runtime._link_libs.cache_clear()
+    try:
+        assert runtime._link_libs()[-1] == "-lm"
+    finally:
+        monkeypatch.undo()
+        runtime._link_libs.cache_clear()
+
+
 def test_two_functions_one_compile():
     src = "void f(int* a) { a[0] = 1; }\nvoid g(int* a) { a[0] = 2; }"
     before = runtime.stats["compiles"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import os
 import shlex
@@ -88,9 +89,20 @@ _FIXED_FLAGS = ["-shared", "-fPIC", "-pipe"]
 # Libraries go after the input on the command line (link order matters for static archives). -nodefaultlibs: the
 # link skips libc (libc.so's linker script and libc_nonshared.a were 10-13 ms of every link, measured on a plan's
 # link at 19 ms against 7), since an object is only ever loaded into a running Python, whose libc resolves the
-# kernels' few calls into it (memset, memcpy, clock_gettime). libgcc (the compiler's helpers, such as half-float
-# conversions on CPUs without them) and libm stay; -fopenmp still adds its runtime.
-_LIBS = ["-nodefaultlibs", "-lgcc", "-lm"]
+# kernels' few calls into it (memset, memcpy, clock_gettime). libm likewise where this process has it in its global
+# scope already (CPython links it: reading its symbols was 3.3 ms of a 10.8 ms link), else it is linked. libgcc (the
+# compiler's helpers, such as half-float conversions on CPUs without them) stays; -fopenmp still adds its runtime.
+_LIBS = ["-nodefaultlibs", "-lgcc"]
+
+
+@functools.cache
+def _link_libs() -> list[str]:
+    """What a kernel object links: _LIBS, and -lm unless the process already resolves libm's functions."""
+    try:
+        ctypes.CDLL(None).sinf  # noqa: B018 - dlsym in the global scope, where a kernel's sinf would resolve
+        return _LIBS
+    except AttributeError:
+        return [*_LIBS, "-lm"]
 
 
 class CompileError(RuntimeError):
@@ -150,7 +162,7 @@ def _compiler_version(cc_path: str) -> str:
 def _command(cc_path: str, flags: list[str], out: str, src_file: str = "-") -> list[str]:
     """The compile command; "-" reads C from stdin, so no temporary source file is needed."""
     lang = ["-x", "c"] if src_file == "-" else []
-    return [cc_path, *flags, *_FIXED_FLAGS, "-o", out, *lang, src_file, *_LIBS]
+    return [cc_path, *flags, *_FIXED_FLAGS, "-o", out, *lang, src_file, *_link_libs()]
 
 
 def _cache_key(src: str | tuple[str, ...], cc_path: str, flags: list[str]) -> str:
@@ -239,7 +251,7 @@ def _build_parts(srcs: tuple[str, ...], cc_path: str, flags: list[str], cache: s
     stats["compiles"] += 1
     if entry_proc.returncode != 0:
         raise fail(entry_proc.returncode, entry_cmd, entry_err, srcs[-1])
-    cmd = [cc_path, *flags, *_FIXED_FLAGS, "-o", tmp, entry_obj, *objs, *_LIBS]
+    cmd = [cc_path, *flags, *_FIXED_FLAGS, "-o", tmp, entry_obj, *objs, *_link_libs()]
     proc = subprocess.run(cmd, capture_output=True, check=False)
     if proc.returncode != 0:
         raise fail(proc.returncode, cmd, proc.stderr.decode(errors="replace"), srcs[-1])
