@@ -404,6 +404,32 @@ def test_epilogue_without_a_vector_form_stays_apart(context):
         np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("act", ["relu6", "hardswish", "hardtanh", "silu"])
+def test_conv_epilogue_activations(context, act):
+    # ReLU6, hardswish and hardtanh select on logic of float compares (`min < x & x < max`, NOT as XOR with True):
+    # one vector mask, bit ops on the compares' masks (uopc.codegen.lanes), so a 1x1 convolution applies them to its
+    # tile; SiLU's exp2 has no vector form there and keeps a kernel of its own. NaN, -0.0 and the clip points as torch
+    torch = pytest.importorskip("torch")
+    context(OPT=1)
+    g = np.random.default_rng(7)
+    x = (g.standard_normal((2, 24, 14, 14)) * 3).astype(np.float32)
+    w, b = (g.standard_normal((32, 24, 1, 1)) * 0.6).astype(np.float32), g.standard_normal(32).astype(np.float32)
+    x[0, :, 0, :4] = [np.nan, -0.0, 0.0, 3.0]  # products: NaN in every channel, the rest spread over the clip points
+    w[:3, :, 0, 0] = 0.0
+    b[:3] = [-0.0, 6.0, -3.0]  # channels whose values sit on ReLU6's and hardswish's edges exactly
+    y = getattr(Tensor(x).conv2d(Tensor(w), Tensor(b)), act)().contiguous() * 2.0
+    (gemm,) = [k for k in _kernels(y, HandOpt(MACHINE)) if k.op.startswith("matmul")]
+    assert (gemm.op != "matmul") == (act != "silu"), gemm.op
+    f = torch.nn.functional
+    ref = getattr(f, act)(f.conv2d(*map(torch.from_numpy, (x, w, b)))).numpy() * 2.0
+    out = y.numpy()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    if act in ("relu6", "hardtanh"):  # selects alone: the zeros' signs too (a product's are -fno-signed-zeros's)
+        num = ~np.isnan(ref)
+        assert np.array_equal(np.signbit(out[num]), np.signbit(ref[num]))
+
+
 def test_epilogue_left_alone(context):
     # not fused: the product read by two kernels (it would be computed twice), read through a transpose (another
     # index), a root itself; and nothing at OPT=0 (Chapter 7's kernels: the product is its own kernel)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
-from uopc.uop import ALU, COMPARE, AxisType, Ops, RangeArg, UOp
+from uopc.uop import ALU, COMPARE, LOGIC, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
 
@@ -127,11 +127,24 @@ class _Widen:
         raise NoLanes
 
     def _mask(self, c: UOp, dtype: DType) -> UOp | None:
-        """Compare `c` of two `dtype` values, for a select of `dtype` values, as a vector mask (gcc's: each lane all
-        ones or all zeros, an integer of the float's size); None for any other condition."""
-        if c.op not in COMPARE or dtype not in _MASK or c.src[0].dtype is not dtype:
+        """Condition `c` of a select of `dtype` values as a vector mask (gcc's: each lane all ones or all zeros, an
+        integer of the float's size): a compare of two `dtype` values, or AND, OR and XOR of such masks and of bool
+        constants (all ones for True: a ReLU6's `0 < x & x < 6`, a NOT as XOR with True); None for any other."""
+        if dtype not in _MASK:
             return None
-        return UOp(c.op, tuple(self.wide(s) for s in c.src), None, _MASK[dtype].vec(self.width))
+        lane = _MASK[dtype]
+        if c.op in COMPARE:
+            return (
+                UOp(c.op, tuple(self.wide(s) for s in c.src), None, lane.vec(self.width))
+                if c.src[0].dtype is dtype
+                else None
+            )
+        if c.op is Ops.CONST and c.dtype is dtypes.bool:
+            return self.wide(UOp.const(-1 if c.arg else 0, lane))
+        if c.op in LOGIC and c.dtype is dtypes.bool:
+            parts = [self._mask(s, dtype) for s in c.src]
+            return None if None in parts else UOp(c.op, tuple(parts), None, lane.vec(self.width))
+        return None
 
     @staticmethod
     def _zero(u: UOp) -> UOp:

@@ -19,7 +19,7 @@ from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
-from uopc.uop import ALU, MOVEMENT, STORED, Ops, UOp, epilogue_reduce
+from uopc.uop import ALU, COMPARE, LOGIC, MOVEMENT, STORED, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import affine_view
 from uopc.uop.rewrite import graph_rewrite
@@ -169,9 +169,9 @@ LANE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.CMPLT, Ops.CMPNE, Ops.WHERE
 
 def vector_epilogue(r: UOp, reader: UOp) -> bool:
     """Does every op of `reader` (elementwise ops on matmul `r`, at r's shape) that varies along the output's last
-    axis, the microkernel's vector lanes, have a vector form (LANE_OPS; a select on a float compare of its dtype or
-    on a condition that does not vary)? What is constant along it (a convolution's per-channel BatchNorm, its rows
-    being channels) is computed once per row of the tile."""
+    axis, the microkernel's vector lanes, have a vector form (LANE_OPS; a select on float compares of its dtype, or
+    logic of them, or on a condition that does not vary)? What is constant along it (a convolution's per-channel
+    BatchNorm, its rows being channels) is computed once per row of the tile."""
     varies: dict[UOp, bool] = {}
 
     def vary(u: UOp) -> bool:
@@ -200,12 +200,26 @@ def vector_epilogue(r: UOp, reader: UOp) -> bool:
             continue
         if (viewed or vary(u)) and u.op not in LANE_OPS:
             return False
-        if u.op is Ops.WHERE and (viewed or vary(u)):
-            c = u.src[0]
-            if (viewed or vary(c)) and not (c.op in (Ops.CMPLT, Ops.CMPNE) and c.src[0].dtype is u.dtype):
+        if u.op is Ops.WHERE and (viewed or vary(u)) and (viewed or vary(u.src[0])):
+            if (compares := _mask_compares(u.src[0], u.dtype)) is None:
                 return False
+            stack.extend((s, viewed) for s in (*u.src[1:], *(x for c in compares for x in c.src)))
+            continue
         stack.extend((s, viewed) for s in u.src)
     return True
+
+
+def _mask_compares(c: UOp, dtype) -> list[UOp] | None:
+    """The compares of `dtype` values that condition `c` of a select of `dtype` values combines with AND, OR, XOR
+    and bool constants (what uopc.codegen.lanes makes one vector mask of), or None if it is anything else."""
+    if c.op in COMPARE:
+        return [c] if c.src[0].dtype is dtype else None
+    if c.op is Ops.CONST:
+        return [] if c.dtype is dtypes.bool else None
+    if c.op not in LOGIC or c.dtype is not dtypes.bool:
+        return None
+    parts = [_mask_compares(s, dtype) for s in c.src]
+    return None if None in parts else [x for p in parts for x in p]
 
 
 def _stored(x: UOp) -> bool:

@@ -113,6 +113,7 @@ TERNARY = frozenset({Ops.WHERE})
 ALU = UNARY | BINARY | TERNARY
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE})
+LOGIC = frozenset({Ops.AND, Ops.OR, Ops.XOR})  # bitwise: logic on bools
 REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX})
 # ops computed by a kernel with fixed loops and C of its own (uopc.codegen.attention, uopc.codegen.winograd)
 OWN_KERNEL = frozenset({Ops.ATTENTION, Ops.WINOGRAD})
