@@ -408,7 +408,8 @@ def test_epilogue_without_a_vector_form_stays_apart(context):
 def test_conv_epilogue_activations(context, act):
     # ReLU6, hardswish and hardtanh select on logic of float compares (`min < x & x < max`, NOT as XOR with True):
     # one vector mask, bit ops on the compares' masks (uopc.codegen.lanes), so a 1x1 convolution applies them to its
-    # tile; SiLU's exp2 has no vector form there and keeps a kernel of its own. NaN, -0.0 and the clip points as torch
+    # tile; SiLU's exp2 has no vector form there and keeps a kernel of its own (docs/design.md: one measured slower).
+    # NaN, -0.0 and the clip points as torch
     torch = pytest.importorskip("torch")
     context(OPT=1)
     g = np.random.default_rng(7)
