@@ -5,6 +5,8 @@ Each target comes from the correctness issue's table; the references are exact s
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,21 @@ def test_levels_win_over_unroll_and_ktile(opts):
     # reference: exact; rtol 1e-6
     got = run(buf(0, 10**6).reduce(Ops.ADD, 1), [np.full(10**6, 0.1, np.float32)], opts=opts)
     assert abs(float(got) - 10**6 * F01) <= 1e-6 * 10**6 * F01, got
+
+
+@pytest.mark.parametrize("opts", [Opts(), Opts(upcast={0: 4}, thread=0)], ids=["plain", "channels-upcast"])
+def test_a_leaf_read_through_a_cut_runs_as_rows(opts, context):
+    # a BatchNorm's statistics over a convolution's output read through its cut: 28 of every 30 positions of each
+    # row, summed over (N, H, W) per channel. The leaf level (14 rows of 28 = 392) was one loop read at
+    # r // 28 * 30 + r % 28, which gcc keeps scalar (the CNN step's statistics at 12-18 GB/s); its loads take the
+    # loop apart, so it runs as loops (14, 28), no division left in the C (the bounds checker's leaf is 16 long: not
+    # here). reference: NumPy float64; rtol 1e-5
+    context(CHECK_OOB=0)
+    x = np.random.default_rng(3).standard_normal((8, 16, 28, 30)).astype(np.float32)
+    view = buf(0, x.size).reshape((8, 16, 28, 30)).shrink(((0, 8), (0, 16), (0, 28), (0, 28)))
+    graph = view.permute((1, 0, 2, 3)).reshape((16, 8, 784)).reduce(Ops.ADD, 2)  # (H, W) merged, as BatchNorm's
+    src = render_graph(graph, 1, opts)
+    assert "/" not in src.split("{", 1)[1] and "%" not in src.split("{", 1)[1], src
+    assert re.search(r"ridx\d+ < 14;", src) and re.search(r"ridx\d+ < 28;", src), src
+    want = x[:, :, :, :28].astype(np.float64).sum(axis=(0, 2, 3))
+    np.testing.assert_allclose(run(graph, [x], opts=opts), want, rtol=1e-5)
