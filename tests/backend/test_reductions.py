@@ -139,3 +139,20 @@ def test_a_leaf_read_through_a_cut_runs_as_rows(opts, context):
     assert re.search(r"ridx\d+ < 14;", src) and re.search(r"ridx\d+ < 28;", src), src
     want = x[:, :, :, :28].astype(np.float64).sum(axis=(0, 2, 3))
     np.testing.assert_allclose(run(graph, [x], opts=opts), want, rtol=1e-5)
+
+
+def test_reduce_axes_walked_in_order_merge(context):
+    # a BatchNorm's sum over (N, H, W) of a contiguous (N, C, H, W): H and W are one run in memory, so the leaf is one
+    # loop along it (784 = 2 x 392), not rows of 28 (gcc's vectorized rows each end in a horizontal sum). Summed over
+    # (B, T) of (B, T, C) for each C the innermost axis has stride C: nothing merges. reference: NumPy float64;
+    # rtol 1e-5
+    context(CHECK_OOB=0)
+    x = np.random.default_rng(4).standard_normal((8, 16, 28, 28)).astype(np.float32)
+    graph = buf(0, x.size).reshape((8, 16, 28, 28)).permute((1, 0, 2, 3)).reduce(Ops.ADD, 3)
+    src = render_graph(graph, 1)
+    assert re.search(r"ridx\d+ < 392;", src) and not re.search(r"ridx\d+ < 28;", src), src
+    np.testing.assert_allclose(run(graph, [x]), x.astype(np.float64).sum(axis=(0, 2, 3)), rtol=1e-5)
+    y = np.random.default_rng(5).standard_normal((32, 64, 16)).astype(np.float32)
+    cols = buf(0, y.size).reshape((32, 64, 16)).permute((2, 0, 1)).reduce(Ops.ADD, 2)
+    assert re.search(r"ridx\d+ < 64;", render_graph(cols, 1))
+    np.testing.assert_allclose(run(cols, [y]), y.astype(np.float64).sum(axis=(0, 1)), rtol=1e-5)

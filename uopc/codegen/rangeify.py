@@ -38,6 +38,7 @@ from uopc.codegen.loops import (
 from uopc.codegen.vectorize import vectorize
 from uopc.helpers import deep_recursion, prod
 from uopc.opt.opts import Opts
+from uopc.opt.strides import merged_reduce
 from uopc.uop import ALU, MOVEMENT, AxisType, Ops, ParamArg, RangeArg, UOp, epilogue_reduce, identity_element, sink
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.indexing import and_, ravel, through
@@ -238,9 +239,7 @@ def _split_leaf(
     if (leaf := loops[0])[0].arg.kind is AxisType.THREAD:
         return loops, ridx
     parts = split_loops(ctx, [(r, 1) for r in leaf], rangeify(x, idx + ridx, ctx, valid))
-    sub = {r: p for r, (p, _) in zip(leaf, parts, strict=True) if p is not r}
-    if not sub:
-        return loops, ridx
+    sub = {r: p for r, (p, _) in zip(leaf, parts, strict=True) if p is not r}  # (none: the same loops)
     split = [piece for r in leaf for piece in ([r] if r not in sub else ranges_in(sub[r]))]
     return [split, *loops[1:]], tuple(i.substitute(sub) for i in ridx)
 
@@ -291,8 +290,9 @@ def _strategy(u: UOp, o: Opts) -> Callable[..., UOp]:
 
 
 def _tree_sum(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp]) -> UOp:
-    """A float ADD reduce as nested levels of accumulators (see LEAF)."""
-    x, rop, rshape = u.src[0], u.arg[0], _rshape(u)
+    """A float ADD reduce as nested levels of accumulators (see LEAF), over its axes merged (merged_reduce)."""
+    (x, n), rop = merged_reduce(u.src[0], u.arg[1]), u.arg[0]
+    rshape = x.shape[len(x.shape) - n :]
     if (hit := ctx.reduce_ranges.get(key)) is None:
         # a whole-tensor sum has no output loop to spread over threads: its outermost level becomes one
         parallel = not key[1] and ctx.opts.thread is None and prod(rshape) >= PARALLEL_MIN and not symbolic(rshape)

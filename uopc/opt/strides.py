@@ -3,7 +3,7 @@
 `push_views` moves views through ALU ops so each operand's own chain of views is visible; `operand_views` lists
 those chains; `last_axis_stride` is the distance in memory between neighbours along one axis of a view;
 `merged_shape` an elementwise kernel's loops, with the dims every read walks in order merged
-(x (128, 32, 14, 14) + y.permute(...) read in order -> one loop of 802816).
+(x (128, 32, 14, 14) + y.permute(...) read in order -> one loop of 802816), `merged_reduce` a reduce's axes so.
 """
 
 from __future__ import annotations
@@ -157,3 +157,23 @@ def merged_shape(root: UOp) -> tuple[int, ...]:
         else:
             merged.insert(0, shape[a])
     return tuple(merged)
+
+
+def merged_reduce(x: UOp, n: int) -> tuple[UOp, int]:
+    """The source `x` of a reduce over its last n axes, with each run of adjacent reduce axes that every read walks in
+    order merged into one, and how many reduce axes are left: a BatchNorm's sum over (N, H, W) of a contiguous
+    (N, C, H, W) is over (N, H*W), its leaf one loop along a row of H*W (as merged_shape merges an elementwise
+    kernel's loops): the CNN step 0.95-0.96x. Only where the innermost reduce axis is contiguous in every read: merged
+    at a stride (a sum over (B, T) of (B, T, C) for each C) the char-GPT step ran 1.01x. `x` as it is when a read is
+    no strided view (see access_strides)."""
+    reads = access_strides(x) if n > 1 else None
+    if not reads or any(st[-1] not in (0, 1) for st in reads):
+        return x, n
+    lead, shape = len(x.shape) - n, x.shape
+    merged = [shape[-1]]
+    for a in range(len(shape) - 2, lead - 1, -1):
+        if shape[a + 1] != 1 and all(st[a] == st[a + 1] * shape[a + 1] for st in reads):
+            merged[0] *= shape[a]
+        else:
+            merged.insert(0, shape[a])
+    return (x, n) if len(merged) == n else (x.reshape((*shape[:lead], *merged)), len(merged))
