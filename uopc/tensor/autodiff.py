@@ -186,7 +186,7 @@ GradRule = Callable[[UOp, UOp], tuple[UOp | None, ...]]
 GRAD_RULES: dict[Ops, GradRule] = {
     # ---- ALU
     Ops.ADD: lambda g, x: (g, g),  # d(a+b) = da + db
-    Ops.MUL: lambda g, x: (g * x.src[1], g * x.src[0]),  # d(ab) = b da + a db
+    Ops.MUL: lambda g, x: (_times(g, x.src[1]), _times(g, x.src[0])),  # d(ab) = b da + a db
     Ops.NEG: lambda g, x: (-g,),
     Ops.RECIP: lambda g, x: (-(g * x * x),),  # d(1/a) = -1/a^2 da = -x^2 da
     Ops.SQRT: lambda g, x: (g * (x * _c(2.0, x.dtype)).alu(Ops.RECIP),),  # d sqrt(a) = da / (2 sqrt(a))
@@ -231,6 +231,18 @@ GRAD_RULES: dict[Ops, GradRule] = {
 # constant arithmetic on the gradient path (the seed 1.0 times a mean's 1/n) folds to one CONST here, so the
 # gradient graph never holds an ALU of constants under a RESHAPE/EXPAND
 _FOLD = {Ops.ADD: operator.add, Ops.MUL: operator.mul, Ops.NEG: operator.neg}
+
+
+def _times(g: UOp, y: UOp) -> UOp:
+    """g * y, or y itself where g is a broadcast 1.0 of y's shape: the seed of (out * y).sum(), the way a caller
+    injects an upstream gradient y, which would otherwise be a product (a copy kernel) in front of whatever reads y
+    from storage (a convolution's input-gradient transform)."""
+    one = g
+    while one.op in (Ops.RESHAPE, Ops.EXPAND):
+        one = one.src[0]
+    if one.op is Ops.CONST and one.arg == 1 and g.shape == y.shape and g.dtype is y.dtype:
+        return y
+    return g * y
 
 
 def _fold(u: UOp) -> UOp:
