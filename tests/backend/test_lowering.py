@@ -572,6 +572,30 @@ def test_select_against_zero_on_a_stored_mask_is_a_bit_mask(dtype):
     assert name not in render_graph(computed, 2)
 
 
+@pytest.mark.parametrize("dtype", [dtypes.int32, dtypes.int64, dtypes.uint8], ids=["i32", "i64", "u8"])
+def test_integer_select_against_zero_is_a_bit_mask(dtype):
+    """where(c, x, 0) and where(c, 0, x) of integers render as x ANDed with 0 - c on any condition, a stored mask or a
+    compare (an argmax's `hit ? weight : 0`: a max pool's backward, whose scalar loop remainders jumped on each tap),
+    with the values of the select. reference: NumPy"""
+    n = 64
+    x, f = buf(0, n, dtype), buf(1, n, dtypes.float32)
+    rng = np.random.default_rng(2)
+    xs = rng.integers(0, 200, n).astype(dtype.np)
+    xs[:3] = [np.iinfo(dtype.np).max, np.iinfo(dtype.np).min, 0]
+    fs = rng.standard_normal(n).astype(np.float32)
+    fs[:4] = [np.nan, 0.0, -0.0, np.inf]
+    zero = UOp.const(0, dtype)
+    for g, want in (
+        ((f < UOp.const(0.5, dtypes.float32)).where(x, zero), np.where(fs < 0.5, xs, 0)),
+        (f.alu(Ops.CMPNE, f).where(zero, x), np.where(fs != fs, 0, xs)),
+    ):
+        body = render_graph(g, 2).split("void k(")[1]
+        assert "?" not in body and "& (" in body, body
+        got = run(g, [xs, fs])
+        assert got.dtype == dtype.np
+        np.testing.assert_array_equal(got, want.astype(dtype.np))
+
+
 @pytest.mark.parametrize("dtype", [dtypes.float32, dtypes.float64], ids=["f32", "f64"])
 def test_elementwise_float_max_is_the_branch_free_helper(dtype):
     """An elementwise float max renders as uopc_maxf / uopc_max (a max instruction, NaN put back), as a reduction's
