@@ -221,6 +221,26 @@ def test_max_pool_gradient_of_a_computed_input():
     check(lambda x: x.max_pool3d(2), lambda x: F.max_pool3d(x, 2), r(1, 2, 5, 6, 7))
 
 
+def test_a_pooled_activation_is_stored_once():
+    # max pool's gradient rule stages its input (x.contiguous()), which the scheduler also stages for the forward
+    # pool and the gradient's two readers: STAGE(STAGE(x)) was a second kernel copying the first one's buffer (the CNN
+    # step's two pooled activations, 0.4 and 0.2 ms a step). reference: torch, forward and gradient
+    xs = r(4, 8, 16, 16)
+    x = Tensor(xs, requires_grad=True)
+    with Context(OPT=1), capture() as calls:
+        y = (x * 1.1 + 0.3).relu().exp().relu()  # read by enough kernels that the scheduler stages it
+        out = y.max_pool2d(2) * 2.0
+        (dx,) = out.sum().gradient(x)
+        Tensor.realize_all(out, dx)
+    ops = [k.op for c in calls for k in c.cp.plan.kernels]
+    assert "copy" not in ops, ops
+    xt = torch.tensor(xs, requires_grad=True)
+    ot = F.max_pool2d(F.relu(F.relu(xt * 1.1 + 0.3).exp()), 2) * 2.0
+    ot.sum().backward()
+    np.testing.assert_allclose(out.numpy(), ot.detach().numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(dx.numpy(), xt.grad.numpy(), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("k,s,p,d,ceil", [c for c in POOL if c[3] == 1])
 @pytest.mark.parametrize("include", [True, False])
 def test_avg_pool2d(k, s, p, d, ceil, include):

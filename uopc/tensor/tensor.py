@@ -294,7 +294,10 @@ class Tensor(
         return self.numpy().tolist()
 
     def contiguous(self) -> Tensor:
-        """Ask for a materialization point: the scheduler will write this into a temp buffer."""
+        """Ask for a materialization point: the scheduler will write this into a temp buffer (once: a staged value's
+        contiguous() is itself)."""
+        if self.uop.op is Ops.STAGE and self.uop.arg is None:
+            return self
         return self._new(UOp(Ops.STAGE, (self.uop,)))
 
     def detach(self) -> Tensor:

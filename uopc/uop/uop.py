@@ -203,12 +203,16 @@ class UOp:
     def wrap(roots: list[UOp], targets: set[UOp], fn: Callable[[UOp], UOp]) -> list[UOp]:
         """Rebuild bottom-up, replacing each target t by fn(t') where t' is t with its sources already rebuilt.
 
-        Unlike substitute(), nested targets compose: an outer target wraps the rewritten inner one.
+        Unlike substitute(), nested targets compose: an outer target wraps the rewritten inner one. A STAGE whose
+        source becomes a STAGE is that one: a value is stored once (the scheduler's staging of x under a user's
+        x.contiguous() was a kernel copying x's buffer, 0.4 ms of the CNN step).
         """
         new: dict[UOp, UOp] = {}
         for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
             src = tuple(new[s] for s in u.src)
             n = u if src == u.src else u.replace(src=src)
+            if n is not u and n.op is Ops.STAGE and n.arg is None and src[0].op is Ops.STAGE and src[0].arg is None:
+                n = src[0]
             new[u] = fn(n) if u in targets else n
         return [new[r] for r in roots]
 
