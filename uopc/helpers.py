@@ -10,7 +10,8 @@ Settings (all optional):
   UOPC_CHECK_OOB    1: generated code checks every load/store index against its buffer
   UOPC_PLAN_CACHE   how many plans the in-memory structural cache keeps (default 1024)
   UOPC_POOL_MB      MiB of freed storage the allocation pool keeps for reuse (default 2048)
-  UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first (default 512, 0: no cap)
+  UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first, checked each time a 32nd
+                    of it was written (default 512, 0: no cap)
   UOPC_WINOGRAD     3x3 stride-1 convs by Winograd: 0 never, 1 by the cost rule (default), 2/4 F(2,3)/F(4,3) always
 """
 

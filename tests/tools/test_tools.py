@@ -17,6 +17,7 @@ from uopc.engine import realize
 from uopc.kernelize import make_plan
 from uopc.nn import LayerNorm, Linear, parameters
 from uopc.runtime import compiler as runtime
+from uopc.runtime import disk_cache
 from uopc.tensor import Tensor
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -158,6 +159,39 @@ def test_lru_eviction_keeps_recent_and_loaded_entries(tmp_path, monkeypatch):
     runtime.Program(_src(0), "k0")(a)  # and is rebuilt when needed again
     assert a[0] == 0.0
     runtime._clear_memory_cache()
+
+
+def test_eviction_scans_the_cache_once_a_share_of_the_cap_was_written(tmp_path, monkeypatch):
+    """Eviction stats every entry (~100 ms at the 15,000 files make test leaves), and every compile asked for it:
+    after a write it scans only once the bytes written since the last scan reach 1/SCAN_SHARE of the cap, counted
+    across processes in <cache>/.written; a missing or unreadable count is due at once. A scan then brings the cache
+    back under the cap, keeping the entry just written."""
+    scans: list[str] = []
+    real = disk_cache.os.scandir
+    monkeypatch.setattr(disk_cache.os, "scandir", lambda p: scans.append(str(p)) or real(p))
+    size = 4096
+    cap = disk_cache.SCAN_SHARE * 4 * size  # a scan due every 4 entries
+
+    def put(i: int, n: int = size) -> int:
+        path = str(tmp_path / f"e{i}.so")
+        disk_cache.write_entry(path, b"x" * n, 0o600)
+        return disk_cache.evict(str(tmp_path), max_bytes=cap, keep=path, written=n)
+
+    def scanned() -> int:
+        return scans.count(str(tmp_path))
+
+    put(0)
+    assert scanned() == 1  # no count yet
+    for i in range(1, 4):
+        put(i)
+    assert scanned() == 1
+    put(4)  # the fourth entry since the scan
+    assert scanned() == 2
+    (tmp_path / ".written").write_text("garbled")
+    put(5)
+    assert scanned() == 3
+    assert put(6, 2 * cap) == 6 and scanned() == 4  # over the cap: everything older goes, the new entry stays
+    assert sorted(p.name for p in tmp_path.glob("e*")) == ["e6.json", "e6.so"]
 
 
 # ---------------------------------------------------------------------------------------------------------------

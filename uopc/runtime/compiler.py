@@ -39,6 +39,7 @@ from uopc.runtime.disk_cache import (  # re-exported: the runtime's names
     evict,
     forget_checked_dirs,
     save_failed_source,
+    take_written,
     unlink_quiet,
     write_entry,
 )
@@ -300,7 +301,7 @@ def _compile_cached(src: str | tuple[str, ...], cc_path: str, flags: list[str], 
         stats["rebuilds"] += 1  # missing, truncated or altered entry: recompile over it
     with helpers.phase("gcc"):
         so_path = _compile(src, cc_path, flags, cache, key)
-    evict(cache, keep=so_path)
+    evict(cache, keep=so_path, written=take_written())
     return so_path
 
 
