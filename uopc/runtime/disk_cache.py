@@ -24,10 +24,10 @@ from uopc.helpers import atomic_write
 
 __all__ = [
     "CacheDirError",
+    "SCAN_SHARE",
     "check_cache_dir",
     "entry_ok",
     "evict",
-    "SCAN_SHARE",
     "folder_lock",
     "forget_checked_dirs",
     "save_failed_source",
@@ -138,10 +138,11 @@ def write_entry(path: str, data: bytes, mode: int, same_as: str | None = None) -
 
 
 # Eviction stats every entry of the cache: make test leaves ~15,000 files, a scan of them took 100 ms, and every
-# compile asked for one (a third of the suite's second pass went to it). After a write, a scan runs only once the bytes
-# written since the last one reach 1/SCAN_SHARE of the cap, so the cache exceeds its cap by at most that share (16 MB
-# of the default 512). The count is kept across processes in <folder>/.written, read and rewritten under the folder's
-# lock; a missing or unreadable count (a cache from before it, a write cut short) makes a scan due at once.
+# compile asked for one (make test's second pass took 414 s with it, 203 s without). After a write, a scan runs only
+# once the bytes written since the last one reach 1/SCAN_SHARE of the cap, so the cache exceeds its cap by at most
+# that share (16 MB of the default 512). The count is kept across processes in <folder>/.written, read and
+# rewritten under the folder's lock; a missing or unreadable count (a cache from before it, a write cut short) makes a
+# scan due at once.
 SCAN_SHARE = 32
 _written = [0]  # bytes this process wrote into cache entries since take_written last took them
 _written_lock = threading.Lock()  # (objects are written from the early compiles' thread too)
