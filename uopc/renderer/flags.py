@@ -44,7 +44,11 @@ __all__ = [
 # updates reads and writes more arrays than 10 checks cover (AdamW's m, v and p: 4 reads, 3 writes, 15 checks). Not
 # vectorized, that kernel moved 21.6 GB/s, against 33 for the three kernels it replaces (4 x 2048^2 parameters). Of
 # the 219 units of the four bench models only it vectorizes differently (gcc -fopt-info-vec, each unit both ways);
-# vectorized, it takes 3.2-4.1 ms a step there against 4.8-5.0 for the three (DEBUG=3's second runs).
+# vectorized, it takes 3.2-4.1 ms a step there against 4.8-5.0 for the three (DEBUG=3's second runs). Keeping
+# `restrict` instead, by making a parallel loop's body an always_inline function of restrict pointers called from
+# the loop (gcc carries restrict through inlining; restrict locals inside the region it ignores), took the checks out
+# of 22 of the CNN step's 25 units that had them, but gcc took as long (3.20 s against 3.19 over its 74 units) and
+# the step ran 1.05x slower (41 alternating rounds, both orders; char-GPT 1.00x): not kept.
 CFLAGS_LINE = "// uopc cflags:"
 NO_PEELING = ("--param=max-completely-peel-times=1",)
 SHORT_PEELING = ("--param=max-completely-peel-times=4", "--param=vect-max-version-for-alias-checks=64")
