@@ -387,16 +387,36 @@ def test_epilogue_with_k_chunks(context):
 
 
 def test_epilogue_without_a_vector_form_stays_apart(context):
-    # GELU's exp2 varies along the tile's vectors and has no vector form there: in the epilogue it ran once per lane,
-    # scalar (char-GPT's MLP GEMM: 1.6-2.1 ms against 0.38 ms apart), so the GEMM stores its product and a kernel
-    # of its own applies GELU; a math function on what is constant along the vectors (a per-row value) stays in
+    # an op that varies along the tile's vectors with no vector form there would run once per lane, scalar (GELU's
+    # exp2 did before it had one: char-GPT's MLP GEMM took 1.6-2.1 ms against 0.38 ms apart), so the GEMM stores its
+    # product and a kernel of its own applies it: floor's TRUNC, log2, sin, sqrt; and exp2 of a value read in full
+    # (GELU's backward, exp(-h^2) of the stored h: slower in the tile, opt.gemm.vector_epilogue). GELU of the product
+    # and a bias (exp2 and 1/x of it, VECTOR_MATH) and a math function on what is constant along the vectors (a
+    # per-row value) are taken
     context(OPT=1)
     a, w = rng.standard_normal((70, 300)).astype(np.float32), rng.standard_normal((300, 3 * NR)).astype(np.float32)
     s = rng.random((70, 1)).astype(np.float32) + 0.5
+    h, b = rng.standard_normal((70, 3 * NR)).astype(np.float32), rng.standard_normal(3 * NR).astype(np.float32)
     p = a.astype(np.float64) @ w
+    y = (Tensor(a) @ Tensor(w)).floor()
+    (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+    assert gemm.op == "matmul", gemm.op
+    clear = np.abs(p - np.round(p)) > 1e-3  # floor: the product's rounding decides an integer step
+    np.testing.assert_array_equal(y.numpy()[clear], np.floor(p)[clear])
     torch = pytest.importorskip("torch")
+    gelu = torch.nn.functional.gelu
+    p32 = (Tensor(a) @ Tensor(w)).numpy().astype(np.float64)  # log2 near 0 and sin amplify the product's rounding
     for y, ref, fused in [
-        ((Tensor(a) @ Tensor(w)).gelu(), torch.nn.functional.gelu(torch.from_numpy(p)).numpy(), False),
+        ((Tensor(a) @ Tensor(w)).abs().log2(), np.log2(np.abs(p32)), False),
+        ((Tensor(a) @ Tensor(w)).sin(), np.sin(p32), False),
+        ((Tensor(a) @ Tensor(w)).abs().sqrt(), np.sqrt(np.abs(p32)), False),
+        ((Tensor(a) @ Tensor(w)) * (-(Tensor(h) * Tensor(h))).exp(), p * np.exp(-(h.astype(np.float64) ** 2)), False),
+        ((Tensor(a) @ Tensor(w)).gelu(), gelu(torch.from_numpy(p)).numpy(), True),
+        (
+            (Tensor(a) @ Tensor(w) + Tensor(b)).gelu("tanh"),
+            gelu(torch.from_numpy(p + b), approximate="tanh").numpy(),
+            True,
+        ),
         ((Tensor(a) @ Tensor(w)) * Tensor(s).sqrt(), p * np.sqrt(s), True),
     ]:
         (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
@@ -404,12 +424,47 @@ def test_epilogue_without_a_vector_form_stays_apart(context):
         np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)
 
 
+def test_epilogue_vector_math(context):
+    # float32 exp2 and 1/x on the tile's vectors (VECTOR_MATH: renderer.c_math's EXP2F_VECTOR, a division): the
+    # specials (NaN, +-inf, 0, past exp2's range both ways, subnormal results) as NumPy has them, on the product the
+    # GEMM alone computes (exp2 of products in the hundreds amplifies any other's rounding), and the activations
+    # built from them (sigmoid, tanh, SiLU) against torch
+    torch = pytest.importorskip("torch")
+    context(OPT=1)
+    m, k, n = 2 * MR + 1, 300, 2 * NR + 3
+    a, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32) / 4
+    a[1, 7], a[2, 9], a[3, 11] = np.nan, np.inf, -np.inf
+    a[4], w[:, 5] = 0.0, 0.0
+    a[5] *= 100  # products past exp2's range: 0 and inf
+    a[6] *= 30  # products around -126..-150: subnormal results
+    p = (Tensor(a) @ Tensor(w)).numpy()
+    tp, f = torch.from_numpy(p), torch.nn.functional
+    with np.errstate(all="ignore"):
+        cases = [
+            (lambda t: t.exp2(), np.exp2(p)),
+            (lambda t: t.reciprocal() + t.exp(), 1 / p + np.exp(p)),
+            (lambda t: t.sigmoid(), torch.sigmoid(tp).numpy()),
+            (lambda t: t.tanh(), torch.tanh(tp).numpy()),
+            (lambda t: t.silu(), f.silu(tp).numpy()),
+        ]
+    assert np.any((p < -126) & (p > -150) & np.isfinite(p)), "no subnormal exp2 results in the test's products"
+    for fn, ref in cases:
+        y = fn(Tensor(a) @ Tensor(w))
+        (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+        assert gemm.op != "matmul", gemm.op
+        out = y.numpy()
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+        np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
+        np.testing.assert_array_equal(np.isneginf(out), np.isneginf(ref))
+        fin = np.isfinite(ref)
+        np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-5, atol=1e-37)
+
+
 @pytest.mark.parametrize("act", ["relu6", "hardswish", "hardtanh", "silu"])
 def test_conv_epilogue_activations(context, act):
     # ReLU6, hardswish and hardtanh select on logic of float compares (`min < x & x < max`, NOT as XOR with True):
-    # one vector mask, bit ops on the compares' masks (uopc.codegen.lanes), so a 1x1 convolution applies them to its
-    # tile; SiLU's exp2 has no vector form there and keeps a kernel of its own (docs/design.md: one measured slower).
-    # NaN, -0.0 and the clip points as torch
+    # one vector mask, bit ops on the compares' masks (uopc.codegen.lanes); SiLU's exp2 and reciprocal have vector
+    # forms (VECTOR_MATH): a 1x1 convolution applies each to its tile. NaN, -0.0 and the clip points as torch
     torch = pytest.importorskip("torch")
     context(OPT=1)
     g = np.random.default_rng(7)
@@ -420,7 +475,7 @@ def test_conv_epilogue_activations(context, act):
     b[:3] = [-0.0, 6.0, -3.0]  # channels whose values sit on ReLU6's and hardswish's edges exactly
     y = getattr(Tensor(x).conv2d(Tensor(w), Tensor(b)), act)().contiguous() * 2.0
     (gemm,) = [k for k in _kernels(y, HandOpt(MACHINE)) if k.op.startswith("matmul")]
-    assert (gemm.op != "matmul") == (act != "silu"), gemm.op
+    assert gemm.op != "matmul", gemm.op
     f = torch.nn.functional
     ref = getattr(f, act)(f.conv2d(*map(torch.from_numpy, (x, w, b)))).numpy() * 2.0
     out = y.numpy()
@@ -600,3 +655,29 @@ def test_a_batch_of_products_runs_its_remainder_rows_as_one_tile_inside_the_batc
     got = (Tensor(a) * Tensor(b)).sum(-1).numpy()
     ref = np.einsum("prk,pjk->prj", a[:, :, 0].astype(np.float64), b[:, 0].astype(np.float64))
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_epilogue_exp2_matches_the_scalar_function(context):
+    # exp2 in a GEMM's epilogue (renderer.c_math.EXP2F_VECTOR) against the elementwise kernel's EXP2F, over random bit
+    # patterns, a dense grid of its whole finite range and the specials: a product of zeros plus a bias along the
+    # vectors puts each point in a lane (0 * w + b is b exactly). Where the compiler targets AVX-512 (vscalefps on the
+    # tile's vectors: AVX512F for 64 bytes, VL for 32) the results are the same bits; elsewhere within 1 ulp, NaN
+    # exactly where EXP2F has NaN
+    from tests.backend.test_transcendental import SPECIAL, ulp_error
+
+    context(OPT=1)
+    g = np.random.default_rng(3)
+    bits = g.integers(0, 2**32, 60_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = np.concatenate([bits, np.linspace(-151.0, 129.0, 60_000, dtype=np.float32), SPECIAL])
+    x = np.concatenate([x, np.zeros((-x.size) % NR, np.float32)])
+    a, w = np.zeros((MR, 64), np.float32), g.standard_normal((64, x.size)).astype(np.float32)
+    y = (Tensor(a) @ Tensor(w) + Tensor(x)).exp2()
+    (gemm,) = [kk for kk in _kernels(y, HandOpt(MACHINE)) if kk.op.startswith("matmul")]
+    assert gemm.op != "matmul", gemm.op
+    got, ref = y.numpy(), Tensor(x).exp2().numpy()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref[None].repeat(MR, 0)))
+    avx512 = "avx512f" in MACHINE.isa and (MACHINE.vector_bytes == 64 or "avx512vl" in MACHINE.isa)
+    if avx512:
+        np.testing.assert_array_equal(got.view(np.uint32), ref[None].repeat(MR, 0).view(np.uint32))
+    else:
+        assert ulp_error(got, ref[None].repeat(MR, 0)).max() <= 1

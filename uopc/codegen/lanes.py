@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
-from uopc.uop import ALU, COMPARE, LOGIC, AxisType, Ops, RangeArg, UOp
+from uopc.uop import ALU, COMPARE, LOGIC, VECTOR_MATH, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
 
@@ -111,7 +111,7 @@ class _Widen:
         if op is Ops.WHERE and self.free(u.src[0]):  # one scalar condition for all lanes
             a, b = self.wide(u.src[1]), self.wide(u.src[2])
             return UOp(Ops.WHERE, (u.src[0], a, b), None, a.dtype)
-        if op in VECTOR_ALU and u.dtype.is_float:
+        if (op in VECTOR_ALU and u.dtype.is_float) or (op in VECTOR_MATH and u.dtype is dtypes.float32):
             return UOp(op, tuple(self.wide(s) for s in u.src), u.arg, u.dtype.vec(n))
         if op is Ops.WHERE and (mask := self._mask(u.src[0], u.dtype)) is not None:  # a ReLU in a GEMM's epilogue
             return UOp(Ops.WHERE, (mask, self.wide(u.src[1]), self.wide(u.src[2])), None, u.dtype.vec(n))

@@ -19,7 +19,7 @@ from uopc.helpers import prod
 from uopc.machine import Machine
 from uopc.opt.opts import Opts
 from uopc.opt.strides import last_axis_stride, operand_views, push_views
-from uopc.uop import ALU, COMPARE, LOGIC, MOVEMENT, STORED, Ops, UOp, epilogue_reduce
+from uopc.uop import ALU, COMPARE, LOGIC, MOVEMENT, STORED, VECTOR_MATH, Ops, UOp, epilogue_reduce
 from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import affine_view
 from uopc.uop.rewrite import graph_rewrite
@@ -161,18 +161,29 @@ def uses_microkernel(r: UOp, machine: Machine) -> bool:
     return n >= machine.vector_bytes // r.dtype.itemsize and prod(r.src[0].shape) >= GEMM_MIN_WORK and k > 1
 
 
-# the epilogue ops the microkernel applies to a whole vector of its tile (uopc.codegen.lanes); another op whose value
-# varies along the vectors' axis runs once per lane, scalar: GELU's exp2 in the epilogue of char-GPT's MLP GEMM (2048
-# x 256) took 1.6-2.1 ms, against 0.38 ms for the GEMM with a separate elementwise kernel after it
+# the epilogue ops the microkernel applies to a whole vector of its tile (uopc.codegen.lanes), with float32's
+# VECTOR_MATH on the product (below); another op whose value varies along the vectors' axis runs once per lane,
+# scalar: GELU's exp2, before it had a vector form, in the epilogue of char-GPT's MLP GEMM (2048 x 256) took 1.6-2.1
+# ms, against 0.38 ms for the GEMM with a separate elementwise kernel after it
 LANE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.CMPLT, Ops.CMPNE, Ops.WHERE})
 
 
 def vector_epilogue(r: UOp, reader: UOp) -> bool:
     """Does every op of `reader` (elementwise ops on matmul `r`, at r's shape) that varies along the output's last
     axis, the microkernel's vector lanes, have a vector form (LANE_OPS; a select on float compares of its dtype, or
-    logic of them, or on a condition that does not vary)? What is constant along it (a convolution's per-channel
-    BatchNorm, its rows being channels) is computed once per row of the tile."""
+    logic of them, or on a condition that does not vary; float32 exp2 or 1/x of r and of values constant along the
+    tile's rows or its lanes)?
+    What is constant along it (a convolution's per-channel BatchNorm, its rows being channels) is computed once per
+    row of the tile.
+
+    exp2 and 1/x take the product and broadcast values only (SiLU, sigmoid, tanh, GELU of a convolution's or a linear
+    layer's output, after its bias or BatchNorm): there a 1x1 convolution with BatchNorm and SiLU, sigmoid, tanh or
+    GELU ran 0.86-0.97x the time of the GEMM and a separate kernel at batch 8, 0.86-1.02x at batch 1 (alternating,
+    both orders). Of a value read in full (char-GPT's GELU backward, exp(-h^2) of the stored pre-activation h, in the
+    epilogue of its 2048 x 256 input-gradient GEMM) it ran 0.97x alone but made the training step 1.02-1.03x slower:
+    the tile reads h in 6-row blocks, where a separate kernel streams it once the product sits in L2."""
     varies: dict[UOp, bool] = {}
+    reads: dict[UOp, bool] = {}
 
     def vary(u: UOp) -> bool:
         if (hit := varies.get(u)) is not None:
@@ -189,6 +200,21 @@ def vector_epilogue(r: UOp, reader: UOp) -> bool:
         varies[u] = out
         return out
 
+    def full_read(u: UOp) -> bool:  # does u read a value that varies along the tile's rows and lanes, not r?
+        if (hit := reads.get(u)) is not None:
+            return hit
+        if u is r or u.op is Ops.CONST:
+            out = False
+        elif u.op in ALU:
+            out = any(full_read(s) for s in u.src)
+        else:
+            base = u
+            while base.op in MOVEMENT:
+                base = base.src[0]
+            out = vary(u) and (len(u.shape) < 2 or last_axis_stride(u, base, -2) != 0)
+        reads[u] = out
+        return out
+
     stack, seen = [(reader, False)], set()
     while stack:
         u, viewed = stack.pop()
@@ -199,7 +225,8 @@ def vector_epilogue(r: UOp, reader: UOp) -> bool:
             stack.extend((s, True) for s in u.src)
             continue
         if (viewed or vary(u)) and u.op not in LANE_OPS:
-            return False
+            if u.op not in VECTOR_MATH or u.dtype is not dtypes.float32 or viewed or full_read(u):
+                return False
         if u.op is Ops.WHERE and (viewed or vary(u)) and (viewed or vary(u.src[0])):
             if (compares := _mask_compares(u.src[0], u.dtype)) is None:
                 return False

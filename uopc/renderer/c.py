@@ -28,7 +28,7 @@ from uopc.codegen.error_record import ERROR_RECORD, ErrorField
 from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
 from uopc.renderer.c_masked import masked_helpers
-from uopc.renderer.c_math import F32_BITS, F32_MATH
+from uopc.renderer.c_math import F32_BITS, MATH, render_math
 from uopc.renderer.c_select import render_where
 from uopc.renderer.flags import flags_line
 from uopc.renderer.half import c_conversion, compute_in_float
@@ -95,13 +95,6 @@ _UNSIGNED_DIV = """static inline {t} uopc_idiv_{n}({t} a, {t} b) {{ return b == 
 static inline {t} uopc_mod_{n}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}
 """
 
-_MATH = {  # op -> (float, double) C function: gcc's builtins, which are libm's functions without <math.h>
-    Ops.SQRT: ("__builtin_sqrtf", "__builtin_sqrt"),
-    Ops.EXP2: ("__builtin_exp2f", "__builtin_exp2"),
-    Ops.LOG2: ("__builtin_log2f", "__builtin_log2"),
-    Ops.SIN: ("__builtin_sinf", "__builtin_sin"),
-    Ops.TRUNC: ("__builtin_truncf", "__builtin_trunc"),
-}
 
 _NARROW_WRAP = {Ops.ADD, Ops.MUL, Ops.NEG, Ops.IDIV, Ops.MOD}
 
@@ -473,15 +466,6 @@ def _vector_typedefs(ast: UOp) -> dict[str, Helper]:
     return out
 
 
-def _math(r: CRenderer, u: UOp) -> str:
-    f, d = _MATH[u.op]
-    if u.op in F32_MATH and u.dtype is not dtypes.float64:  # uopc's own vectorizable float32 code
-        f, code = F32_MATH[u.op]
-        r.use_bits()
-        r.use(f, code)
-    return f"{d if u.dtype is dtypes.float64 else f}({r.expr(u.src[0])})"
-
-
 def _check(r: CRenderer, u: UOp) -> str:
     n, which, lo = u.arg  # a data-dependent index: its kernel's error record is src[1], a symbolic size src[2]
     if len(u.src) > 2:
@@ -500,7 +484,7 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     Ops.MAX: _max,
     Ops.WHERE: render_where,
     Ops.RECIP: lambda r, u: f"({render_const(1.0, u.dtype)}/{r.expr(u.src[0])})",
-    **{op: _math for op in _MATH},
+    **{op: render_math for op in MATH},
     Ops.CAST: _cast,
     Ops.CHECK: _check,
     Ops.IDIV: lambda r, u: r.divmod(u),

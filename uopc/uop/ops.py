@@ -114,6 +114,9 @@ ALU = UNARY | BINARY | TERNARY
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
 COMPARE = frozenset({Ops.CMPLT, Ops.CMPNE})
 LOGIC = frozenset({Ops.AND, Ops.OR, Ops.XOR})  # bitwise: logic on bools
+# float32 math with a form on gcc vectors (uopc.renderer.c_math's EXP2F_VECTOR; a division): what a vector lowering
+# (uopc.codegen.lanes) and a GEMM's epilogue (uopc.opt.gemm) may apply to vectors: SiLU, sigmoid, tanh, GELU
+VECTOR_MATH = frozenset({Ops.EXP2, Ops.RECIP})
 REDUCE_OPS = frozenset({Ops.ADD, Ops.MAX})
 # ops computed by a kernel with fixed loops and C of its own (uopc.codegen.attention, uopc.codegen.winograd)
 OWN_KERNEL = frozenset({Ops.ATTENTION, Ops.WINOGRAD})
