@@ -594,6 +594,41 @@ def test_conv_epilogue_through_padded_positions(context, k, dilation, size, resi
     np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("act", ["relu6", "silu"])
+def test_an_epilogue_is_not_lifted_through_a_cut_that_a_reader_flattens(context, act):
+    # a MobileNetV2 block: 1x1 expand + BatchNorm + act, depthwise 3x3 + BatchNorm + act, 1x1 project + BatchNorm,
+    # residual. The depthwise convolution's GEMM computes the padded width's positions; lifted through the cut, its
+    # BatchNorm and act would be stored at those positions, and the project convolution's operand packing, which reads
+    # (C, H*W) in 64-wide blocks, would take each position apart with a division (0.48 ms against 0.03 at this size):
+    # so it is not lifted there, and no kernel divides. Values against torch
+    torch = pytest.importorskip("torch")
+    from uopc.nn import BatchNorm2d, Conv2d
+
+    context(OPT=1)
+    g = np.random.default_rng(5)
+    c, e = 24, 144
+    convs = [Conv2d(c, e, 1, bias=False), Conv2d(e, e, 3, 1, 1, groups=e, bias=False), Conv2d(e, c, 1, bias=False)]
+    bns = [BatchNorm2d(n) for n in (e, e, c)]
+    for bn in bns:
+        bn.running_mean = Tensor(g.standard_normal(bn.running_mean.shape).astype(np.float32))
+        bn.running_var = Tensor(g.random(bn.running_var.shape).astype(np.float32) + 0.5)
+    x = g.standard_normal((1, c, 56, 56)).astype(np.float32)
+    h = getattr(bns[0](convs[0](Tensor(x))), act)()
+    h = getattr(bns[1](convs[1](h)), act)()
+    y = bns[2](convs[2](h)) + Tensor(x)
+    ks = _kernels(y, HandOpt(MACHINE))
+    assert sum(kk.op.startswith("matmul") for kk in ks) == 3, [kk.op for kk in ks]
+    divides = [kk.name for kk in ks if any(u.op in (Ops.IDIV, Ops.MOD) for u in kk.ast.toposort())]
+    assert not divides, divides
+    f, t = torch.nn.functional, torch.from_numpy
+    ref = t(x)
+    for i, (conv, bn) in enumerate(zip(convs, bns, strict=True)):
+        ref = f.conv2d(ref, t(conv.weight.numpy()), padding=conv.padding, groups=conv.groups)
+        ref = f.batch_norm(ref, t(bn.running_mean.numpy()), t(bn.running_var.numpy()), eps=bn.eps)
+        ref = getattr(f, act)(ref) if i < 2 else ref + t(x)
+    np.testing.assert_allclose(y.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("cin", [8, 128])
 def test_split_reduce_loop_has_no_division(context, cin):
     # a 3x3 convolution's reduction (channel, kh, kw) is one merged axis of the GEMM: it runs as three nested loops,
