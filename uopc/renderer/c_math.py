@@ -192,11 +192,12 @@ EXP2F_VECTOR = """static inline __attribute__((always_inline)) {vt} {name}({vt} 
 #endif
 }}
 """
-# vector bytes -> the preprocessor test for vrndscaleps and vscalefps on them, gcc's builtins for those, max and min,
-# and the arguments that make a masked builtin apply to every lane (AVX's 8-lane max and min take none)
+# vector bytes -> the preprocessor test for vrndscaleps and vscalefps on them (the builtins are gcc's names), gcc's
+# builtins for those, max and min, and the arguments that make a masked builtin apply to every lane (AVX's 8-lane max
+# and min take none)
 _AVX512 = {
     64: {
-        "test": "defined(__AVX512F__)",
+        "test": "defined(__AVX512F__) && !defined(__clang__)",
         "rndscale": "__builtin_ia32_rndscaleps_mask",
         "scalef": "__builtin_ia32_scalefps512_mask",
         "max": "__builtin_ia32_maxps512_mask",
@@ -205,7 +206,7 @@ _AVX512 = {
         "minmax": ", x, (unsigned short)-1, 4",
     },
     32: {
-        "test": "defined(__AVX512VL__)",
+        "test": "defined(__AVX512VL__) && !defined(__clang__)",
         "rndscale": "__builtin_ia32_rndscaleps_256_mask",
         "scalef": "__builtin_ia32_scalefps256_mask",
         "max": "__builtin_ia32_maxps256",
