@@ -178,10 +178,11 @@ def vector_epilogue(r: UOp, reader: UOp) -> bool:
 
     exp2 and 1/x take the product and broadcast values only (SiLU, sigmoid, tanh, GELU of a convolution's or a linear
     layer's output, after its bias or BatchNorm): there a 1x1 convolution with BatchNorm and SiLU, sigmoid, tanh or
-    GELU ran 0.86-0.97x the time of the GEMM and a separate kernel at batch 8, 0.86-1.02x at batch 1 (alternating,
-    both orders). Of a value read in full (char-GPT's GELU backward, exp(-h^2) of the stored pre-activation h, in the
-    epilogue of its 2048 x 256 input-gradient GEMM) it ran 0.97x alone but made the training step 1.02-1.03x slower:
-    the tile reads h in 6-row blocks, where a separate kernel streams it once the product sits in L2."""
+    GELU ran 0.83-0.97x the time of the GEMM and a separate kernel at batch 8, 0.91-1.07x at batch 1, where tanh and
+    GELU lost 2-7% (bench/bench_epilogues.py). Of a value read in full (char-GPT's GELU backward, exp(-h^2) of the
+    stored pre-activation h, in the epilogue of its 2048 x 256 input-gradient GEMM) it ran 0.97x alone but made the
+    training step 1.02-1.03x slower: the tile reads h in 6-row blocks, where a separate kernel streams it once the
+    product sits in L2."""
     varies: dict[UOp, bool] = {}
     reads: dict[UOp, bool] = {}
 
