@@ -215,23 +215,22 @@ _AVX512 = {
         "minmax": "",
     },
 }
+# any other width (or no AVX-512): the generic form, which names none of them
+_GENERIC = {"test": "0"} | dict.fromkeys(("rndscale", "scalef", "max", "min", "masked", "minmax"), "")
 
 
 def render_math(r, u: UOp) -> str:
     """C of math op `u` (r: the uopc.renderer.c.CRenderer rendering it): gcc's builtin or uopc's own float32 function;
     on a gcc vector of float32 (uopc.codegen.lanes; only EXP2 is lowered to one, VECTOR_MATH), EXP2F_VECTOR."""
-    f, d = MATH[u.op]
     scalar = u.dtype.scalar()
     if u.dtype.count > 1:
         if u.op is not Ops.EXP2 or scalar is not dtypes.float32:
             raise NotImplementedError(f"render_math: no vector form of {u.op.name} on {u.dtype}")
         vt, name, size = u.dtype.cname, f"uopc_exp2f_x{u.dtype.count}", u.dtype.itemsize
-        avx512 = _AVX512.get(size) or {"test": "0"} | dict.fromkeys(("rndscale", "scalef", "max", "min"), "")
-        r.use(
-            name,
-            EXP2F_VECTOR.format(vt=vt, name=name, size=size, poly=_EXP2F, **({"masked": "", "minmax": ""} | avx512)),
-        )
+        fields = _AVX512.get(size, _GENERIC)
+        r.use(name, EXP2F_VECTOR.format(vt=vt, name=name, size=size, poly=_EXP2F, **fields))
         return f"{name}({r.expr(u.src[0])})"
+    f, d = MATH[u.op]
     if u.op in F32_MATH and scalar is not dtypes.float64:  # uopc's own vectorizable float32 code
         f, code = F32_MATH[u.op]
         r.use_bits()
