@@ -373,9 +373,22 @@ class MathMixin:
         return self.hardtanh(0.0, 6.0)
 
     def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> Self:
-        """x clipped to [min_val, max_val] (gradient 1 strictly inside, as PyTorch)."""
-        inside = (self > min_val) & (self < max_val)
-        return inside.where(self, (self <= min_val).where(min_val, (self >= max_val).where(max_val, self)))
+        """x clipped to [min_val, max_val], NaN kept, as two selects (a max and a min in the C). The gradient is
+        PyTorch's, 0 on the bounds and past them (_hardtanh_grad_rule), which differentiating the selects would give
+        as 1 on the bounds. The value was a select of three selects on four compares for that gradient: the copy
+        that applies a depthwise convolution's BatchNorm and ReLU6 ran 2x slower with it."""
+        out = (self < min_val).where(min_val, (self > max_val).where(max_val, self))
+        if type(self).no_grad:
+            return out
+        return out._new(with_gradient(out.uop, (self.uop,), "hardtanh", (float(min_val), float(max_val))), self)
+
+    @classmethod
+    def _hardtanh_grad_rule(cls, grad: Any, m: Any) -> tuple[Any]:
+        """The gradient of hardtanh (m: CUSTOM_GRAD(out, x), params (min, max)): the output's where min < x < max,
+        and where x is NaN, 0 elsewhere (PyTorch's)."""
+        x, (lo, hi) = cls(m.src[1]), m.arg.params
+        g = cls(grad)
+        return (((x <= lo) | (x >= hi)).where(0.0, g).uop,)
 
     @opmath
     def hardsigmoid(self) -> Self:

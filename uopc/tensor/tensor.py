@@ -470,6 +470,7 @@ CUSTOM_RULES["conv"] = Tensor._conv_grad_rule  # conv2d (uopc.tensor.conv)
 CUSTOM_RULES["max_pool"] = Tensor._max_pool_grad_rule  # max_pool1d/2d/3d (uopc.tensor.pool)
 CUSTOM_RULES["attention"] = Tensor._attention_grad_rule  # scaled_dot_product_attention (uopc.tensor.attention)
 CUSTOM_RULES["erf"] = Tensor._erf_grad_rule  # erf, so GELU (uopc.tensor.math)
+CUSTOM_RULES["hardtanh"] = Tensor._hardtanh_grad_rule  # hardtanh, so ReLU6, hardswish, hardsigmoid (uopc.tensor.math)
 
 
 @contextlib.contextmanager
