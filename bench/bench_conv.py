@@ -2,7 +2,7 @@
 onnxruntime in the same run, interleaved rounds, medians.
 
     python bench/bench_conv.py                        # every section (torch.compile's compiles take a minute or two)
-    python bench/bench_conv.py --sections conv,step   # conv, step, jitstep, resnet, convs
+    python bench/bench_conv.py --sections conv,step   # conv, step, jitstep, resnet, convs, dw
     python bench/bench_conv.py --no-compile --threads 1
 
 conv: forward, then the gradients of x and w for a given output gradient (uopc: one plan for out, dx, dw), eager.
@@ -14,7 +14,8 @@ TinyJit against PyTorch eager, torch.compile and onnxruntime running PyTorch's O
 3x3 convolution of ResNet-18 at batch 1, forward under TinyJit, in GFLOP/s and as a fraction of the FMA peak
 measured in the same run (bench_gemm.fma_peak), beside PyTorch eager's; a convolution that runs by Winograd (the
 title says F(m,3)) is counted at the direct convolution's FLOPs, so its GFLOP/s are effective ones and may pass
-the peak.
+the peak. dw: MobileNetV2's depthwise 3x3 convolutions (stride 1 and 2) at batch 1 and 8, forward under TinyJit,
+against PyTorch eager, with uopc's GB/s.
 
 Each round times every side back to back; ratios are of the medians (below 1: uopc is faster). Allocation: uopc's
 replays write into the buffers their plans hold (temporaries from its pool); its inputs count as new ones each call
@@ -249,17 +250,41 @@ def convs(args, peak: float) -> None:
         table(f"conv3x3 {cin}->{cout} {size}x{size} stride {stride}{how}", runners, args.rounds, flops, peak)
 
 
+# MobileNetV2's depthwise 3x3 convolutions at 224x224: (channels, input size, stride); its four of stride 2 and
+# three of stride 1
+MOBILENET_DW = [(96, 112, 2), (144, 56, 2), (192, 28, 2), (576, 14, 2), (32, 112, 1), (144, 56, 1), (384, 14, 1)]
+
+
+def depthwise(args) -> None:
+    """Each MobileNetV2 depthwise convolution (groups = channels, padding 1), forward under TinyJit, batch 1 and 8,
+    against PyTorch eager, with uopc's GB/s for the input read and the output written once."""
+    g = np.random.default_rng(0)
+    for batch in (1, 8):
+        for c, size, stride in MOBILENET_DW:
+            x = g.standard_normal((batch, c, size, size)).astype(np.float32)
+            wt = g.standard_normal((c, 1, 3, 3)).astype(np.float32)
+            (xu,), wu = new_inputs(Tensor(x)), Tensor(wt)
+            fwd = TinyJit(lambda x, wu=wu, s=stride, c=c: x.conv2d(wu, padding=1, stride=s, groups=c).realize())
+            runners = {"uopc": timed(lambda fwd=fwd, xu=xu: fwd(xu))}
+            if torch is not None:
+                xt, wtt = torch.from_numpy(x), torch.from_numpy(wt)
+                runners["torch"] = timed(lambda xt=xt, wtt=wtt, s=stride, c=c: F.conv2d(xt, wtt, None, s, 1, 1, c))
+            med = table(f"depthwise 3x3 {c} {size}x{size} stride {stride} batch {batch}", runners, args.rounds)
+            moved = 4 * batch * c * (size * size + (size // stride) ** 2)
+            print(f"  (uopc {moved / med['uopc'] / 1e9:.1f} GB/s: its input read and its output written once)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--conv-calls", type=int, default=3, help="conv fwd+bwd calls per round")
     ap.add_argument("--steps", type=int, default=10, help="training steps per round")
     ap.add_argument("--threads", type=int, default=2, help="threads for every side (0: each one's default)")
-    ap.add_argument("--sections", default="conv,step,jitstep,resnet,convs", help="which sections to run")
+    ap.add_argument("--sections", default="conv,step,jitstep,resnet,convs,dw", help="which sections to run")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compiles take minutes)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
-    unknown = sections - {"conv", "step", "jitstep", "resnet", "convs"}
+    unknown = sections - {"conv", "step", "jitstep", "resnet", "convs", "dw"}
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}")
     if args.threads:
@@ -299,6 +324,8 @@ def main() -> None:
         resnet(args)
     if "convs" in sections:
         convs(args, peak)
+    if "dw" in sections:
+        depthwise(args)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,12 @@ CONV2D = [
     ((1, 6, 10, 9), (32, 3, 3, 3), {"stride": 2, "groups": 2, "dilation": 2, "padding": 2}),
     ((1, 4, 12, 13), (20, 4, 3, 2), {"stride": (2, 3), "padding": (1, 0)}),
     ((2, 3, 9, 9), (16, 3, 1, 1), {"stride": 2}),  # a ResNet's 1x1 downsampling
+    # one input channel per group (depthwise, a channel multiplier of 2, dilation, windows that do not overlap) at
+    # stride 2: a direct loop over the windows
+    ((2, 6, 13, 12), (6, 1, 3, 3), {"groups": 6, "stride": 2, "padding": 1}),
+    ((1, 4, 11, 15), (8, 1, 5, 5), {"groups": 4, "stride": 2, "padding": 2}),
+    ((1, 4, 11, 11), (4, 1, 3, 3), {"groups": 4, "stride": 2, "padding": 2, "dilation": 2}),
+    ((2, 3, 8, 9), (3, 1, 2, 2), {"groups": 3, "stride": 2}),
 ]
 
 
@@ -73,7 +79,7 @@ def test_conv2d(xs, ws, kw):
     check(lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw), r(*xs), r(*ws), b)
 
 
-@pytest.mark.parametrize("case", [0, 2, 4, 5, 13])
+@pytest.mark.parametrize("case", [0, 2, 4, 5, 13, 17])
 def test_conv2d_under_the_autotuner(case):
     # OPT=2 times candidate Opts for every kernel, the in-place GEMMs of the forward and both gradients included
     # (make test's second pass runs the whole module at OPT=0 with every index checked)
@@ -89,6 +95,7 @@ def test_conv2d_under_the_autotuner(case):
         ((1, 4, 11), (4, 2, 2), {"groups": 2, "stride": 2, "dilation": 2}),
         ((2, 3, 50), (5, 3, 7), {"stride": 2, "padding": 3}),  # space to depth
         ((2, 3, 21), (16, 3, 3), {"stride": 2, "padding": 1}),  # the positions as the GEMM's rows
+        ((2, 4, 21), (8, 1, 5), {"groups": 4, "stride": 2, "padding": 2}),  # depthwise: a direct loop
     ],
 )
 def test_conv1d(xs, ws, kw):
@@ -105,6 +112,23 @@ def test_a_7x7_stride_2_convolution_reads_its_input_in_place():
     names = [k.name for c in calls for k in c.cp.plan.kernels]
     assert not any(n.endswith("_7_7") for n in names), names  # no kernel over the windows (im2col's are _3_7_7)
     ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=3).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mult", [1, 2])
+def test_a_strided_depthwise_convolution_is_a_direct_loop(mult):
+    # one input channel per group (a depthwise convolution, and a channel multiplier of 2): the stride and the
+    # padding are the index arithmetic of one kernel's window loops, which read the input where it lies: no kernel
+    # copies the windows (im2col's loops end in the 3 x 3 taps: _3_3_14_14) or the padded input (_30_30). No
+    # register tile would reuse a load (the weight is the same over a tile, the input moves along both of its
+    # axes): the window is unrolled whole, for gcc to vectorize the output's rows
+    x, w = Tensor(r(2, 8, 28, 28)), Tensor(r(8 * mult, 1, 3, 3))
+    with Context(OPT=1), capture() as calls:
+        out = x.conv2d(w, stride=2, padding=1, groups=8).realize()
+    kernels = [k for c in calls for k in c.cp.plan.kernels]
+    assert len(kernels) == 1 and kernels[0].name.startswith("r_"), [k.name for k in kernels]
+    assert kernels[0].opts.unroll == 9 and not kernels[0].opts.upcast, kernels[0].opts
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1, groups=8).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 

@@ -402,6 +402,25 @@ def test_heavily_padded_loads_stay_in_range():
     assert "?data0[" not in load, f"no conditional load (gcc 12.2 mis-if-converts it)\n{src}"
 
 
+@pytest.mark.parametrize("dt", [dtypes.float32, dtypes.float64, dtypes.int32])
+def test_a_padded_value_is_gated_once_by_its_mask_bits(dt: DType):
+    # a PAD's value is its gated load (0 where the gate fails), with no select of that value by the same condition
+    # after it: a float's bits ANDed with the gate's mask (uopc_keepf), which gcc vectorizes where a select became
+    # a masked load it could not (a strided window's taps); an integer keeps its select. Exact against np.pad, the
+    # signs of zeros and NaN included
+    data = np.array([1.5, -0.0, np.nan, -2.0, 0.0, 7.0], dt.np) if dt.is_float else np.arange(1, 7, dtype=dt.np)
+    _, d = _guarded(data) if dt.is_float else (None, data)
+    g = buf(0, 6, dt).reshape((2, 3)).pad(((1, 2), (2, 1)))
+    out, ref = run(g, [d]), np.pad(d.reshape(2, 3), ((1, 2), (2, 1)))
+    np.testing.assert_array_equal(out, ref)
+    if dt.is_float:
+        assert np.array_equal(np.signbit(out), np.signbit(ref))
+    lines = c_lines(render_graph(g, 1))
+    gated = [line for line in lines if "uopc_keep" in line]
+    assert len(gated) == (1 if dt.is_float else 0), lines
+    assert sum("?" in line for line in lines if "data0[" not in line) == (0 if dt.is_float else 1), lines
+
+
 def test_padded_reduce_and_flip_stay_in_range():
     # reference: NumPy; exact (small integers; any NaN means an out-of-range element was read)
     _, e = _guarded(np.arange(1, 7, dtype=np.float32))

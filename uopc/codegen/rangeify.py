@@ -149,7 +149,8 @@ def _rangeify(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None) -> UOp:
         inner, new, cond = through(u, idx)
         if cond is None:
             return rangeify(inner, new, ctx, valid)
-        return cond.where(rangeify(inner, new, ctx, and_(valid, cond)), UOp.const(0, u.dtype))
+        v = rangeify(inner, new, ctx, and_(valid, cond))  # (a load gated by cond alone is 0 where cond fails)
+        return v if v.op is Ops.LOAD and v.src[0].src[2:] == (cond,) else cond.where(v, UOp.const(0, u.dtype))
     if op is Ops.REDUCE:
         return _reduce(u, idx, ctx, valid)
     if op is Ops.GATHER:

@@ -86,8 +86,8 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
         return vector
     upcast: dict[int, int] = {}
     unroll, thread, tile = 1, None, {}
-    if 1 < rsize < UNROLL_MAX_REDUCE and _max_only(body):
-        unroll = rsize  # a max pool's window, whole (_max_only)
+    if 1 < rsize < UNROLL_MAX_REDUCE and (_max_only(body) or not _tile_reuse(body)):
+        unroll = rsize  # a max pool's window, or a window no tile would reuse, whole (_max_only, _tile_reuse)
     elif rsize > 1:
         # 4x4 tile: 16 accumulators + 8 operand vectors. That spills a few on AVX2's 16 registers, fits in
         # AVX-512's 32; measured, it beats 2x8, 4x8 and 8x8 on both kinds of machine
@@ -128,6 +128,24 @@ def _max_only(body: UOp) -> bool:
     stride 1: 4.5/12.4/24.3 against 0.34/0.82/1.56 ms (a max over 512 rows keeps its tile: 0.19 ms, 0.81 without)."""
     reds = [u for u in body.toposort() if u.op is Ops.REDUCE]
     return bool(reds) and all(u.arg[0] is Ops.MAX for u in reds)
+
+
+def _tile_reuse(body: UOp) -> bool:
+    """Would a register tile over the last two output axes reuse a value it loads: does some operand of the
+    kernel's reduce stay the same along one of those axes and move along the other (a matmul's A along its columns,
+    its B along its rows)? A depthwise convolution's window sum has none: its weight is the same over the whole
+    tile, its input moves along both axes. Its tile was 16 scalar accumulators, where its window unrolled whole
+    leaves the output's innermost loop to gcc's vectorizer, strided reads and padding included (renderer.c_select.
+    gate_load): 3x3 stride 2 over 8 x 96 x 112 x 112, 4.7-5.0 ms against 1.3-1.4 ms."""
+    reds = [u for u in body.toposort() if u.op is Ops.REDUCE]
+    if len(reds) != 1 or (out := len(reds[0].src[0].shape) - reds[0].arg[1]) < 2:
+        return True
+    axes = (out - 2, out - 1)
+    for view, base in operand_views(reds[0].src[0]):
+        fixed = [last_axis_stride(view, base, a) == 0 for a in axes]
+        if fixed[0] != fixed[1]:
+            return True
+    return False
 
 
 def _symbolic_reduce_vectors(body: UOp, machine: Machine) -> Opts | None:

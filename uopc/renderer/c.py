@@ -29,7 +29,7 @@ from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
 from uopc.renderer.c_masked import masked_helpers
 from uopc.renderer.c_math import F32_BITS, MATH, render_math
-from uopc.renderer.c_select import render_where
+from uopc.renderer.c_select import gate_load, render_where
 from uopc.renderer.flags import flags_line
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.renderer.winograd import render_winograd
@@ -256,7 +256,7 @@ class CRenderer:
         return f"data{base.arg.slot}[{i}]"
 
     def gated_load(self, u: UOp, ind: str) -> None:
-        """A PAD load: read at the index clamped into the buffer (never out of range), then select it or 0 by the
+        """A PAD load: read at the index clamped into the buffer (never out of range), then keep it or 0 by the
         gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
         if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test).
 
@@ -288,7 +288,9 @@ class CRenderer:
         raw = f"val{self.n}"
         ref = self.ref(base, ie)
         self.lines.append(f"{ind}{u.dtype.cname} {raw} = {ref};")
-        self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = ({self.expr(gate)}?{raw}:{zero});")
+        self.lines.append(
+            f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {gate_load(self, u.dtype, self.expr(gate), raw, zero)};"
+        )
 
     def vector_address(self, idx: UOp, buf: UOp) -> str:
         """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
