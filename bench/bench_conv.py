@@ -79,10 +79,8 @@ class CNN:
 
     def __init__(self):
         self.features = Sequential(
-            Conv2d(1, 16, 3, padding=1, bias=False), bn1 := BatchNorm2d(16), Tensor.relu, Tensor.contiguous,
-            Tensor.max_pool2d,
-            Conv2d(16, 32, 3, padding=1, bias=False), bn2 := BatchNorm2d(32), Tensor.relu, Tensor.contiguous,
-            Tensor.max_pool2d,
+            Conv2d(1, 16, 3, padding=1, bias=False), bn1 := BatchNorm2d(16), Tensor.relu, Tensor.max_pool2d,
+            Conv2d(16, 32, 3, padding=1, bias=False), bn2 := BatchNorm2d(32), Tensor.relu, Tensor.max_pool2d,
         )  # fmt: skip
         self.bns, self.fc, self.head = [bn1, bn2], Linear(32 * 7 * 7, 128), Linear(128, 10)
 
