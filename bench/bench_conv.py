@@ -2,7 +2,7 @@
 onnxruntime in the same run, interleaved rounds, medians.
 
     python bench/bench_conv.py                        # every section (torch.compile's compiles take a minute or two)
-    python bench/bench_conv.py --sections conv,step   # conv, step, jitstep, resnet, convs, dw
+    python bench/bench_conv.py --sections conv,step   # conv, step, jitstep, resnet, convs, mobilenet, dw
     python bench/bench_conv.py --no-compile --threads 1
 
 conv: forward, then the gradients of x and w for a given output gradient (uopc: one plan for out, dx, dw), eager.
@@ -14,8 +14,8 @@ TinyJit against PyTorch eager, torch.compile and onnxruntime running PyTorch's O
 3x3 convolution of ResNet-18 at batch 1, forward under TinyJit, in GFLOP/s and as a fraction of the FMA peak
 measured in the same run (bench_gemm.fma_peak), beside PyTorch eager's; a convolution that runs by Winograd (the
 title says F(m,3)) is counted at the direct convolution's FLOPs, so its GFLOP/s are effective ones and may pass
-the peak. dw: MobileNetV2's depthwise 3x3 convolutions (stride 1 and 2) at batch 1 and 8, forward under TinyJit,
-against PyTorch eager, with uopc's GB/s.
+the peak. mobilenet: MobileNetV2 (torchvision's, bench/mobilenets.py) as resnet runs ResNet-18. dw: its depthwise
+3x3 convolutions (stride 1 and 2) at batch 1 and 8, forward under TinyJit, against PyTorch eager, with uopc's GB/s.
 
 Each round times every side back to back; ratios are of the medians (below 1: uopc is faster). Allocation: uopc's
 replays write into the buffers their plans hold (temporaries from its pool); its inputs count as new ones each call
@@ -188,30 +188,31 @@ def jit_step(args) -> None:
     table("CNN training step, batch 128, TinyJit", runners, args.rounds)
 
 
-def resnet(args) -> None:
-    """ResNet-18 at 224x224, batch 1 and 8: uopc's model under TinyJit, PyTorch eager, torch.compile, onnxruntime."""
+def resnet(args, name: str = "resnet18", title: str = "ResNet-18") -> None:
+    """ResNet-18 (or `name`, another image model of bench/models.py) at 224x224, batch 1 and 8: uopc's model under
+    TinyJit, PyTorch eager, torch.compile, onnxruntime."""
     try:
         import onnxruntime as ort
     except ImportError:
         ort = None
     for batch in (1, 8):
-        w = models.build("resnet18", "uopc", batch=batch, seq=224)
+        w = models.build(name, "uopc", batch=batch, seq=224)
         xs = new_inputs(*(Tensor(a) for a in w.inputs))
         fwd = TinyJit(lambda *a, w=w: w.call(*a).realize())
         runners = {"uopc": timed(lambda fwd=fwd, xs=xs: fwd(*xs))}
         if torch is not None:
-            t = models.build("resnet18", "torch", batch=batch, seq=224)
+            t = models.build(name, "torch", batch=batch, seq=224)
             models.copy_weights(t.model, w.model)
             tin = tuple(map(torch.from_numpy, t.inputs))
             ref, ours = t.call(*tin).numpy(), fwd(*xs).numpy()
             err = np.abs(ours - ref).max() / np.abs(ref).max()
             runners["torch"] = timed(lambda t=t, tin=tin: t.call(*tin))
             if not args.no_compile:
-                c = models.build("resnet18", "torch", batch=batch, seq=224, compile=True)
+                c = models.build(name, "torch", batch=batch, seq=224, compile=True)
                 c.model.load_state_dict(t.model.state_dict())
                 runners["torch.compile"] = timed(lambda c=c, tin=tin: c.call(*tin))
             if ort is not None:
-                path = os.path.join(tempfile.mkdtemp(), "resnet18.onnx")
+                path = os.path.join(tempfile.mkdtemp(), f"{name}.onnx")
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     torch.onnx.export(t.model, tin, path, dynamo=False, input_names=["image"], output_names=["out"])
@@ -220,8 +221,8 @@ def resnet(args) -> None:
                 sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
                 feeds = {"image": t.inputs[0]}
                 runners["onnxruntime"] = timed(lambda sess=sess, feeds=feeds: sess.run(None, feeds))
-            print(f"  (resnet18 b{batch}: uopc against torch, max |diff| / max |out| = {err:.1e})")
-        table(f"ResNet-18 inference, 224x224, batch {batch}", runners, args.rounds)
+            print(f"  ({name} b{batch}: uopc against torch, max |diff| / max |out| = {err:.1e})")
+        table(f"{title} inference, 224x224, batch {batch}", runners, args.rounds)
 
 
 # the distinct 3x3 convolutions of ResNet-18 at 224x224: (in channels, out channels, input size, stride)
@@ -278,11 +279,11 @@ def main() -> None:
     ap.add_argument("--conv-calls", type=int, default=3, help="conv fwd+bwd calls per round")
     ap.add_argument("--steps", type=int, default=10, help="training steps per round")
     ap.add_argument("--threads", type=int, default=2, help="threads for every side (0: each one's default)")
-    ap.add_argument("--sections", default="conv,step,jitstep,resnet,convs,dw", help="which sections to run")
+    ap.add_argument("--sections", default="conv,step,jitstep,resnet,convs,mobilenet,dw", help="which sections to run")
     ap.add_argument("--no-compile", action="store_true", help="leave torch.compile out (its compiles take minutes)")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
-    unknown = sections - {"conv", "step", "jitstep", "resnet", "convs", "dw"}
+    unknown = sections - {"conv", "step", "jitstep", "resnet", "convs", "mobilenet", "dw"}
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}")
     if args.threads:
@@ -322,6 +323,8 @@ def main() -> None:
         resnet(args)
     if "convs" in sections:
         convs(args, peak)
+    if "mobilenet" in sections:
+        resnet(args, "mobilenetv2", "MobileNetV2")
     if "dw" in sections:
         depthwise(args)
 

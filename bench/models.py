@@ -12,6 +12,8 @@ Models (`build` names):
   resnet18  torchvision's ResNet-18 in inference mode (BatchNorm uses its running statistics); (N, 3, 224, 224)
   resnet50  torchvision's ResNet-50 (Bottleneck blocks, the stride on the 3x3 conv: v1.5), the same way; both
             ResNets (uopc and PyTorch) live in bench/resnets.py
+  mobilenetv2  torchvision's MobileNetV2 (inverted residual blocks, depthwise 3x3 convolutions, ReLU6) in inference
+            mode, the same way; both live in bench/mobilenets.py
   cnn       examples/train_cnn.py's CNN and its training step (AdamW, batch 128, MNIST-shaped random data)
   chargpt   examples/gpt.py's character GPT and its training step (3 layers, 64 wide, context 64, batch 32, AdamW)
   bert      a BERT-base encoder: 12 post-LayerNorm layers, 768 wide, 12 heads, FFN 3072, erf GELU, a padding mask;
@@ -68,6 +70,8 @@ def _load(path: str, name: str) -> Any:
 _resnets = _load(os.path.join(ROOT, "bench", "resnets.py"), "bench_resnets")
 ResNet18, ResNet50 = _resnets.ResNet18, _resnets.ResNet50
 TorchResNet18, TorchResNet50 = _resnets.TorchResNet18, _resnets.TorchResNet50
+_mobilenets = _load(os.path.join(ROOT, "bench", "mobilenets.py"), "bench_mobilenets")
+MobileNetV2, TorchMobileNetV2 = _mobilenets.MobileNetV2, _mobilenets.TorchMobileNetV2
 CNN = _example("train_cnn").CNN  # conv-BN-ReLU-pool x2, fc, dropout, fc: the uopc model of examples/train_cnn.py
 CharGPT = _example("gpt").GPT  # the uopc model of examples/gpt.py
 
@@ -419,7 +423,7 @@ def make_inputs(name: str, cfg: Any, batch: int, seq: int, seed: int = 0) -> tup
         lengths = g.integers(seq // 2, seq + 1, batch)  # each row padded after a random length
         mask = np.arange(seq)[None, :] < lengths[:, None]
         return g.integers(0, cfg.vocab, (batch, seq)).astype(np.int32), mask
-    if name in ("resnet18", "resnet50"):
+    if name in ("resnet18", "resnet50", "mobilenetv2"):
         return (g.standard_normal((batch, 3, seq, seq)).astype(np.float32),)
     if name == "cnn":
         return g.standard_normal((batch, 1, 28, 28)).astype(np.float32), g.integers(0, 10, batch).astype(np.int32)
@@ -430,12 +434,12 @@ def make_inputs(name: str, cfg: Any, batch: int, seq: int, seed: int = 0) -> tup
 
 
 CONFIGS = {
-    "gpt2": GPT2Config, "bert": BertConfig, "resnet18": None, "resnet50": None, "cnn": CNNConfig,
-    "chargpt": CharGPTConfig,
+    "gpt2": GPT2Config, "bert": BertConfig, "resnet18": None, "resnet50": None, "mobilenetv2": None,
+    "cnn": CNNConfig, "chargpt": CharGPTConfig,
 }  # fmt: skip
 DEFAULTS = {
-    "gpt2": (1, 128), "bert": (1, 128), "resnet18": (1, 224), "resnet50": (1, 224), "cnn": (128, 28),
-    "chargpt": (32, 64),
+    "gpt2": (1, 128), "bert": (1, 128), "resnet18": (1, 224), "resnet50": (1, 224), "mobilenetv2": (1, 224),
+    "cnn": (128, 28), "chargpt": (32, 64),
 }  # fmt: skip
 TRAINED = ("cnn", "chargpt")
 
@@ -445,13 +449,16 @@ def _uopc_model(name: str, cfg: Any) -> Any:
         return CNN(cfg.c1, cfg.c2, cfg.hidden, cfg.p_drop)
     if name == "chargpt":
         return CharGPT(cfg.vocab, cfg.ctx, cfg.dim, cfg.layers, cfg.heads)
-    return {"gpt2": GPT2, "bert": Bert, "resnet18": lambda _: ResNet18(), "resnet50": lambda _: ResNet50()}[name](cfg)
+    images = {"resnet18": ResNet18, "resnet50": ResNet50, "mobilenetv2": MobileNetV2}
+    if name in images:
+        return images[name]()
+    return {"gpt2": GPT2, "bert": Bert}[name](cfg)
 
 
 def _torch_model(name: str, cfg: Any) -> Any:
-    resnets = {"resnet18": TorchResNet18, "resnet50": TorchResNet50}
-    if name in resnets:
-        return resnets[name]()
+    images = {"resnet18": TorchResNet18, "resnet50": TorchResNet50, "mobilenetv2": TorchMobileNetV2}
+    if name in images:
+        return images[name]()
     return {"gpt2": TorchGPT2, "bert": TorchBert, "cnn": TorchCNN, "chargpt": TorchCharGPT}[name](cfg)
 
 
@@ -465,7 +472,7 @@ def build(
     **cfg: Any,
 ) -> Workload:
     """Model `name` in `framework` ("uopc" or "torch"), randomly initialised, with inputs of `batch` x `seq` (the
-    image size for the ResNets; chargpt's is its context) and the call to time. `cfg` overrides config fields
+    image size for the image models; chargpt's is its context) and the call to time. `cfg` overrides config fields
     (layers=2, dim=64, ...). `compile`: the PyTorch model runs through torch.compile."""
     if framework not in ("uopc", "torch"):
         raise ValueError(f"framework must be 'uopc' or 'torch', got {framework!r}")

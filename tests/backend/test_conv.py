@@ -59,11 +59,13 @@ CONV2D = [
     ((2, 3, 23, 18), (4, 3, 7, 7), {"stride": 2, "padding": 3}),
     ((1, 4, 15, 16), (6, 2, 7, 7), {"stride": 2, "groups": 2}),
     ((2, 2, 13, 14), (3, 2, 8, 7), {"stride": (2, 2), "padding": (0, 2)}),
-    # 16 or more output channels per group: the positions as the GEMM's rows, the windows read in place (no im2col)
-    ((2, 5, 9, 11), (17, 5, 3, 3), {"stride": 2, "padding": 1}),
-    ((1, 6, 10, 9), (32, 3, 3, 3), {"stride": 2, "groups": 2, "dilation": 2, "padding": 2}),
-    ((1, 4, 12, 13), (20, 4, 3, 2), {"stride": (2, 3), "padding": (1, 0)}),
+    # 16 or more output channels per group and a reduction of 64 or more: the positions as the GEMM's rows, the
+    # windows read in place (no im2col)
+    ((2, 8, 9, 11), (17, 8, 3, 3), {"stride": 2, "padding": 1}),
+    ((1, 16, 10, 9), (32, 8, 3, 3), {"stride": 2, "groups": 2, "dilation": 2, "padding": 2}),
+    ((1, 12, 12, 13), (20, 12, 3, 2), {"stride": (2, 3), "padding": (1, 0)}),
     ((2, 3, 9, 9), (16, 3, 1, 1), {"stride": 2}),  # a ResNet's 1x1 downsampling
+    ((2, 3, 15, 14), (32, 3, 3, 3), {"stride": 2, "padding": 1}),  # an RGB stem: a short reduction, im2col
     # one input channel per group (depthwise, a channel multiplier of 2, dilation, windows that do not overlap) at
     # stride 2: a direct loop over the windows
     ((2, 6, 13, 12), (6, 1, 3, 3), {"groups": 6, "stride": 2, "padding": 1}),
@@ -79,7 +81,7 @@ def test_conv2d(xs, ws, kw):
     check(lambda x, w, b: x.conv2d(w, b, **kw), lambda x, w, b: F.conv2d(x, w, b, **kw), r(*xs), r(*ws), b)
 
 
-@pytest.mark.parametrize("case", [0, 2, 4, 5, 13, 17])
+@pytest.mark.parametrize("case", [0, 2, 4, 5, 13, 17, 18])
 def test_conv2d_under_the_autotuner(case):
     # OPT=2 times candidate Opts for every kernel, the in-place GEMMs of the forward and both gradients included
     # (make test's second pass runs the whole module at OPT=0 with every index checked)
@@ -94,7 +96,7 @@ def test_conv2d_under_the_autotuner(case):
         ((2, 3, 13), (4, 3, 3), {"padding": 1}),
         ((1, 4, 11), (4, 2, 2), {"groups": 2, "stride": 2, "dilation": 2}),
         ((2, 3, 50), (5, 3, 7), {"stride": 2, "padding": 3}),  # space to depth
-        ((2, 3, 21), (16, 3, 3), {"stride": 2, "padding": 1}),  # the positions as the GEMM's rows
+        ((2, 24, 21), (16, 24, 3), {"stride": 2, "padding": 1}),  # the positions as the GEMM's rows
         ((2, 4, 21), (8, 1, 5), {"groups": 4, "stride": 2, "padding": 2}),  # depthwise: a direct loop
     ],
 )
@@ -147,6 +149,19 @@ def test_a_strided_convolutions_im2col_is_read_in_place_where_it_fits_in_l2(l2_s
     names = [k.name for c in calls for k in c.cp.plan.kernels]
     assert len([n for n in names if n.startswith("e_")]) == (1 if l2_share < 1 else 2), names
     ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
+def test_a_strided_convolution_with_a_short_reduction_copies_its_windows():
+    # an RGB stem (3 -> 32 channels, 3x3 stride 2): 27 multiply-adds an output, so the GEMM is cheap and a
+    # channels-last product read transposed by its BatchNorm and ReLU6 would be the cost; im2col's product is NCHW,
+    # and the tail is its epilogue (the windows' copy e_1_3_3_3_15_15, then the GEMM)
+    x, w = Tensor(r(1, 3, 30, 30)), Tensor(r(32, 3, 3, 3))
+    with Context(OPT=1), capture() as calls:
+        out = x.conv2d(w, stride=2, padding=1).relu6().realize()
+    names = [k.name for c in calls for k in c.cp.plan.kernels]
+    assert any("_3_3_3_15_15" in n for n in names) and len(names) == 2, names
+    ref = F.relu6(F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1)).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 

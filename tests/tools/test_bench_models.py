@@ -29,6 +29,7 @@ FORWARD = {
     "bert": dict(batch=2, seq=16, layers=2, dim=64, heads=4, ffn=128, vocab=97, max_pos=32),
     "resnet18": dict(batch=2, seq=32),  # seq: the image size
     "resnet50": dict(batch=1, seq=32),
+    "mobilenetv2": dict(batch=2, seq=32),
 }
 TRAIN = {
     "cnn": dict(batch=16, p_drop=0.0),  # no dropout: the two libraries would draw different masks

@@ -16,17 +16,18 @@ every tap without being copied once per tap.
     xf (N, C, Hp*Wp + tail)  --windows per spatial dim-->  (N, C, kh, kw, OH*Wp)          # a view: no copy
     out_ext (N, Cout, OH*Wp) = sum over (C, kh, kw) of w * view   -> cut to (N, Cout, OH, OW)
 
-A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1
-one over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides).
-Other strided ones with overlapping windows and 16 or more output channels per group take the output positions
-as the GEMM's rows and the channels as its vector lanes (_conv_rows): the microkernel broadcasts each window
-element from the padded input where it lies, whatever the stride, so the windows are never copied; the product is
-channels-last and its consumer reads it as NCHW. A strided one with one input channel per group and few output
-channels per group (a depthwise convolution) is a direct loop (_conv_direct): each output sums its window, read
-where it lies, the stride and the padding in the index arithmetic. The rest (non-overlapping windows, as a 1x1
-stride 2's, and few channels per group) copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1
-float32 convolution may instead run by Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around
-alpha^2 batched GEMMs, uopc.uop.winograd) where the cost rule _winograd_tile says it pays.
+A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1 one
+over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides). Other
+strided ones with overlapping windows, 16 or more output channels per group and a reduction (input channels per
+group x taps) of 64 or more take the output positions as the GEMM's rows and the channels as its vector lanes
+(_conv_rows): the microkernel broadcasts each window element from the padded input where it lies, whatever the
+stride, so the windows are never copied; the product is channels-last and its consumer reads it as NCHW. A strided
+one with one input channel per group and few output channels per group (a depthwise convolution) is a direct loop
+(_conv_direct): each output sums its window, read where it lies, the stride and the padding in the index arithmetic.
+The rest (non-overlapping windows, as a 1x1 stride 2's, few channels per group, a short reduction, as an RGB stem's)
+copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32 convolution may instead run by
+Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around alpha^2 batched GEMMs, uopc.uop.winograd)
+where the cost rule _winograd_tile says it pays.
 
 Gradients come from a rule of their own (autodiff.with_gradient), not from differentiating the windows: the input's
 is a stride-1 convolution of the (zero-dilated, padded) output gradient with the flipped, transposed weight, through
@@ -77,6 +78,12 @@ SPACE_TO_DEPTH_MAX = 1.35
 # positions as the GEMM's rows and its channels as the vector lanes (Tensor._conv_rows: no im2col); fewer channels,
 # or windows that do not overlap, copy the windows (im2col)
 ROWS_MIN_CHANNELS = 16
+# ...and a reduction (input channels per group x taps) at least this long: with fewer, the GEMM is cheap and the
+# channels-last product is the cost, read transposed by its consumer. MobileNetV2's stem (3 -> 32 channels, 3x3
+# stride 2 at 224x224, 27 multiply-adds an output) with its BatchNorm and ReLU6 took 0.95 ms so, 0.27 by im2col
+# (8.6 against 3.0 ms at batch 8); 16 -> 32 channels at 112x112 (144) 0.31 against 0.35; ResNet-18's (576 and
+# more) keep it.
+ROWS_MIN_REDUCE = 64
 
 
 def _space_to_depth_pays(ks: Sequence[int], st: Sequence[int], dl: Sequence[int]) -> bool:
@@ -250,7 +257,11 @@ class ConvMixin:
             out = self._conv_in_place(w, pads, dl, groups)
         elif _space_to_depth_pays(ks, st, dl):
             out = self._conv_space_to_depth(w, pads, st, groups, outs)
-        elif cout // groups >= ROWS_MIN_CHANNELS and any(k > s or d > 1 for k, s, d in zip(ks, st, dl, strict=True)):
+        elif (
+            cout // groups >= ROWS_MIN_CHANNELS
+            and w.shape[1] * prod(ks) >= ROWS_MIN_REDUCE
+            and any(k > s or d > 1 for k, s, d in zip(ks, st, dl, strict=True))
+        ):
             out = self._conv_rows(w, pads, st, dl, groups, outs)
         elif w.shape[1] == 1:
             out = self._conv_direct(w, pads, st, dl, groups, outs)
