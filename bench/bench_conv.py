@@ -188,9 +188,9 @@ def jit_step(args) -> None:
     table("CNN training step, batch 128, TinyJit", runners, args.rounds)
 
 
-def resnet(args, name: str = "resnet18", title: str = "ResNet-18") -> None:
-    """ResNet-18 (or `name`, another image model of bench/models.py) at 224x224, batch 1 and 8: uopc's model under
-    TinyJit, PyTorch eager, torch.compile, onnxruntime."""
+def image_model(args, name: str, title: str) -> None:
+    """Image model `name` of bench/models.py (ResNet-18, MobileNetV2) at 224x224, batch 1 and 8: uopc's model under
+    TinyJit, PyTorch eager, torch.compile, onnxruntime (PyTorch's ONNX export)."""
     try:
         import onnxruntime as ort
     except ImportError:
@@ -320,11 +320,11 @@ def main() -> None:
     if "jitstep" in sections:
         jit_step(args)
     if "resnet" in sections:
-        resnet(args)
+        image_model(args, "resnet18", "ResNet-18")
     if "convs" in sections:
         convs(args, peak)
     if "mobilenet" in sections:
-        resnet(args, "mobilenetv2", "MobileNetV2")
+        image_model(args, "mobilenetv2", "MobileNetV2")
     if "dw" in sections:
         depthwise(args)
 
