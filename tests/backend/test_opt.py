@@ -126,11 +126,12 @@ def test_hand_opt_choice_on_the_chapter_shapes(monkeypatch):
     # a max pool's window (2 x 2 at stride 2) likewise; a long max keeps the register tile
     pool = buf(0, 64 * 113 * 113).reshape((64, 113, 113)).pad(((0, 0), (0, 1), (0, 1)))
     pool = pool.reshape((64, 57, 2, 57, 2)).shrink(((0, 64), (0, 56), (0, 2), (0, 56), (0, 2)))
-    mp = hand_opt_choice(pool.permute((0, 1, 3, 2, 4)).reshape((64, 56, 56, 4)).reduce(Ops.MAX, 1), ZEN4)
+    windows = pool.permute((0, 1, 3, 2, 4)).reshape((64, 56, 56, 4))
+    mp = hand_opt_choice(windows.reduce(Ops.MAX, 1), ZEN4)
     assert (mp.upcast, mp.unroll) == ({}, 4)
     # a sum over that window too: a register tile would reuse no load (the input moves along both of its axes); a
     # short matmul keeps its tile (A stays the same along its columns, B along its rows)
-    ap = hand_opt_choice(pool.permute((0, 1, 3, 2, 4)).reshape((64, 56, 56, 4)).reduce(Ops.ADD, 1), ZEN4)
+    ap = hand_opt_choice(windows.reduce(Ops.ADD, 1), ZEN4)
     assert (ap.upcast, ap.unroll) == ({}, 4)
     short = hand_opt_choice(gemm_graph(64, 64, 16), ZEN4)
     assert (short.upcast, short.unroll) == ({0: 4, 1: 4}, 1)
