@@ -1,7 +1,16 @@
-"""Selects as C: `c ? a : b`, or, for a float select against +0.0 on a stored mask or an integer one against 0, a bit
-mask (below).
+"""Selects as C. A scalar float select is bit arithmetic, never `c ? a : b`, and so is an integer one against 0:
 
-data4[i] = uopc_keepf(data0[i], val);     /* where(mask, val, 0): val's bits ANDed with the mask's */
+data4[i] = uopc_keepf(alu3 < 0.0f, val);         /* where(c, val, 0): val's bits ANDed with c's mask */
+data4[i] = uopc_selectf(6.0f < alu5, 6.0f, alu5); /* where(c, a, b): a's bits where c holds, b's elsewhere */
+
+Wherever gcc keeps a loop scalar, it compiled a float select to compare-and-jump (its phi optimization first moves
+an accumulator's add into both arms), and on data a coin toss mispredicts half of them: the CNN step's max-pool
+backward on a ReLU mask, 2.3 -> 1.0 ms in a C harness on random data; MobileNetV2's head, relu6(BatchNorm(x))
+averaged over 1280 x 7 x 7 (four channels' sums interleaved, so not vectorized), 0.28 ms -> 6 us. Where gcc
+vectorizes the loop it compiles the bits back to the same compare and masked move as the select (gcc 12, AVX-512:
+4M floats, 1.54-1.63 ms either way; relu6 over 1M, 0.08 against 0.11 ms). The bits kept are the values' own: -0.0,
+NaN and inf pass through unchanged. Both values are computed: they are loads already read and ALU values, no call
+that a branch would skip.
 """
 
 from __future__ import annotations
@@ -13,36 +22,25 @@ from uopc.uop.dtype import dtypes
 
 __all__ = ["gate_load", "render_where"]
 
-# A float select between a value and +0.0 on a stored mask (a ReLU's or a max-pool's backward: where(mask, g, 0)) is
-# the value's bits ANDed with the mask's: gcc compiled the select to a compare and jump wherever it kept the loop
-# scalar (a pool window's taps interleaved: the vectorizer took 2 lanes), and a ReLU mask is a coin toss. The CNN
-# step's 2x2 max-pool backward over (128, 16, 28, 28) with a stored ReLU mask: 2.3 -> 1.0 ms in a C harness on random
-# data (the same code on a periodic mask ran 0.4-0.7 ms either way). Vectorized, the AND ran as fast as the blend
-# (0.88 against 1.08 ms over 4M floats); on a condition computed by a compare it ran 9% slower, so only conditions
-# that read a stored bool take it. The bits kept are the value's own: -0.0, NaN and inf pass through unchanged.
+# name and C of: a float kept where c holds (else +0.0), and a float select between two values
 _KEEP = {
     dtypes.float32: ("uopc_keepf", "static inline float uopc_keepf(int c, float x) "
                      "{ return uopc_as_f32(uopc_as_u32(x) & (0u - (uint32_t)c)); }\n"),
     dtypes.float64: ("uopc_keep", "static inline double uopc_keep(int c, double x) "
                      "{ return uopc_as_f64(uopc_as_u64(x) & (0ull - (uint64_t)c)); }\n"),
 }  # fmt: skip
+_SELECT = {
+    dtypes.float32: ("uopc_selectf", "static inline float uopc_selectf(int c, float a, float b) { uint32_t m = 0u - "
+                     "(uint32_t)c; return uopc_as_f32((uopc_as_u32(a) & m) | (uopc_as_u32(b) & ~m)); }\n"),
+    dtypes.float64: ("uopc_select", "static inline double uopc_select(int c, double a, double b) { uint64_t m = 0ull - "
+                     "(uint64_t)c; return uopc_as_f64((uopc_as_u64(a) & m) | (uopc_as_u64(b) & ~m)); }\n"),
+}  # fmt: skip
 
 
 # An integer select against 0 (an argmax's `hit ? weight : 0`: max pool's backward, argmax over a window) is the
-# value ANDed with 0 - c, on any condition: where gcc keeps the loop scalar (the remainder of a 14-wide row of the
-# CNN step's 2x2 argmax) the select was a compare and jump; that kernel ran 0.35 -> 0.25 ms in a C harness, its
-# vectorized part as fast.
-
-
-def _reads_mask(c: UOp) -> bool:
-    """Is bool `c` computed from a stored bool (a mask loaded from memory) by logic ops alone?"""
-    if c.op is Ops.LOAD:
-        return c.dtype is dtypes.bool
-    return (
-        c.dtype is dtypes.bool
-        and c.op in (Ops.AND, Ops.OR, Ops.XOR, Ops.MUL, Ops.ADD)
-        and any(_reads_mask(s) for s in c.src)
-    )
+# value ANDed with 0 - c: where gcc keeps the loop scalar (the remainder of a 14-wide row of the CNN step's 2x2
+# argmax) the select was a compare and jump; that kernel ran 0.35 -> 0.25 ms in a C harness, its vectorized part as
+# fast. (Other integer selects are left to gcc, which makes them a cmov.)
 
 
 def _is_pos_zero(x: UOp) -> bool:
@@ -68,20 +66,24 @@ def render_where(r, u: UOp) -> str:
         it, m = c.dtype.cname, r.expr(c)
         return f"(({u.dtype.cname})((({it}){r.expr(a)} & {m}) | (({it}){r.expr(b)} & ~{m})))"
     if u.dtype.is_int and u.dtype.count == 1 and u.dtype is not dtypes.bool and (kept := _kept(u)) is not None:
-        x, when = kept  # an integer against 0: its bits ANDed with 0 - c (see above _reads_mask)
+        x, when = kept  # an integer against 0: its bits ANDed with 0 - c (see above)
         cond = r.expr(c) if when else f"!{r.expr(c)}"
         return f"({r.expr(x)} & ({u.dtype.cname})(0 - ({u.dtype.cname})({cond})))"
-    if u.dtype in _KEEP and _reads_mask(c) and (kept := _kept(u)) is not None:
-        name, code = _KEEP[u.dtype]
-        r.use_bits()
+    if u.dtype not in _KEEP:
+        return f"({r.expr(c)}?{r.expr(a)}:{r.expr(b)})"
+    r.use_bits()
+    if (kept := _kept(u)) is None:
+        name, code = _SELECT[u.dtype]
         r.use(name, code)
-        conds = []
-        while kept is not None:
-            x, when = kept
-            conds.append(r.expr(u.src[0]) if when else f"!{r.expr(u.src[0])}")
-            u, kept = x, _kept(x)
-        return f"{name}({' & '.join(conds)}, {r.expr(u)})"
-    return f"({r.expr(c)}?{r.expr(a)}:{r.expr(b)})"
+        return f"{name}({r.expr(c)}, {r.expr(a)}, {r.expr(b)})"
+    name, code = _KEEP[u.dtype]
+    r.use(name, code)
+    conds = []
+    while kept is not None:
+        x, when = kept
+        conds.append(r.expr(u.src[0]) if when else f"!{r.expr(u.src[0])}")
+        u, kept = x, _kept(x)
+    return f"{name}({' & '.join(conds)}, {r.expr(u)})"
 
 
 def gate_load(r, dtype, gate: str, raw: str, zero: str) -> str:
