@@ -72,6 +72,13 @@ CONV2D = [
     ((1, 4, 11, 15), (8, 1, 5, 5), {"groups": 4, "stride": 2, "padding": 2}),
     ((1, 4, 11, 11), (4, 1, 3, 3), {"groups": 4, "stride": 2, "padding": 2, "dilation": 2}),
     ((2, 3, 8, 9), (3, 1, 2, 2), {"groups": 3, "stride": 2}),
+    # ... and at stride 1: rows in one partial vector (12, 3 wide), a vector and a partial one (30), in gcc's vectors
+    # (40 wide: 2 or more vectors of 16 lanes, 5 of 8)
+    ((2, 6, 13, 12), (6, 1, 3, 3), {"groups": 6, "padding": 1}),
+    ((1, 4, 9, 30), (8, 1, 5, 5), {"groups": 4, "padding": 2}),
+    ((1, 4, 11, 11), (4, 1, 3, 3), {"groups": 4, "padding": 2, "dilation": 2}),
+    ((2, 3, 7, 40), (3, 1, 3, 3), {"groups": 3, "padding": "same"}),
+    ((1, 2, 5, 5), (2, 1, 3, 3), {"groups": 2}),
 ]
 
 
@@ -131,6 +138,34 @@ def test_a_strided_depthwise_convolution_is_a_direct_loop(mult):
     assert len(kernels) == 1 and kernels[0].name.startswith("r_"), [k.name for k in kernels]
     assert kernels[0].opts.unroll == 9 and not kernels[0].opts.upcast, kernels[0].opts
     ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=1, groups=8).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("check_oob", [0, 1])
+@pytest.mark.parametrize("width", [7, 14, 28, 56])
+def test_a_depthwise_convolution_is_a_direct_loop_at_stride_1(width, check_oob):
+    # MobileNetV2's depthwise 3x3, padding 1: one kernel reads the input where it lies, the padding a condition
+    # (no padded copy _16_16 for the in-place GEMM). A row shorter than two vectors runs as vectors of the machine's
+    # width, its last one partial, each tap's padding a mask on its lanes (gcc vectorizes only a row at least a
+    # vector long, the rest in narrower vectors); a longer one is left to gcc. Under UOPC_CHECK_OOB each lane the
+    # mask holds is read (and checked) alone; else the lanes are one vector read, which may stray into the guard
+    # bytes around the buffer (its first and last rows' taps)
+    from uopc.renderer.plan import kernel_unit
+    from uopc.runtime.compiler import machine
+
+    lanes = machine().vector_bytes // 4
+    x, w = Tensor(r(2, 24, width, width)), Tensor(r(24, 1, 3, 3))
+    with Context(OPT=1, CHECK_OOB=check_oob), capture() as calls:
+        out = x.conv2d(w, padding=1, groups=24).realize()
+        kernels = [k for c in calls for k in c.cp.plan.kernels]
+        assert len(kernels) == 1 and kernels[0].name.startswith("r_"), [k.name for k in kernels]
+        k = kernels[0]
+        src = kernel_unit(k.ast, k.name).fn.body
+    vectors = width < 2 * lanes
+    assert k.opts.unroll == 9 and k.opts.upcast == ({4: lanes} if vectors else {}), k.opts
+    assert ("i32x" in src) == vectors, src  # the taps' masks (a row of 7: in vectors of 8)
+    assert ("for (int lane" in src) == (vectors and bool(check_oob)), src
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), padding=1, groups=24).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 

@@ -100,7 +100,7 @@ class _Widen:
         if op is Ops.END:
             return UOp(Ops.END, (self.vec(u.src[0]), *u.src[1:]), u.arg)
         if op is Ops.LOAD:
-            idx = self._index(u.src[0])
+            idx = self._index(u.src[0], u.dtype)
             if idx is None:  # not consecutive: each lane's scalar load, packed into a vector
                 return UOp(Ops.VECTORIZE, self._each_lane(u))
             return UOp(Ops.LOAD, (idx,), None, idx.dtype)
@@ -127,24 +127,39 @@ class _Widen:
         raise NoLanes
 
     def _mask(self, c: UOp, dtype: DType) -> UOp | None:
-        """Condition `c` of a select of `dtype` values as a vector mask (gcc's: each lane all ones or all zeros, an
-        integer of the float's size): a compare of two `dtype` values, or AND, OR and XOR of such masks and of bool
-        constants (all ones for True: a ReLU6's `0 < x & x < 6`, a NOT as XOR with True); None for any other."""
+        """Condition `c` of a select of `dtype` values (or of a gated load's) as a vector mask (gcc's: each lane all
+        ones or all zeros, an integer of the float's size): a compare of two `dtype` values or of two integers of the
+        mask's size (a PAD gate's `0 <= ow + kw - 1 < W`, _ints), a lane-free bool (the same in every lane), or AND,
+        OR and XOR of such masks and of bool constants (all ones for True: a ReLU6's `0 < x & x < 6`, a NOT as XOR
+        with True); None for any other."""
         if dtype not in _MASK:
             return None
         lane = _MASK[dtype]
-        if c.op in COMPARE:
-            return (
-                UOp(c.op, tuple(self.wide(s) for s in c.src), None, lane.vec(self.width))
-                if c.src[0].dtype is dtype
-                else None
-            )
         if c.op is Ops.CONST and c.dtype is dtypes.bool:
             return self.wide(UOp.const(-1 if c.arg else 0, lane))
+        if self.free(c) and c.dtype is dtypes.bool:  # one condition for every lane: 0 - c, broadcast
+            return self.wide(c.cast(lane).alu(Ops.NEG))
+        if c.op in COMPARE:
+            if c.src[0].dtype is dtype:
+                return UOp(c.op, tuple(self.wide(s) for s in c.src), None, lane.vec(self.width))
+            ints = [self._ints(s, lane) for s in c.src] if c.src[0].dtype is lane else [None]
+            return None if None in ints else UOp(c.op, tuple(ints), None, lane.vec(self.width))
         if c.op in LOGIC and c.dtype is dtypes.bool:
             parts = [self._mask(s, dtype) for s in c.src]
             return None if None in parts else UOp(c.op, tuple(parts), None, lane.vec(self.width))
         return None
+
+    def _ints(self, u: UOp, lane: DType) -> UOp | None:
+        """Integer `u` (of the mask's lane type: a PAD gate's index) as a vector of its value in each lane, when it
+        is built from lane-free values and the LANE (0, 1, .., width-1) by ADD and MUL; else None."""
+        if self.free(u):
+            return self.wide(u)
+        if u is self.lane:
+            return UOp(Ops.VECTORIZE, tuple(UOp.const(k, lane) for k in range(self.width)), None, lane.vec(self.width))
+        if u.op not in (Ops.ADD, Ops.MUL) or u.dtype is not lane:
+            return None
+        parts = [self._ints(s, lane) for s in u.src]
+        return None if None in parts else UOp(u.op, tuple(parts), None, lane.vec(self.width))
 
     @staticmethod
     def _zero(u: UOp) -> UOp:
@@ -160,9 +175,19 @@ class _Widen:
             return v.src[k]
         return UOp(Ops.GEP, (v,), k, v.dtype.scalar())
 
-    def _index(self, idx: UOp) -> UOp | None:
-        """The vector INDEX of these lanes, or None if they are not consecutive elements of one buffer."""
-        if len(idx.src) != 2:  # gated (PAD) lanes are read one by one
+    def _index(self, idx: UOp, dtype: DType | None = None) -> UOp | None:
+        """The vector INDEX of these lanes, or None if they are not consecutive elements of one buffer. A gated one
+        (a PAD's read) keeps its gate as a vector mask, its third source; a gate with no mask is read lane by lane."""
+        if len(idx.src) == 3:  # (a load of `dtype`)
+            if buffer_of(idx).op is not Ops.BUFFER or not self.free(idx.src[0]):
+                return None
+            gate = self.simplified.get(idx.src[2], idx.src[2])
+            base, mask = self._base(idx.src[1]), self._mask(gate, dtype)
+            if base is None or mask is None:
+                return None
+            masked = self.valid if self.valid < self.width else None
+            return UOp(Ops.INDEX, (idx.src[0], base, mask), masked, idx.dtype.vec(self.width))
+        if len(idx.src) != 2:
             return None
         if buffer_of(idx).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
             if not self.free(idx.src[1]):
@@ -208,18 +233,28 @@ class _Widen:
 
     def simplify_indices(self, stores: list[UOp]) -> None:
         """Simplify, in one rewrite (their shared parts once), the buffer indices under `stores` that mention the
-        LANE other than as a term of a sum: a view's div and mod over the lane, which the LANE's range folds."""
-        idxs = [
-            u.src[1]
+        LANE other than as a term of a sum (a view's div and mod over the lane, which the LANE's range folds), and
+        the gates of PAD loads that mention it. In a partial vector the lanes past `valid` read and write nothing, so
+        the LANE's range there is `valid`: a 14-wide row's window taps at (ow + kw) % 16 (its padded width) are
+        ow + kw for ow < 14, not for the 16 lanes of the vector."""
+        nodes = [
+            x
             for u in UOp(Ops.SINK, tuple(stores)).toposort()
-            if u.op is Ops.INDEX
-            and buffer_of(u).op is Ops.BUFFER
-            and not self.free(u.src[1])
-            and not self._linear(u.src[1])
+            if u.op is Ops.INDEX and buffer_of(u).op is Ops.BUFFER
+            for x in u.src[1:]
+            if not self.free(x) and not (x is u.src[1] and self._linear(x))
         ]
-        idxs = list(dict.fromkeys(idxs))
-        if idxs:
-            self.simplified.update(zip(idxs, simplify(UOp(Ops.SINK, tuple(idxs))).src, strict=True))
+        nodes = list(dict.fromkeys(nodes))
+        if not nodes:
+            return
+        sink, lane = UOp(Ops.SINK, tuple(nodes)), self.lane
+        if self.valid < self.width:
+            lane = UOp(Ops.RANGE, (UOp.const(self.valid, lane.dtype),), RangeArg(-2, AxisType.UPCAST), lane.dtype)
+            sink = sink.substitute({self.lane: lane})
+        done = simplify(sink)
+        if lane is not self.lane:
+            done = done.substitute({lane: self.lane})
+        self.simplified.update(zip(nodes, done.src, strict=True))
 
     def _each_lane(self, u: UOp) -> tuple[UOp, ...]:
         """u (a load with no accumulator under it) once per lane, the LANE replaced by the lane's number (a lane past

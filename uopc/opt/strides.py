@@ -62,9 +62,9 @@ def operand_views(x: UOp) -> Iterator[tuple[UOp, UOp]]:
 # a pure function of hash-consed nodes, asked again and again by the layout pass and the GEMM checks (1,312 times,
 # 3.9 s, in the char-GPT step's first call): each distinct question is answered once
 @lru_cache(maxsize=8192)
-def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
+def last_axis_stride(view: UOp, base: UOp, axis: int = -1, padded: bool = False) -> int | None:
     """Distance in memory between view[..., k] and view[..., k+1] (along `axis`, the last by default), or None
-    if the view is not affine there.
+    if the view is not affine there (or pads, unless `padded`: then the distance where both elements are real).
 
     The index maps are the stride oracle: the view's flat index into `base` over symbolic loop indices, evaluated
     at k=0 and k=1.
@@ -72,7 +72,7 @@ def last_axis_stride(view: UOp, base: UOp, axis: int = -1) -> int | None:
     if not view.shape or view.shape[axis] == 1:  # a 0-d view (e.g. reshape to ()) has no last axis to stride
         return 0
     rngs = tuple(UOp(Ops.RANGE, (UOp.const(s),), RangeArg(i, AxisType.LOOP)) for i, s in enumerate(view.shape))
-    e = flat_index(view, base, rngs)
+    e = flat_index(view, base, rngs, padded)
     if e is None:
         return None
 

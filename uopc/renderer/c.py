@@ -29,7 +29,7 @@ from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
 from uopc.renderer.c_masked import masked_helpers
 from uopc.renderer.c_math import F32_BITS, MATH, render_math
-from uopc.renderer.c_select import gate_load, render_where
+from uopc.renderer.c_select import gated_load, gated_vector_load, render_where
 from uopc.renderer.flags import flags_line
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.renderer.winograd import render_winograd
@@ -212,6 +212,8 @@ class CRenderer:
         users = self.lin.users[u]
         if any(x.op is Ops.MAX and x.dtype.is_float for x in users):  # a float max writes its first operand 3 times
             return True
+        if any(x.op is Ops.VECTORIZE and len(x.src) > 1 and x.src[1] is u for x in users):  # broadcast: once per lane
+            return True
         return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
 
     def expr(self, u: UOp) -> str:
@@ -255,43 +257,6 @@ class CRenderer:
             return f"data{base.arg.slot}[{self.check('uopc_oob', i, 1, 0, base.arg.shape[0], base.arg.slot)}]"
         return f"data{base.arg.slot}[{i}]"
 
-    def gated_load(self, u: UOp, ind: str) -> None:
-        """A PAD load: read at the index clamped into the buffer (never out of range), then keep it or 0 by the
-        gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
-        if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test).
-
-        In a plan's kernel (`guarded`) a buffer has helpers.STORAGE_GUARD bytes of mapped memory on each side, so an
-        index that strays no further than that is read unclamped: the loads of a row stay contiguous and gcc
-        vectorizes them (a clamp per element made a padded copy a gather: the conv backward's gradient padding ran at
-        4 GB/s). Under UOPC_CHECK_OOB the index is clamped as ever, so that the check sees it in range."""
-        buf, i, gate = u.src[0].src
-        base = _base(buf)
-        zero = render_const(0, u.dtype)
-        n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
-        if n == 0:  # a padded empty buffer: every element is padding
-            self.lines.append(f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {zero};")
-            return
-        ie = self.expr(i)
-        slack = 0
-        if self.guarded and base.op is Ops.BUFFER and not self.check_oob:
-            slack = helpers.STORAGE_GUARD // u.dtype.itemsize
-        if i.vmin < -slack or i.vmax > n - 1 + slack:
-            if i not in self.names and i.op is not Ops.CONST:  # the index is used up to three times
-                self.n += 1
-                self.lines.append(f"{ind}{i.dtype.cname} alu{self.n} = {ie};")
-                ie = f"alu{self.n}"
-            if i.vmin < 0:
-                ie = f"({ie}<0?0:{ie})"
-            if i.vmax > n - 1:
-                ie = f"({ie}>{n - 1}?{n - 1}:{ie})"
-        self.n += 1
-        raw = f"val{self.n}"
-        ref = self.ref(base, ie)
-        self.lines.append(f"{ind}{u.dtype.cname} {raw} = {ref};")
-        self.lines.append(
-            f"{ind}{u.dtype.cname} {self.var(u, 'val')} = {gate_load(self, u.dtype, self.expr(gate), raw, zero)};"
-        )
-
     def vector_address(self, idx: UOp, buf: UOp) -> str:
         """A vector of elements i..i+w-1 of a buffer, as an lvalue: aligned only when i is a proven multiple of w
         (uopc's buffers start on 64-byte boundaries), else the unaligned type (vmovups costs the same there)."""
@@ -315,7 +280,7 @@ class CRenderer:
         if op is Ops.LOAD:
             idx = u.src[0]
             if len(idx.src) > 2:  # gated: PAD's out-of-range elements are never read
-                self.gated_load(u, ind)
+                (gated_vector_load if u.dtype.count > 1 else gated_load)(self, u, ind)
                 return
             if u in self.deferred:  # read by its store, only where the store needs it (_kept_stores)
                 return

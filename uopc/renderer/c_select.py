@@ -1,4 +1,5 @@
-"""Selects as C. A scalar float select is bit arithmetic, never `c ? a : b`, and so is an integer one against 0:
+"""Selects and PAD (gated) loads as C. A scalar float select is bit arithmetic, never `c ? a : b`, and so is an
+integer one against 0:
 
 data4[i] = uopc_keepf(alu3 < 0.0f, val);         /* where(c, val, 0): val's bits ANDed with c's mask */
 data4[i] = uopc_selectf(6.0f < alu5, 6.0f, alu5); /* where(c, a, b): a's bits where c holds, b's elsewhere */
@@ -17,10 +18,12 @@ from __future__ import annotations
 
 import math
 
+from uopc import helpers
+from uopc.codegen.vectorize import buffer_of
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 
-__all__ = ["gate_load", "render_where"]
+__all__ = ["gate_load", "gated_load", "gated_vector_load", "render_where"]
 
 # name and C of: a float kept where c holds (else +0.0), and a float select between two values
 _KEEP = {
@@ -98,3 +101,64 @@ def gate_load(r, dtype, gate: str, raw: str, zero: str) -> str:
     r.use_bits()
     r.use(name, code)
     return f"{name}({gate}, {raw})"
+
+
+def gated_load(r, u: UOp, ind: str) -> None:
+    """A PAD load: read at the index clamped into the buffer (never out of range), then keep it or 0 by the
+    gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
+    if-conversion + outer-loop vectorization summed the wrong elements (padded window sum test).
+
+    In a plan's kernel (`guarded`) a buffer has helpers.STORAGE_GUARD bytes of mapped memory on each side, so an
+    index that strays no further than that is read unclamped: the loads of a row stay contiguous and gcc
+    vectorizes them (a clamp per element made a padded copy a gather: the conv backward's gradient padding ran at
+    4 GB/s). Under UOPC_CHECK_OOB the index is clamped as ever, so that the check sees it in range."""
+    _, i, gate = u.src[0].src
+    base = buffer_of(u.src[0])
+    zero = r.expr(UOp.const(0, u.dtype))
+    n = base.arg[1] if base.op is Ops.ALLOC else base.arg.shape[0]
+    if n == 0:  # a padded empty buffer: every element is padding
+        r.lines.append(f"{ind}{u.dtype.cname} {r.var(u, 'val')} = {zero};")
+        return
+    ie = r.expr(i)
+    slack = 0
+    if r.guarded and base.op is Ops.BUFFER and not r.check_oob:
+        slack = helpers.STORAGE_GUARD // u.dtype.itemsize
+    if i.vmin < -slack or i.vmax > n - 1 + slack:
+        if i not in r.names and i.op is not Ops.CONST:  # the index is used up to three times
+            r.n += 1
+            r.lines.append(f"{ind}{i.dtype.cname} alu{r.n} = {ie};")
+            ie = f"alu{r.n}"
+        if i.vmin < 0:
+            ie = f"({ie}<0?0:{ie})"
+        if i.vmax > n - 1:
+            ie = f"({ie}>{n - 1}?{n - 1}:{ie})"
+    r.n += 1
+    raw = f"val{r.n}"
+    ref = r.ref(base, ie)
+    r.lines.append(f"{ind}{u.dtype.cname} {raw} = {ref};")
+    r.lines.append(f"{ind}{u.dtype.cname} {r.var(u, 'val')} = {gate_load(r, u.dtype, r.expr(gate), raw, zero)};")
+
+
+def gated_vector_load(r, u: UOp, ind: str) -> None:
+    """A PAD load of consecutive elements (codegen.lanes), its gate a vector mask: the lanes read as one vector
+    (masked past a partial vector's valid lanes), each then kept or 0 by the mask (its bits ANDed). In a plan's
+    kernel every lane's element lies in the buffer or its guard bytes when the index stays within them; where it
+    might not (or under UOPC_CHECK_OOB, which checks each element read) the lanes the mask holds are read one by
+    one."""
+    idx, t = u.src[0], u.dtype.cname
+    _, i, mask = idx.src
+    base, w = buffer_of(idx), u.dtype.count
+    m, it, name = r.expr(mask), mask.dtype.cname, r.var(u, "val")
+    slack = helpers.STORAGE_GUARD // u.dtype.scalar().itemsize
+    if r.guarded and not r.check_oob and i.vmin >= -slack and i.vmax + w <= base.arg.shape[0] + slack:
+        raw = r.address(idx) if idx.arg is None else r.masked(idx)
+        r.lines.append(f"{ind}{t} {name} = (({t})((({it}){raw}) & {m}));")
+        return
+    r.n += 1
+    lane, first = f"lane{r.n}", f"alu{r.n}"
+    r.lines.append(f"{ind}{i.dtype.cname} {first} = {r.expr(i)};")
+    r.lines.append(f"{ind}{t} {name} = {{0}};")
+    valid = w if idx.arg is None else idx.arg
+    read = r.ref(base, f"{first}+{lane}")
+    loop = f"for (int {lane} = 0; {lane} < {valid}; {lane}++)"
+    r.lines.append(f"{ind}{loop} if ({m}[{lane}]) {name}[{lane}] = {read};")

@@ -16,18 +16,18 @@ every tap without being copied once per tap.
     xf (N, C, Hp*Wp + tail)  --windows per spatial dim-->  (N, C, kh, kw, OH*Wp)          # a view: no copy
     out_ext (N, Cout, OH*Wp) = sum over (C, kh, kw) of w * view   -> cut to (N, Cout, OH, OW)
 
-A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1 one
-over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides). Other
-strided ones with overlapping windows, 16 or more output channels per group and a reduction (input channels per
-group x taps) of 64 or more take the output positions as the GEMM's rows and the channels as its vector lanes
-(_conv_rows): the microkernel broadcasts each window element from the padded input where it lies, whatever the
-stride, so the windows are never copied; the product is channels-last and its consumer reads it as NCHW. A strided
-one with one input channel per group and few output channels per group (a depthwise convolution) is a direct loop
-(_conv_direct): each output sums its window, read where it lies, the stride and the padding in the index arithmetic.
-The rest (non-overlapping windows, as a 1x1 stride 2's, few channels per group, a short reduction, as an RGB stem's)
-copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32 convolution may instead run by
-Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around alpha^2 batched GEMMs, uopc.uop.winograd)
-where the cost rule _winograd_tile says it pays.
+A convolution with one input channel per group and few output channels per group (a depthwise convolution), of
+any stride, is a direct loop (_conv_direct): each output sums its window, read where it lies, the stride and the
+padding in the index arithmetic. A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7
+stride 2) runs as a stride-1 one over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel
+padded to whole strides). Other strided ones with overlapping windows, 16 or more output channels per group and a
+reduction (input channels per group x taps) of 64 or more take the output positions as the GEMM's rows and the
+channels as its vector lanes (_conv_rows): the microkernel broadcasts each window element from the padded input
+where it lies, whatever the stride, so the windows are never copied; the product is channels-last and its consumer
+reads it as NCHW. The rest (non-overlapping windows, as a 1x1 stride 2's, few channels per group, a short
+reduction, as an RGB stem's) copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32
+convolution may instead run by Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around alpha^2
+batched GEMMs, uopc.uop.winograd) where the cost rule _winograd_tile says it pays.
 
 Gradients come from a rule of their own (autodiff.with_gradient), not from differentiating the windows: the input's
 is a stride-1 convolution of the (zero-dilated, padded) output gradient with the flipped, transposed weight, through
@@ -253,6 +253,8 @@ class ConvMixin:
             raise ValueError(f"conv{n}d: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
         if (m := _winograd_tile(self, w, st, dl, pads, groups, outs)) is not None:
             out = self._conv_winograd(w, pads, m, outs)
+        elif w.shape[1] == 1 and cout // groups < ROWS_MIN_CHANNELS:  # depthwise (or a few channels per group)
+            out = self._conv_direct(w, pads, st, dl, groups, outs)
         elif all(v == 1 for v in st):
             out = self._conv_in_place(w, pads, dl, groups)
         elif _space_to_depth_pays(ks, st, dl):
@@ -263,8 +265,6 @@ class ConvMixin:
             and any(k > s or d > 1 for k, s, d in zip(ks, st, dl, strict=True))
         ):
             out = self._conv_rows(w, pads, st, dl, groups, outs)
-        elif w.shape[1] == 1:
-            out = self._conv_direct(w, pads, st, dl, groups, outs)
         else:
             out = self._conv_im2col(w, pads, st, dl, groups, outs)
         out = self._mark_conv(w, out, st, dl, pads, groups)
@@ -390,15 +390,17 @@ class ConvMixin:
         return out.reshape(g, N, npos, og).permute(1, 0, 3, 2).reshape(N, cout, *outs)
 
     def _conv_direct(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
-        """A strided convolution with one input channel per group (a depthwise one, or a channel multiplier) as one
-        reduce over each output's window: (N, g, og, *out) = sum over k of windows (N, g, 1, *out, *k) * w, the
-        windows a view of the input (padding a condition on the index, stride and dilation its strides), so nothing
-        is copied. It is memory-bound (k multiply-adds an output), where im2col copied each window (2.25 times the
-        input at 3x3 stride 2) and space to depth's phase copy read the input at a stride with a condition per
-        element. With its window unrolled and vectorized (uopc.opt.heuristic._tile_reuse), MobileNetV2's four
-        downsampling blocks (1x1 expand, depthwise 3x3 stride 2, 1x1 project, BatchNorm and ReLU6 after each) ran in
-        half of im2col's time: 1.2-1.4 ms against 2.4-2.5 at batch 1, 11-16 against 22-27 at batch 8 (alternating
-        processes). Returns (N, Cout, *out)."""
+        """A convolution with one input channel per group (a depthwise one, or a channel multiplier) as one reduce
+        over each output's window: (N, g, og, *out) = sum over k of windows (N, g, 1, *out, *k) * w, the windows a
+        view of the input (padding a condition on the index, stride and dilation its strides), so nothing is copied.
+        It is memory-bound (k multiply-adds an output). At stride 2 im2col copied each window (2.25 times the input
+        at 3x3) and space to depth's phase copy read the input at a stride with a condition per element; with its
+        window unrolled and vectorized (uopc.opt.heuristic._tile_reuse), MobileNetV2's four downsampling blocks (1x1
+        expand, depthwise 3x3 stride 2, 1x1 project, BatchNorm and ReLU6 after each) ran in half of im2col's time:
+        1.2-1.4 ms against 2.4-2.5 at batch 1, 11-16 against 22-27 at batch 8 (alternating processes). At stride 1
+        the in-place GEMM read a padded copy, which took the expand convolution's BatchNorm and ReLU6: with rows
+        shorter than two vectors in partial vectors (heuristic._window_lanes), MobileNetV2's stride-1 blocks at
+        7x7 to 112x112 ran 0.70-0.97x its time (alternating, one process). Returns (N, Cout, *out)."""
         n, ks = w.ndim - 2, w.shape[2:]
         N, cout = self.shape[0], w.shape[0]
         og = cout // groups

@@ -27,6 +27,8 @@ def bounds(u: Any) -> tuple[Any, Any]:
         return False, True
     if u.dtype is None or not u.dtype.is_int:
         return -math.inf, math.inf
+    if u.dtype.count > 1:  # a vector of indices (codegen.lanes: a PAD gate's, per lane): any of its type's values
+        return u.dtype.scalar().min, u.dtype.scalar().max
     lo, hi = u.dtype.min, u.dtype.max
     if op is Ops.ADD:
         return max(lo, s[0].vmin + s[1].vmin), min(hi, s[0].vmax + s[1].vmax)

@@ -102,9 +102,10 @@ def through(u: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, tuple[UOp, ...], UOp | N
     raise ValueError(f"through: {op} is not a movement op")
 
 
-def flat_index(view: UOp, base: UOp, idx: tuple[UOp, ...]) -> UOp | None:
+def flat_index(view: UOp, base: UOp, idx: tuple[UOp, ...], padded: bool = False) -> UOp | None:
     """The row-major flat index into `base` of `view` at `idx`, following only movement ops from `view` down to
-    `base`; None if a PAD makes the element conditional or the chain reaches something else first."""
+    `base`; None if a PAD makes the element conditional (unless `padded`: then the index where it is real) or the
+    chain reaches something else first."""
     u = view
     while u is not base:
         if u.op is Ops.STAGE:
@@ -113,7 +114,7 @@ def flat_index(view: UOp, base: UOp, idx: tuple[UOp, ...]) -> UOp | None:
         if u.op not in (Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP, Ops.PAD):
             return None
         u, idx, cond = through(u, idx)
-        if cond is not None:
+        if cond is not None and not padded:
             return None
     return ravel(idx, base.shape) if base.shape else UOp.const(0, idx[0].dtype if idx else dtypes.int32)
 
