@@ -16,6 +16,7 @@ from uopc.opt.layout import layout_pass
 from uopc.opt.opts import Opts
 from uopc.opt.strides import access_strides, last_axis_stride, merged_shape, operand_views
 from uopc.uop import MOVEMENT, STORED, Ops, UOp, epilogue_reduce
+from uopc.uop.dtype import dtypes
 from uopc.uop.variable import Variable, symbolic
 
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;
@@ -127,16 +128,19 @@ def _window_lanes(body: UOp, machine: Machine) -> int:
     convolution: its input along the row, its weight broadcast), in SIMD vectors of the machine's width, the row's
     last vector partial, the padding a mask on each tap's vector (codegen.lanes). gcc vectorizes only a row at
     least a vector long, and its remainder in narrower vectors: a 3x3 window over 384 x 14 x 14 ran 36 us so, 20
-    in one partial vector of 16 lanes."""
-    lanes = machine.vector_bytes // body.dtype.itemsize
+    in one partial vector of 16 lanes. Float32 only: codegen.lanes keeps 16-bit floats scalar, and a float64 mask
+    would need 64-bit lanes (its gate's indices are 32-bit)."""
+    lanes = machine.vector_bytes // 4
     reds = [u for u in body.toposort() if u.op is Ops.REDUCE]
-    if lanes < 2 or len(reds) != 1 or reds[0].arg[0] is not Ops.ADD or not body.shape:
+    if body.dtype is not dtypes.float32 or lanes < 2 or len(reds) != 1 or reds[0].arg[0] is not Ops.ADD:
         return 0
-    if not 1 < body.shape[-1] < 2 * lanes:  # (a longer row: gcc's vectors, 56 and 112 wide 0.64-0.83x the time)
+    if not body.shape or not 1 < body.shape[-1] < 2 * lanes:  # (longer: gcc's vectors, 56 or 112 wide 0.64-0.83x)
         return 0
     axis = len(reds[0].src[0].shape) - reds[0].arg[1] - 1
     views = list(operand_views(reds[0].src[0]))
-    if not views or any(last_axis_stride(v, b, axis, padded=True) not in (0, 1) for v, b in views):
+    if not views or any(b.dtype is not dtypes.float32 for _, b in views):
+        return 0
+    if any(last_axis_stride(v, b, axis, padded=True) not in (0, 1) for v, b in views):
         return 0
     return lanes
 

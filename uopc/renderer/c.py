@@ -212,7 +212,7 @@ class CRenderer:
         users = self.lin.users[u]
         if any(x.op is Ops.MAX and x.dtype.is_float for x in users):  # a float max writes its first operand 3 times
             return True
-        if any(x.op is Ops.VECTORIZE and len(x.src) > 1 and x.src[1] is u for x in users):  # broadcast: once per lane
+        if any(x.op is Ops.VECTORIZE and all(s is u for s in x.src) for x in users):  # a broadcast reads it per lane
             return True
         return len(users) > 1 or any(self.lin.scope[x] != self.lin.scope[u] for x in users)
 
