@@ -79,6 +79,8 @@ CONV2D = [
     ((1, 4, 11, 11), (4, 1, 3, 3), {"groups": 4, "padding": 2, "dilation": 2}),
     ((2, 3, 7, 40), (3, 1, 3, 3), {"groups": 3, "padding": "same"}),
     ((1, 2, 5, 5), (2, 1, 3, 3), {"groups": 2}),
+    ((1, 3, 6, 10), (3, 1, 4, 4), {"groups": 3, "padding": "same"}),  # even kernel: the odd pad after
+    ((2, 1, 9, 17), (4, 1, 3, 3), {"padding": 1}),  # one input channel, 4 filters: the same loop (8: the GEMM)
 ]
 
 
@@ -105,6 +107,7 @@ def test_conv2d_under_the_autotuner(case):
         ((2, 3, 50), (5, 3, 7), {"stride": 2, "padding": 3}),  # space to depth
         ((2, 24, 21), (16, 24, 3), {"stride": 2, "padding": 1}),  # the positions as the GEMM's rows
         ((2, 4, 21), (8, 1, 5), {"groups": 4, "stride": 2, "padding": 2}),  # depthwise: a direct loop
+        ((2, 4, 21), (4, 1, 5), {"groups": 4, "padding": 2}),  # ... at stride 1: the row in vectors
     ],
 )
 def test_conv1d(xs, ws, kw):
@@ -219,6 +222,8 @@ def test_conv3d():
     check(
         lambda x, w: x.conv3d(w, padding=1), lambda x, w: F.conv3d(x, w, padding=1), r(1, 2, 5, 6, 7), r(3, 2, 3, 3, 3)
     )
+    kw = {"padding": 1, "groups": 2}  # depthwise: the direct loop, its rows in vectors
+    check(lambda x, w: x.conv3d(w, **kw), lambda x, w: F.conv3d(x, w, **kw), r(1, 2, 5, 6, 7), r(2, 1, 3, 3, 3))
 
 
 def test_conv2d_unbatched():

@@ -73,7 +73,8 @@ def test_matmuls_and_softmax_over_a_symbolic_axis():
 
 def test_convolutions_over_a_symbolic_batch():
     """A 3x3 convolution with 16 output channels over the first n images, at stride 1 (the padded input read in
-    place) and 2 (the positions as the GEMM's rows: a symbolic batch stays a dim of its own, not merged into them)."""
+    place) and 2 (the positions as the GEMM's rows: a symbolic batch stays a dim of its own, not merged into them),
+    and a depthwise one."""
     v = Variable("images", 1, 3)
     a = rng.standard_normal((3, 3, 9, 10)).astype(np.float32)
     w = rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
@@ -82,6 +83,11 @@ def test_convolutions_over_a_symbolic_batch():
         for stride in (1, 2):
             out = x[: v.bind(n)].conv2d(wt, stride=stride, padding=1).numpy()
             ref = torch.nn.functional.conv2d(torch.tensor(a[:n]), torch.tensor(w), stride=stride, padding=1)
+            np.testing.assert_allclose(out, ref.numpy(), rtol=1e-5, atol=1e-5)
+            # depthwise (a direct loop over each output's window; at stride 1 its rows in vectors)
+            wd = rng.standard_normal((3, 1, 3, 3)).astype(np.float32)
+            out = x[: v.bind(n)].conv2d(Tensor(wd), stride=stride, padding=1, groups=3).numpy()
+            ref = torch.nn.functional.conv2d(torch.tensor(a[:n]), torch.tensor(wd), stride=stride, padding=1, groups=3)
             np.testing.assert_allclose(out, ref.numpy(), rtol=1e-5, atol=1e-5)
 
 
