@@ -25,18 +25,19 @@ from uopc.uop.dtype import dtypes
 
 __all__ = ["gate_load", "gated_load", "gated_vector_load", "render_where"]
 
+# per float type: its C type, the helpers' name suffix, the unsigned integer of its size, its bit casts' width and
+# the unsigned zero that 0 - c makes all ones of
+_FLOATS = {dtypes.float32: ("float", "f", "uint32_t", 32, "0u"), dtypes.float64: ("double", "", "uint64_t", 64, "0ull")}
 # name and C of: a float kept where c holds (else +0.0), and a float select between two values
 _KEEP = {
-    dtypes.float32: ("uopc_keepf", "static inline float uopc_keepf(int c, float x) "
-                     "{ return uopc_as_f32(uopc_as_u32(x) & (0u - (uint32_t)c)); }\n"),
-    dtypes.float64: ("uopc_keep", "static inline double uopc_keep(int c, double x) "
-                     "{ return uopc_as_f64(uopc_as_u64(x) & (0ull - (uint64_t)c)); }\n"),
+    dt: (f"uopc_keep{s}", f"static inline {t} uopc_keep{s}(int c, {t} x) "
+         f"{{ return uopc_as_f{w}(uopc_as_u{w}(x) & ({z} - ({u})c)); }}\n")
+    for dt, (t, s, u, w, z) in _FLOATS.items()
 }  # fmt: skip
 _SELECT = {
-    dtypes.float32: ("uopc_selectf", "static inline float uopc_selectf(int c, float a, float b) { uint32_t m = 0u - "
-                     "(uint32_t)c; return uopc_as_f32((uopc_as_u32(a) & m) | (uopc_as_u32(b) & ~m)); }\n"),
-    dtypes.float64: ("uopc_select", "static inline double uopc_select(int c, double a, double b) { uint64_t m = 0ull - "
-                     "(uint64_t)c; return uopc_as_f64((uopc_as_u64(a) & m) | (uopc_as_u64(b) & ~m)); }\n"),
+    dt: (f"uopc_select{s}", f"static inline {t} uopc_select{s}(int c, {t} a, {t} b) {{ {u} m = {z} - ({u})c; "
+         f"return uopc_as_f{w}((uopc_as_u{w}(a) & m) | (uopc_as_u{w}(b) & ~m)); }}\n")
+    for dt, (t, s, u, w, z) in _FLOATS.items()
 }  # fmt: skip
 
 
