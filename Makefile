@@ -5,7 +5,8 @@ VPY := $(VENV)/bin/python
 # the ISA-sensitive tests, run once more for an AVX2-only x86-64 (x86-64-v3) on whatever machine runs make test
 ISA_TESTS := tests/backend/test_vectorize.py tests/backend/test_gemm.py tests/backend/test_transcendental.py \
 	tests/backend/test_half.py tests/unit/test_machine.py tests/backend/test_torch_sweep.py \
-	tests/backend/test_attention.py::test_fused_attention_matches_torch_forward_and_backward
+	tests/backend/test_attention.py::test_fused_attention_matches_torch_forward_and_backward \
+	tests/backend/test_conv.py::test_a_depthwise_convolution_is_a_direct_loop_at_stride_1
 export V3_CFLAGS := from uopc.runtime.compiler import _DEFAULT_CFLAGS as f; print(" ".join(x.replace("=native", "=x86-64-v3") for x in f))
 export WHEEL_CHECK := import uopc, uopc.nn, uopc.opt, uopc.tensor; assert "/site/uopc/" in uopc.__file__, uopc.__file__; from uopc import Tensor; print("wheel ok:", uopc.__file__, Tensor([1.0, 2.0]).softmax(-1).numpy())
 
