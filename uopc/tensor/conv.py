@@ -16,18 +16,19 @@ every tap without being copied once per tap.
     xf (N, C, Hp*Wp + tail)  --windows per spatial dim-->  (N, C, kh, kw, OH*Wp)          # a view: no copy
     out_ext (N, Cout, OH*Wp) = sum over (C, kh, kw) of w * view   -> cut to (N, Cout, OH, OW)
 
-A convolution with one input channel per group and few output channels per group (a depthwise convolution), of
-any stride, is a direct loop (_conv_direct): each output sums its window, read where it lies, the stride and the
-padding in the index arithmetic. A strided convolution whose kernel is long against its stride (a ResNet stem's 7x7
-stride 2) runs as a stride-1 one over the input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel
-padded to whole strides). Other strided ones with overlapping windows, 16 or more output channels per group and a
-reduction (input channels per group x taps) of 64 or more take the output positions as the GEMM's rows and the
-channels as its vector lanes (_conv_rows): the microkernel broadcasts each window element from the padded input
-where it lies, whatever the stride, so the windows are never copied; the product is channels-last and its consumer
-reads it as NCHW. The rest (non-overlapping windows, as a 1x1 stride 2's, few channels per group, a short
-reduction, as an RGB stem's) copy their windows once into rows (im2col) for a GEMM. A 3x3 stride-1 float32
-convolution may instead run by Winograd's F(4,3) or F(2,3) (_conv_winograd: two transform kernels around alpha^2
-batched GEMMs, uopc.uop.winograd) where the cost rule _winograd_tile says it pays.
+A convolution with one input channel per group (a depthwise convolution; at stride 1 with at most
+DIRECT_MAX_CHANNELS output channels per group) is a direct loop (_conv_direct) unless a rule below takes it: each
+output sums its window, read where it lies, the stride and the padding in the index arithmetic. A strided
+convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1 one over the
+input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides). Other strided
+ones with overlapping windows, 16 or more output channels per group and a reduction (input channels per group x
+taps) of 64 or more take the output positions as the GEMM's rows and the channels as its vector lanes (_conv_rows):
+the microkernel broadcasts each window element from the padded input where it lies, whatever the stride, so the
+windows are never copied; the product is channels-last and its consumer reads it as NCHW. The rest (non-overlapping
+windows, as a 1x1 stride 2's, few channels per group, a short reduction, as an RGB stem's) copy their windows once
+into rows (im2col) for a GEMM. A 3x3 stride-1 float32 convolution may instead run by Winograd's F(4,3) or F(2,3)
+(_conv_winograd: two transform kernels around alpha^2 batched GEMMs, uopc.uop.winograd) where the cost rule
+_winograd_tile says it pays.
 
 Gradients come from a rule of their own (autodiff.with_gradient), not from differentiating the windows: the input's
 is a stride-1 convolution of the (zero-dilated, padded) output gradient with the flipped, transposed weight, through
@@ -87,11 +88,11 @@ ROWS_MIN_REDUCE = 64
 
 
 # a convolution with one input channel per group is a direct loop over each output's window (Tensor._conv_direct)
-# with fewer than ROWS_MIN_CHANNELS output channels per group when strided (the others copy their windows), and with
-# at most DIRECT_MAX_CHANNELS at stride 1, where the in-place GEMM reuses each window's loads across its tile's rows:
-# 3x3 over (128, 1, 28, 28) with a ReLU, the direct loop ran 0.90x the GEMM's time to 4 channels, 1.17x to 8 and
-# 1.12x to 15 (alternating, one process); a depthwise convolution (1 channel per group) 0.5-0.7x, in a MobileNetV2
-# block 0.70-0.97x.
+# when strided (unless space to depth or _conv_rows takes it: else it would copy its windows), and at stride 1 with at
+# most DIRECT_MAX_CHANNELS output channels per group, where the in-place GEMM reuses each window's loads across its
+# tile's rows: 3x3 over (128, 1, 28, 28) with a ReLU, the direct loop ran 0.90x the GEMM's time to 4 channels, 1.17x
+# to 8 and 1.12x to 15 (alternating, one process); a depthwise convolution (1 channel per group) 0.5-0.7x, in a
+# MobileNetV2 block 0.70-0.97x.
 DIRECT_MAX_CHANNELS = 4
 
 
@@ -260,13 +261,14 @@ class ConvMixin:
         outs = [_out_size(i, k, s, d, lo, hi) for i, k, s, d, (lo, hi) in zip(sp, ks, st, dl, pads, strict=True)]
         if any(o < 1 for o in outs):
             raise ValueError(f"conv{n}d: kernel {ks} (dilation {dl}) is larger than the padded input {self.shape}")
+        stride1 = all(v == 1 for v in st)
+        # depthwise (or few channels per group): a direct loop over each output's window
+        direct = w.shape[1] == 1 and (not stride1 or cout // groups <= DIRECT_MAX_CHANNELS)
         if (m := _winograd_tile(self, w, st, dl, pads, groups, outs)) is not None:
             out = self._conv_winograd(w, pads, m, outs)
-        elif w.shape[1] == 1 and cout // groups <= (DIRECT_MAX_CHANNELS if st == (1,) * n else ROWS_MIN_CHANNELS - 1):
-            out = self._conv_direct(w, pads, st, dl, groups, outs)  # depthwise (or few channels per group)
-        elif all(v == 1 for v in st):
+        elif stride1 and not direct:
             out = self._conv_in_place(w, pads, dl, groups)
-        elif _space_to_depth_pays(ks, st, dl):
+        elif not stride1 and _space_to_depth_pays(ks, st, dl):
             out = self._conv_space_to_depth(w, pads, st, groups, outs)
         elif (
             cout // groups >= ROWS_MIN_CHANNELS
@@ -274,6 +276,8 @@ class ConvMixin:
             and any(k > s or d > 1 for k, s, d in zip(ks, st, dl, strict=True))
         ):
             out = self._conv_rows(w, pads, st, dl, groups, outs)
+        elif direct:
+            out = self._conv_direct(w, pads, st, dl, groups, outs)
         else:
             out = self._conv_im2col(w, pads, st, dl, groups, outs)
         out = self._mark_conv(w, out, st, dl, pads, groups)
