@@ -177,17 +177,10 @@ class _Widen:
 
     def _index(self, idx: UOp, dtype: DType | None = None) -> UOp | None:
         """The vector INDEX of these lanes, or None if they are not consecutive elements of one buffer. A gated one
-        (a PAD's read) keeps its gate as a vector mask, its third source; a gate with no mask is read lane by lane."""
-        if len(idx.src) == 3:  # (a load of `dtype`)
-            if buffer_of(idx).op is not Ops.BUFFER or not self.free(idx.src[0]):
-                return None
-            gate = self.simplified.get(idx.src[2], idx.src[2])
-            base, mask = self._base(idx.src[1]), self._mask(gate, dtype)
-            if base is None or mask is None:
-                return None
-            masked = self.valid if self.valid < self.width else None
-            return UOp(Ops.INDEX, (idx.src[0], base, mask), masked, idx.dtype.vec(self.width))
-        if len(idx.src) != 2:
+        (a PAD's read of `dtype` values) keeps its gate as a vector mask, its third source; a gate with no mask form
+        is read lane by lane."""
+        gated = len(idx.src) == 3
+        if len(idx.src) != 2 and not (gated and buffer_of(idx).op is Ops.BUFFER):
             return None
         if buffer_of(idx).op is Ops.ALLOC:  # an accumulator: the vector accumulator of these lanes
             if not self.free(idx.src[1]):
@@ -196,8 +189,13 @@ class _Widen:
             return UOp(Ops.INDEX, (buf, idx.src[1]), None, buf.dtype)
         if not self.free(idx.src[0]) or (base := self._base(idx.src[1])) is None:
             return None
+        gate: tuple[UOp, ...] = ()
+        if gated:
+            if (mask := self._mask(self.simplified.get(idx.src[2], idx.src[2]), dtype)) is None:
+                return None
+            gate = (mask,)
         masked = self.valid if self.valid < self.width else None
-        return UOp(Ops.INDEX, (idx.src[0], base), masked, idx.dtype.vec(self.width))
+        return UOp(Ops.INDEX, (idx.src[0], base, *gate), masked, idx.dtype.vec(self.width))
 
     def _base(self, i: UOp) -> UOp | None:
         """`b` where index `i` is b + LANE with b lane-free, else None."""
