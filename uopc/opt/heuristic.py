@@ -87,9 +87,10 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
         return vector
     upcast: dict[int, int] = {}
     unroll, thread, tile, vec = 1, None, {}, 0
-    if 1 < rsize < UNROLL_MAX_REDUCE and (_max_only(body) or not _tile_reuse(body)):
+    max_only = _max_only(body)
+    if 1 < rsize < UNROLL_MAX_REDUCE and (max_only or not _tile_reuse(body)):
         unroll = rsize  # a max pool's window, or a window no tile would reuse, whole (_max_only, _tile_reuse)
-        if not _max_only(body) and (lanes := _window_lanes(body, machine)):
+        if not max_only and (lanes := _window_lanes(body, machine)):
             upcast, vec = {len(shape) - 1: lanes}, lanes
     elif rsize > 1:
         # 4x4 tile: 16 accumulators + 8 operand vectors. That spills a few on AVX2's 16 registers, fits in

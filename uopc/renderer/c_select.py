@@ -104,6 +104,13 @@ def gate_load(r, dtype, gate: str, raw: str, zero: str) -> str:
     return f"{name}({gate}, {raw})"
 
 
+def _slack(r, base: UOp, dtype) -> int:
+    """How many elements past either end of `base` a kernel may read: in a plan's kernel (`guarded`) a buffer has
+    helpers.STORAGE_GUARD bytes of mapped memory on each side; none elsewhere, nor under UOPC_CHECK_OOB, which checks
+    every element read."""
+    return helpers.STORAGE_GUARD // dtype.itemsize if r.guarded and base.op is Ops.BUFFER and not r.check_oob else 0
+
+
 def gated_load(r, u: UOp, ind: str) -> None:
     """A PAD load: read at the index clamped into the buffer (never out of range), then keep it or 0 by the
     gate. The load itself is unconditional: with `gate ? data[i] : 0` (or `data[gate ? i : 0]`) gcc 12.2's
@@ -121,9 +128,7 @@ def gated_load(r, u: UOp, ind: str) -> None:
         r.lines.append(f"{ind}{u.dtype.cname} {r.var(u, 'val')} = {zero};")
         return
     ie = r.expr(i)
-    slack = 0
-    if r.guarded and base.op is Ops.BUFFER and not r.check_oob:
-        slack = helpers.STORAGE_GUARD // u.dtype.itemsize
+    slack = _slack(r, base, u.dtype)
     if i.vmin < -slack or i.vmax > n - 1 + slack:
         if i not in r.names and i.op is not Ops.CONST:  # the index is used up to three times
             r.n += 1
@@ -142,16 +147,15 @@ def gated_load(r, u: UOp, ind: str) -> None:
 
 def gated_vector_load(r, u: UOp, ind: str) -> None:
     """A PAD load of consecutive elements (codegen.lanes), its gate a vector mask: the lanes read as one vector
-    (masked past a partial vector's valid lanes), each then kept or 0 by the mask (its bits ANDed). In a plan's
-    kernel every lane's element lies in the buffer or its guard bytes when the index stays within them; where it
-    might not (or under UOPC_CHECK_OOB, which checks each element read) the lanes the mask holds are read one by
-    one."""
+    (masked past a partial vector's valid lanes), each then kept or 0 by the mask (its bits ANDed), where every
+    lane's element lies in the buffer or the guard bytes it may read (_slack); where one might not, the lanes the
+    mask holds are read one by one."""
     idx, t = u.src[0], u.dtype.cname
     _, i, mask = idx.src
     base, w = buffer_of(idx), u.dtype.count
     m, it, name = r.expr(mask), mask.dtype.cname, r.var(u, "val")
-    slack = helpers.STORAGE_GUARD // u.dtype.scalar().itemsize
-    if r.guarded and not r.check_oob and i.vmin >= -slack and i.vmax + w <= base.arg.shape[0] + slack:
+    slack = _slack(r, base, u.dtype.scalar())
+    if i.vmin >= -slack and i.vmax + w <= base.arg.shape[0] + slack:
         raw = r.address(idx) if idx.arg is None else r.masked(idx)
         r.lines.append(f"{ind}{t} {name} = (({t})((({it}){raw}) & {m}));")
         return
