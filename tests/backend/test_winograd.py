@@ -77,7 +77,8 @@ def test_every_opt_level_and_index_checks(opt):
 
 
 def test_input_that_is_a_view_or_computed():
-    """A permuted slice (an affine view of a buffer, read in place) and a computed input (staged first)."""
+    """A permuted slice (an affine view of a buffer, read in place), a transposed one (its rows read at a stride) and a
+    computed input (staged first)."""
     big = rng.standard_normal((10, 2, 7, 12)).astype(np.float32)  # (H, N, C, W) around a slice
     w = rng.standard_normal((4, 7, 3, 3)).astype(np.float32)
     xt = torch.tensor(big).permute(1, 2, 0, 3)[:, :, 1:9, 2:11]
@@ -87,6 +88,10 @@ def test_input_that_is_a_view_or_computed():
             _close(xu.conv2d(Tensor(w), padding=1).numpy(), F.conv2d(xt, torch.tensor(w), padding=1).numpy())
             _close((xu * 2).relu().conv2d(Tensor(w), padding=1).numpy(),
                    F.conv2d((xt * 2).relu(), torch.tensor(w), padding=1).numpy())  # fmt: skip
+            # the image transposed: its rows' elements a whole (N, C, H) block apart, read at that stride
+            xs = Tensor(big).permute(1, 2, 3, 0)[:, :, 1:10]
+            ref = F.conv2d(torch.tensor(big).permute(1, 2, 3, 0)[:, :, 1:10], torch.tensor(w), padding=1)
+            _close(xs.conv2d(Tensor(w), padding=1).numpy(), ref.numpy())
 
 
 @pytest.mark.parametrize("m", [2, 4])

@@ -4,22 +4,30 @@
 
     kind "in", x (N, C, H, W) -> V (C, alpha^2, T):        kind "out", Y (alpha^2, K, T) -> out (N, K, OH, OW):
     for each (channel, image), on threads:                  for each (output channel, image), on threads:
-        for each tile row ty:                                   for each chunk of whole tile rows:
-            rows = its alpha input rows, zero-padded                for each tile of the chunk (vectorized):
-            cv = B^T rows, column by column (vectorized)                y = the alpha x alpha products of the tile
-            for each row i of cv, for each tile tx:                     st[:, t] = A^T y A, its m x m outputs
-                V[c, i*alpha.., t] = cv[i, tx*m ..] B           for each output row of the chunk (inside OH):
-                                                                    its tiles' points from st (inside OW)
+        for each run of whole tile rows:                        for each chunk of whole tile rows:
+            for each tile row of the run:                           for each tile of the chunk (vectorized):
+                cm, cs = B^T of its alpha input rows,                   y = the alpha x alpha products of the tile
+                  column by column (vectorized)                         st[:, t] = A^T y A, its m x m outputs
+            for each row i of B^T d, each tile t (vectorized):      for each output row of the chunk (inside OH):
+                V[c, i*alpha.., t] = (B^T d)[i, t's columns] B          its tiles' points from st (inside OW)
 
 Where the products would pack V into the microkernel's panels (a B larger than half of L2, uopc.opt.gemm), the
 input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/NR), C, NR)), with no copy between.
 
 Each tile's products with the constant matrices are unrolled: a term per nonzero coefficient (a coefficient of +-1
 an add or a subtract), so F(4,3)'s input transform is about 150 flops per tile rather than 2 * 6^3 * 2; its B^T d
-half is computed once per column of a tile row, which neighbouring tiles share (their C a third smaller). Its
-(B^T d) B half is a loop over the alpha rows of B^T d, each giving alpha of the tile's alpha^2 values: written out
-for all alpha^2 at once, ResNet-18's four F(4,3) input transforms took gcc 167/155/133/76 ms, 79/86/85/64 in the
-loop, and ran as fast (348-359 us a call together against 333-366, alternating). The tiles of
+half is computed once per column of a tile row, which neighbouring tiles share (their C a third smaller). That half
+reads the alpha input rows where they lie (a row outside the input is a row of zeros) and writes each column twice:
+into cm from column 0 and into cs from column m, so that over a run of tile rows tile t's column q is cm[t*m + q]
+(q < m) or cs[t*m + q - m], and the (B^T d) B half is one loop over the run's tiles per row of B^T d, which gcc
+vectorizes. Before, the rows were copied zero-padded and that half looped over one tile row's tiles reading
+cv[tx*m + q]: gcc kept it scalar (41% of the time of (64, 64, 28, 28)'s transform, 7 tiles a row) and the copy's
+stores, read back at another offset, stalled store forwarding. With its stores left out (a C harness) it now takes
+0.65 of the time; in uopc, (64, 64, 28, 28) x (32, 64, 3, 3) forward took 0.95x, (8, 128, 28, 28) x 128 0.91x,
+ResNet-18 at batch 8 0.97x and at batch 1 1.0x (interleaved in one process; the rest of the transform is its
+writes). Its (B^T d) B half
+gives alpha of the tile's alpha^2 values per row of B^T d: written out for all alpha^2 at once, ResNet-18's four
+F(4,3) input transforms took gcc 167/155/133/76 ms, 79/86/85/64 in the loop, and ran as fast. The tiles of
 a (image, channel) pair are written (read) in order. V keeps a channel's alpha^2 rows together: laid out as
 (alpha^2, C, T), the alpha^2 streams one tile writes were C*T floats apart, a multiple of 4 KiB at ResNet-18's
 14x14 and 7x7 (C*T = 256*16, 512*16): every store of a tile went to one L1 set (0.54 ms for 256 channels at 14x14,
@@ -193,40 +201,47 @@ def _planes(flat: str, chan: str, N: int, C: int, tiles: int) -> list[str]:
     ]
 
 
+# the input transform takes its tiles in runs of whole tile rows, of at most ROW_TILES tiles (one tile row if it has
+# more): a run's B^T d columns (2 x 6 x 64 x 4 floats for F(4,3): 12 KiB) stay in L1 until its (B^T d) B half reads them
+ROW_TILES = 64
+
+
 def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]:
     N, C, H, W = k.src_shape
     sN, sC, sH, sW = k.strides
     pt, pl = k.op.pads
     T, nr = N * th * tw, k.op.panel
-    PW = tw * m + 2  # one tile row's alpha input rows, zero-padded: every tile then reads without a bound check
-    cols = min(W, PW - pl)  # (input columns past the last tile's reach are not read)
-    # B^T d: each column of the tile row's alpha input rows once (a loop gcc vectorizes; neighbouring tiles share
-    # alpha - m columns), then (B^T d) B per tile from those columns
-    column_pass = [f"cv[{i}][col] = {_combo(BT[i], [f'rows[{k}][col]' for k in range(a)])};" for i in range(a)]
-    v = [_combo(BT[j], [f"ci[tx * {m} + {q}]" for q in range(a)]) for j in range(a)]
-    if nr:  # OUT_CHUNK tiles (whole tile rows) into st, then their runs of tiles into the panels
-        rows = max(1, min(th, OUT_CHUNK // tw))
-        stores = [f"        st[i * {a} + {j}][(ty % {rows}) * {tw} + tx] = {v[j]};" for j in range(a)]
-        out = _panel_stores(a * a, C, T, tw, th, rows, nr, o)
+    R = max(1, min(th, ROW_TILES // tw))  # tile rows per run
+    pitch = tw * m  # a tile row's columns in cm and cs
+    tile = [f"ci[t * {m} + {q}]" if q < m else f"si[t * {m} + {q - m}]" for q in range(a)]  # tile t's column q
+    v = [_combo(BT[j], tile) for j in range(a)]
+    if nr:  # OUT_CHUNK tiles (whole runs) into st, then their runs of tiles into the panels
+        rows = R * max(1, min(-(-th // R), OUT_CHUNK // tw // R))
+        stores = [f"        st[i * {a} + {j}][(ty0 % {rows}) * {tw} + t] = {v[j]};" for j in range(a)]
+        out = _panel_stores(a * a, C, T, tw, th, rows, nr, o, "ty0 + nrow - 1")
         head, dst = [f"  float st[{a * a}][{rows * tw}];"], []
-    else:
-        stores = [f"        vi[{j * T}LL + tx] = {v[j]};" for j in range(a)]
+    else:  # straight into V: a run's tiles are consecutive in each of its alpha^2 rows
+        stores = [f"        vi[{j * T}LL + t] = {v[j]};" for j in range(a)]
         out, head = [], [f"  float* restrict vs = {o} + c * {a * a * T}LL + n * {th * tw}LL;"]
-        dst = [f"      float* restrict vi = vs + ty * {tw} + i * {a * T}LL;"]
+        dst = [f"      float* restrict vi = vs + ty0 * {tw} + i * {a * T}LL;"]
     return [
         *_planes("cn", "c", N, C, th * tw),
         f"  const float* restrict xs = {x} + {k.offset}LL + n * {sN}LL + c * {sC}LL;",
+        f"  static const float zr[{W if sW == 1 else 1}];  // a row above or below the input: zeros",
         *head,
-        f"  float rows[{a}][{PW}], cv[{a}][{PW}];",
-        f"  for (int ty = 0; ty < {th}; ty++) {{",
-        *(line for i in range(a) for line in _fill_row(i, m, pt, pl, cols, PW, H, sH, sW)),
-        f"    for (int col = 0; col < {PW}; col++) {{",
-        *(f"      {line}" for line in column_pass),
+        f"  float cm[{a}][{R * pitch}], cs[{a}][{R * pitch}];",
+        f"  for (int ty0 = 0; ty0 < {th}; ty0 += {R}) {{",
+        f"    const int nrow = {th} - ty0 < {R} ? {th} - ty0 : {R};",
+        "    for (int r = 0; r < nrow; r++) {",
+        f"      const int ty = ty0 + r, row = r * {pitch};",
+        *(line for i in range(a) for line in _row(i, m, pt, H, sH, sW)),
+        *_columns(a, BT, "cm", 0, pitch, pl, W, sW),
+        *_columns(a, BT, "cs", m, pitch + 2, pl, W, sW),
         "    }",
-        f"    for (int i = 0; i < {a}; i++) {{  // (B^T d) B of row i of every tile: {a} of the tile's {a * a}",
-        "      const float* restrict ci = cv[i];",
+        f"    for (int i = 0; i < {a}; i++) {{  // (B^T d) B of row i of each tile of the run: {a} of its {a * a}",
+        "      const float* restrict ci = cm[i], * restrict si = cs[i];",
         *dst,
-        f"      for (int tx = 0; tx < {tw}; tx++) {{",
+        f"      for (int t = 0; t < nrow * {tw}; t++) {{",
         *stores,
         "      }",
         "    }",
@@ -237,15 +252,49 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     ]
 
 
-def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str) -> list[str]:
+def _row(i: int, m: int, pt: int, H: int, sH: int, sW: int) -> list[str]:
+    """C pointing r{i} at input row ty*m - pt + i, or at the zero row where that is outside the input. Read at a
+    stride sW (not 1), the row's element j is r{i}[j * s{i}], s{i} 0 for the zero row (a single zero)."""
+    y = f"ty * {m} + {i - pt}"
+    inside = f"{y} >= 0 && {y} < {H}"
+    out = [
+        f"      const int in{i} = {inside};",
+        f"      const float* restrict r{i} = in{i} ? xs + (long long)({y}) * {sH}LL : zr;",
+    ]
+    return out if sW == 1 else [*out, f"      const long long s{i} = in{i} ? {sW}LL : 0;"]
+
+
+def _columns(a: int, BT, dst: str, lo: int, hi: int, pl: int, W: int, sW: int) -> list[str]:
+    """C computing B^T d of the columns c in [lo, hi) of a tile row's alpha input rows r0 .. r{a-1} (column c is
+    input column c - pl; zeros outside the input) into dst[i][row + c - lo]: cm holds each tile row's columns from
+    0 (every tile's first m), cs from m (every tile's last two, the next tile's first ones)."""
+    inside = (max(lo, pl), min(hi, pl + W))
+    zeros = [z for z in ((lo, min(hi, pl)), (max(lo, pl + W), hi)) if z[0] < z[1]]
+    out = []
+    for z0, z1 in zeros:
+        out.append(f"      for (int c = {z0}; c < {z1}; c++) {{")
+        out += [f"        {dst}[{i}][row + c - {lo}] = 0.0f;" for i in range(a)]
+        out.append("      }")
+    if inside[0] < inside[1]:
+        at = [f"c - {pl}" if sW == 1 else f"(c - {pl}) * s{q}" for q in range(a)]
+        out.append(f"      for (int c = {inside[0]}; c < {inside[1]}; c++) {{")
+        out += [
+            f"        {dst}[{i}][row + c - {lo}] = {_combo(BT[i], [f'r{q}[{at[q]}]' for q in range(a)])};"
+            for i in range(a)
+        ]
+        out.append("      }")
+    return out
+
+
+def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str) -> list[str]:
     """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr), after the
     chunk's last tile row: tile t of channel c goes to [point][t / nr][c][t % nr], in runs that end at a panel's
     end (runs of a whole chunk, not of one tile row: a tile row's 7 tiles at 28x28 made the copy cost more than the
     packing copy it replaces)."""
     ps = -(-T // nr) * C * nr  # one point's panels
     return [
-        f"    if (ty % {rows} == {rows - 1} || ty == {th - 1}) {{",
-        f"      const int first = ty - ty % {rows}, count = (ty - first + 1) * {tw};",
+        f"    if (({ty}) % {rows} == {rows - 1} || ({ty}) == {th - 1}) {{",
+        f"      const int first = ({ty}) - ({ty}) % {rows}, count = (({ty}) - first + 1) * {tw};",
         "      for (int i = 0; i < count;) {",
         f"        const long long t = n * {th * tw}LL + first * {tw}LL + i;",
         f"        const int run = count - i < {nr} - (int)(t % {nr}) ? count - i : {nr} - (int)(t % {nr});",
@@ -267,22 +316,6 @@ def _panel_tail(points: int, C: int, T: int, nr: int, N: int, o: str) -> list[st
         f"  if (n == {N - 1})",
         f"    for (int p = 0; p < {points}; p++)",
         f"      for (int u = {T % nr}; u < {nr}; u++) {o}[p * {ps}LL + {last}LL + c * {nr}LL + u] = 0.0f;",
-    ]
-
-
-def _fill_row(i: int, m: int, pt: int, pl: int, cols: int, PW: int, H: int, sH: int, sW: int) -> list[str]:
-    """C filling rows[i] with input row ty*m - pt + i, zero-padded (zeros when outside the input). Unrolled over i,
-    each element written once: gcc 12 at -O3 vectorized a loop over i around these (zero the row, then copy into
-    it) across rows, and the first tile row read stale values."""
-    return [
-        f"    if (ty * {m} + {i - pt} >= 0 && ty * {m} + {i - pt} < {H}) {{",
-        f"      const float* restrict xr = xs + (long long)(ty * {m} + {i - pt}) * {sH}LL;",
-        f"      for (int j = 0; j < {pl}; j++) rows[{i}][j] = 0.0f;",
-        f"      for (int j = 0; j < {cols}; j++) rows[{i}][{pl} + j] = xr[j * {sW}LL];",
-        f"      for (int j = {pl + cols}; j < {PW}; j++) rows[{i}][j] = 0.0f;",
-        "    } else {",
-        f"      for (int j = 0; j < {PW}; j++) rows[{i}][j] = 0.0f;",
-        "    }",
     ]
 
 
