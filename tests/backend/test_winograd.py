@@ -166,6 +166,37 @@ def test_input_transform_writes_the_packed_panels_of_large_products():
     assert not any(k.startswith("e_") for k in names), names
 
 
+def test_input_transform_streams_panels_larger_than_the_last_level_cache(monkeypatch):
+    """Panels larger than STREAM_FRACTION of the last-level cache are written with non-temporal stores (they would
+    not stay in it for the products). This machine with 64 KiB of L2 (so 60 images of 16 channels at 12x12 write
+    panels: 34 KiB of B per product) and 1 MiB of L3 (their 1.2 MiB stream), then 64 MiB (they do not): the same
+    values either way."""
+    import dataclasses
+
+    from uopc.opt.gemm import STREAM_FRACTION
+    from uopc.renderer.plan import kernel_unit
+    from uopc.runtime.compiler import machine
+
+    n, w = 60, rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((n, 16, 12, 12)).astype(np.float32)
+    panels = 36 * 16 * n * 9 * 4
+    for l3 in (1 << 20, 64 << 20):
+        small = dataclasses.replace(machine(), l2_bytes=1 << 16, l3_bytes=l3)
+        monkeypatch.setattr(realize, "machine", lambda small=small: small)
+        kernels: list = []
+        realize.set_kernel_hook(lambda k, dt: kernels.append(k))
+        with Context(WINOGRAD=4, OPT=1), no_grad():
+            out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+        realize.set_kernel_hook(None)
+        _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())
+        wi = [k for k in kernels if k.name.startswith("wi_")]
+        assert len(wi) == 1 and wi[0].ast.src[0].arg.op.panel, [k.name for k in kernels]
+        streams = panels > l3 * STREAM_FRACTION
+        assert wi[0].ast.src[0].arg.op.stream is streams and streams is (l3 == 1 << 20)
+        c = kernel_unit(wi[0].ast, wi[0].name).fn.body
+        assert ("uopc_stream_floats(" in c) is streams and ("uopc_stream_fence()" in c) is streams
+
+
 def test_weight_transform_writes_the_packed_panels_of_few_tile_products():
     """With few tiles the products are (36, T, K) and their B is the weight's transform U, packed into NR-column
     panels (uopc.opt.gemm): the weight transform writes those panels itself (ww_36_<panels>_<C>_<NR>), with no

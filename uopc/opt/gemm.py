@@ -306,17 +306,24 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         # packing copy), or it is an intermediate that fits in L2 (_copied_per_call). A Winograd convolution's
         # input transform, A of its few-tile products, writes A's MR-row panels itself (_winograd_panels)
         fits = b.shape[-2] * b.shape[-1] * b.dtype.itemsize <= machine.l2_bytes // 2
-        pa = _winograd_panels(a, mr, 1) or (a if _plain(a, None) else _pack(a, -2, mr))
+        pa = _winograd_panels(a, mr, 1, machine) or (a if _plain(a, None) else _pack(a, -2, mr))
         if (fits or _rereads(b) or _copied_per_call(b, machine)) and _plain(b, -2):
             pb = b
         else:
-            pb = _winograd_panels(b, nr, 2) or _pack_narrow(b, nr)
+            pb = _winograd_panels(b, nr, 2, machine) or _pack_narrow(b, nr)
         return (pa * pb).reduce(Ops.ADD, 1)
 
     return UOp.wrap(roots, todo, repack) if todo else roots
 
 
-def _winograd_panels(x: UOp, panel: int, axis: int) -> UOp | None:
+# an input transform's panels larger than this fraction of the last-level cache skip it (_winograd_panels). Measured
+# on Zen 4 (32 MiB L3), interleaved in one process: (64, 64, 28, 28) x (32, 64, 3, 3) forward, 28.9 MB of panels,
+# 0.88-0.92x; the conv benchmark's forward and backward (whose input gradient writes them) 0.95-0.97x; ResNet-18 at
+# batch 1 with every panel streamed (0.5-0.9 MB each) 1.03x: products that find their panels in the cache run faster
+STREAM_FRACTION = 0.5
+
+
+def _winograd_panels(x: UOp, panel: int, axis: int, machine: Machine) -> UOp | None:
     """An operand of a Winograd convolution's batched products, from the transform it views writing the packed
     panels itself (uopc.uop.winograd.winograd_panels); None for any other operand. `axis` is the products' axis
     the transform's rows run along: 2 for B (N), 1 for A (M). The input transform's V (C, alpha^2, T) is B of
@@ -328,7 +335,10 @@ def _winograd_panels(x: UOp, panel: int, axis: int) -> UOp | None:
     layers). V as A read in place is read a whole point's tiles apart from one channel to the next (alpha^2 T
     floats: 1-2.3 KiB at ResNet-18's 14x14 and 7x7 layers), in MR-row panels a panel apart: on a Xeon (Sapphire
     Rapids), ResNet-18 at batch 1, its three few-tile layers' products and input transforms took 7.9 against 8.6 ms
-    a call (medians of 6 processes, interleaved; panels of all T rows: 9.2, and less steady)."""
+    a call (medians of 6 processes, interleaved; panels of all T rows: 9.2, and less steady).
+    An input transform's panels larger than STREAM_FRACTION of the last-level cache are written with non-temporal
+    stores (Winograd.stream): they cannot stay in the cache until the products read them, and a plain store first
+    reads each line it writes part of."""
     v = x
     while v.op in MOVEMENT:
         v = v.src[0]
@@ -349,7 +359,8 @@ def _winograd_panels(x: UOp, panel: int, axis: int) -> UOp | None:
     want = rowwise.reshape(shape).expand(x.shape)
     if (got := affine_view(x, v)) is None or got != affine_view(want, v):
         return None
-    p = winograd_panels(v, panel)
+    big = v.arg.kind == "in" and prod(v.shape) * v.dtype.itemsize > machine.l3_bytes * STREAM_FRACTION
+    p = winograd_panels(v, panel, stream=big)
     flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * panel, C)).shrink(((0, a2), (0, rows), (0, C)))
     return flat.reshape(shape).expand(x.shape)
 

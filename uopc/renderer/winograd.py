@@ -12,7 +12,8 @@
                 V[c, i*alpha.., t] = (B^T d)[i, t's columns] B          its tiles' points from st (inside OW)
 
 Where the products would pack V into the microkernel's panels (a B larger than half of L2, uopc.opt.gemm), the
-input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/NR), C, NR)), with no copy between.
+input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/NR), C, NR)), with no copy between;
+panels too large to stay in the last-level cache it writes with non-temporal stores (Winograd.stream, STREAM_HELPER).
 
 Each tile's products with the constant matrices are unrolled: a term per nonzero coefficient (a coefficient of +-1
 an add or a subtract), so F(4,3)'s input transform is about 150 flops per tile rather than 2 * 6^3 * 2; its B^T d
@@ -135,7 +136,8 @@ def render_winograd(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], st
         out = _output_by_channel if k.strides[1] == 1 and k.src_shape[1] % CHANNEL_BLOCK == 0 else _output
         body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else out(k, a, m, th, tw, AT, x, o)
     lines = [f"  {line}" if line else "" for line in body]
-    return {}, params + sz.params(), "\n".join(lines), bufs, sz.vars(), ("float",) * len(bufs)
+    helpers = {"uopc_stream_floats": (2, STREAM_HELPER)} if w.stream else {}
+    return helpers, params + sz.params(), "\n".join(lines), bufs, sz.vars(), ("float",) * len(bufs)
 
 
 def _weight(sz: _Sizes, k, a: int, G, x: str, o: str) -> list[str]:
@@ -218,7 +220,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     if nr:  # OUT_CHUNK tiles (whole runs) into st, then their runs of tiles into the panels
         rows = R * max(1, min(-(-th // R), OUT_CHUNK // tw // R))
         stores = [f"        st[i * {a} + {j}][(ty0 % {rows}) * {tw} + t] = {v[j]};" for j in range(a)]
-        out = _panel_stores(a * a, C, T, tw, th, rows, nr, o, "ty0 + nrow - 1")
+        out = _panel_stores(a * a, C, T, tw, th, rows, nr, o, "ty0 + nrow - 1", k.op.stream)
         head, dst = [f"  float st[{a * a}][{rows * tw}];"], []
     else:  # straight into V: a run's tiles are consecutive in each of its alpha^2 rows
         stores = [f"        vi[{j * T}LL + t] = {v[j]};" for j in range(a)]
@@ -248,8 +250,39 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         *out,
         "  }",
         *_panel_tail(a * a, C, T, nr, N, o),
+        *(
+            ["  uopc_stream_fence();  // the plane's streamed stores done before the products read them"]
+            if k.op.stream
+            else []
+        ),
         "}",
     ]
+
+
+# the streamed panel stores (Winograd.stream): plain stores up to a 64-byte boundary, then whole vectors of the widest
+# kind the compiler targets with non-temporal moves (they go to memory without reading the line first), then plain
+# stores; a fence after each plane orders them before the barrier that ends the transform (as memcpy's do)
+STREAM_HELPER = """static inline void uopc_stream_floats(float* restrict d, const float* restrict s, int n) {
+  int u = 0;
+  for (; u < n && ((unsigned long)(d + u) & 63); u++) d[u] = s[u];
+#if defined(__AVX512F__)
+  typedef float uopc_nt_t __attribute__((vector_size(64)));
+  for (; u + 16 <= n; u += 16) { uopc_nt_t v; __builtin_memcpy(&v, s + u, 64); __builtin_ia32_movntps512(d + u, v); }
+#elif defined(__AVX__)
+  typedef float uopc_nt_t __attribute__((vector_size(32)));
+  for (; u + 8 <= n; u += 8) { uopc_nt_t v; __builtin_memcpy(&v, s + u, 32); __builtin_ia32_movntps256(d + u, v); }
+#elif defined(__SSE__)
+  typedef float uopc_nt_t __attribute__((vector_size(16)));
+  for (; u + 4 <= n; u += 4) { uopc_nt_t v; __builtin_memcpy(&v, s + u, 16); __builtin_ia32_movntps(d + u, v); }
+#endif
+  for (; u < n; u++) d[u] = s[u];
+}
+static inline void uopc_stream_fence(void) {
+#if defined(__SSE__)
+  __builtin_ia32_sfence();
+#endif
+}
+"""
 
 
 def _row(i: int, m: int, pt: int, H: int, sH: int, sW: int) -> list[str]:
@@ -286,7 +319,7 @@ def _columns(a: int, BT, dst: str, lo: int, hi: int, pl: int, W: int, sW: int) -
     return out
 
 
-def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str) -> list[str]:
+def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str, stream: bool):
     """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr), after the
     chunk's last tile row: tile t of channel c goes to [point][t / nr][c][t % nr], in runs that end at a panel's
     end (runs of a whole chunk, not of one tile row: a tile row's 7 tiles at 28x28 made the copy cost more than the
@@ -300,7 +333,9 @@ def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: 
         f"        const int run = count - i < {nr} - (int)(t % {nr}) ? count - i : {nr} - (int)(t % {nr});",
         f"        float* restrict dst = {o} + t / {nr} * {C * nr}LL + c * {nr}LL + t % {nr};",
         f"        for (int p = 0; p < {points}; p++)",
-        f"          for (int u = 0; u < run; u++) dst[p * {ps}LL + u] = st[p][i + u];",
+        f"          uopc_stream_floats(dst + p * {ps}LL, &st[p][i], run);"
+        if stream
+        else f"          for (int u = 0; u < run; u++) dst[p * {ps}LL + u] = st[p][i + u];",
         "        i += run;",
         "      }",
         "    }",

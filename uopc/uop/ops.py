@@ -172,7 +172,8 @@ class Winograd(NamedTuple):
                   tiles for all channels, the tiles past T zeros
       kind "out": the products (alpha^2, K, N*th*tw) -> `shape` (N, K, OH, OW), A^T y A of every tile y, cut to
                   OH x OW
-    `shape` is the node's shape."""
+    `shape` is the node's shape. `stream`: an input transform's panels are written past the caches (non-temporal
+    stores), where they are too large to stay in them for the products."""
 
     kind: str
     m: int
@@ -180,6 +181,7 @@ class Winograd(NamedTuple):
     shape: tuple[int, ...]
     pads: tuple[int, int] = (0, 0)
     panel: int = 0
+    stream: bool = False
 
 
 class Span(NamedTuple):

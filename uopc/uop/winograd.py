@@ -81,19 +81,23 @@ def winograd_in(x: UOp, m: int, pads: tuple[int, int], out: tuple[int, int]) -> 
     return UOp(Ops.WINOGRAD, (x,), Winograd("in", m, tiles, shape, tuple(pads)), x.dtype)
 
 
-def winograd_panels(v: UOp, panel: int) -> UOp:
+def winograd_panels(v: UOp, panel: int, stream: bool = False) -> UOp:
     """A transform writing its result as a GEMM's packed operand, (alpha^2, ceil(R/panel), C, panel): panels of
     `panel` consecutive rows R for every channel C, the rows past R zeros. For the input transform `v`
     (winograd_in's node, (C, alpha^2, T)) the rows are its tiles: the packed B of products (alpha^2, K, T). For the
     weight transform (winograd_weight's, (alpha^2, K, C)) they are its filters: the packed B of products
-    (alpha^2, T, K), the few-tile form (uopc.tensor.conv)."""
+    (alpha^2, T, K), the few-tile form (uopc.tensor.conv). `stream`: the input transform writes them with
+    non-temporal stores (Winograd.stream)."""
     if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or panel < 1:
         raise ValueError(f"winograd: panels of {panel} rows need a weight or input transform in its own layout: {v.op}")
     if v.arg.kind == "in":
         C, a2, R = v.shape
     else:
         a2, R, C = v.shape
-    return UOp(Ops.WINOGRAD, v.src, v.arg._replace(shape=(a2, -(-R // panel), C, panel), panel=panel), v.dtype)
+    if stream and v.arg.kind != "in":
+        raise ValueError("winograd: only an input transform's panels are streamed")
+    arg = v.arg._replace(shape=(a2, -(-R // panel), C, panel), panel=panel, stream=stream)
+    return UOp(Ops.WINOGRAD, v.src, arg, v.dtype)
 
 
 def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, int, int]) -> UOp:
