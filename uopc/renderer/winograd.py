@@ -5,11 +5,12 @@
     kind "in", x (N, C, H, W) -> V (C, alpha^2, T):        kind "out", Y (alpha^2, K, T) -> out (N, K, OH, OW):
     for each (channel, image), on threads:                  for each (output channel, image), on threads:
         for each run of whole tile rows:                        for each chunk of whole tile rows:
-            for each tile row of the run:                           for each tile of the chunk (vectorized):
-                cm, cs = B^T of its alpha input rows,                   y = the alpha x alpha products of the tile
-                  column by column (vectorized)                         st[:, t] = A^T y A, its m x m outputs
-            for each row i of B^T d, each tile t (vectorized):      for each output row of the chunk (inside OH):
-                V[c, i*alpha.., t] = (B^T d)[i, t's columns] B          its tiles' points from st (inside OW)
+            for each tile row of the run:                           for each run of OUT_RUN tiles of the chunk:
+                cm, cs = B^T of its alpha input rows,                   for each column q of the tiles' points:
+                  column by column (vectorized)                             am[:, q] = A^T y[:, q] (vectorized)
+            for each row i of B^T d, each tile t (vectorized):          st[:, t] = am A, m x m outputs (vectorized)
+                V[c, i*alpha.., t] = (B^T d)[i, t's columns] B      for each output row of the chunk (inside OH):
+                                                                        its tiles' points from st (inside OW)
 
 Where the products would pack V into the microkernel's panels (a B larger than half of L2, uopc.opt.gemm), the
 input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/NR), C, NR)), with no copy between;
@@ -354,26 +355,44 @@ def _panel_tail(points: int, C: int, T: int, nr: int, N: int, o: str) -> list[st
     ]
 
 
+# the output transform's A^T y half reads the products a column q of the tile's points at a time, alpha streams
+# rather than alpha^2 at once: they lie K*T floats apart, a multiple of 4 KiB at every ResNet-18 layer at batch 8,
+# where 36 streams on one L1 set evicted each other's lines. In a C harness, (8, 64, 56, 56)'s transform took 0.79-0.94
+# ms against 1.13-1.20 (points a cache line off 4 KiB: 0.49-0.69); in uopc (DEBUG=2, interleaved) 0.97-1.24 against
+# 1.14-1.30, and gcc took 64-125 ms on each of ResNet-18's three such units at batch 8 against 117-188 (one loop over
+# q where the alpha^2 products were written out). Its runs of OUT_RUN tiles go to am (4 x 6 x 64 floats), which the A
+# half then reads.
+OUT_RUN = 64
+
+
 def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str]:
     _, K, _ = k.src_shape
     s0, s1, s2 = k.strides
     N, _, OH, OW = k.op.shape
     rows = max(1, min(th, OUT_CHUNK // tw))  # tile rows per chunk
     full, rem = OW // m, OW % m  # tiles whose m columns are all inside, and the inside columns of the last
-    yy = [[f"ys[{(i * a + j) * s0}LL + t * {s2}LL]" for j in range(a)] for i in range(a)]
-    prods, r = _products(AT, yy, AT, "")
+    col = [_combo(AT[i], [f"yq[{p * a * s0}LL + t * {s2}LL]" for p in range(a)]) for i in range(m)]
+    outs = [[_combo(AT[j], [f"am[{i}][{q}][t]" for q in range(a)]) for j in range(m)] for i in range(m)]
     tail = [f"        orow[{full * m + j}] = st[i * {m} + {j}][b + {full}];" for j in range(rem)]
     return [
         *_planes("kn", "kk", N, K, th * tw),
         f"  const float* restrict ys0 = {y} + {k.offset}LL + kk * {s1}LL + n * {th * tw * s2}LL;",
         f"  float* restrict os = {o} + (n * {K}LL + kk) * {OH * OW}LL;",
         f"  float st[{m * m}][{rows * tw}];  // a chunk of tile rows' outputs, one row per output point of a tile",
+        f"  float am[{m}][{a}][{OUT_RUN}];  // A^T y of a run of tiles",
         f"  for (int ty0 = 0; ty0 < {th}; ty0 += {rows}) {{",
         f"    const int nr = {th} - ty0 < {rows} ? {th} - ty0 : {rows};",
-        f"    const float* restrict ys = ys0 + ty0 * {tw * s2}LL;",
-        f"    for (int t = 0; t < nr * {tw}; t++) {{  // the chunk's tiles in order: a vector of tiles at a time",
-        *(f"      {line}" for line in prods),
-        *(f"      st[{i * m + j}][t] = {r[i][j]};" for i in range(m) for j in range(m)),
+        f"    for (int t0 = 0; t0 < nr * {tw}; t0 += {OUT_RUN}) {{  // the chunk's tiles in runs, a vector at a time",
+        f"      const int nt = nr * {tw} - t0 < {OUT_RUN} ? nr * {tw} - t0 : {OUT_RUN};",
+        f"      for (int q = 0; q < {a}; q++) {{",
+        f"        const float* restrict yq = ys0 + (ty0 * {tw} + t0) * {s2}LL + q * {s0}LL;",
+        "        for (int t = 0; t < nt; t++) {",
+        *(f"          am[{i}][q][t] = {col[i]};" for i in range(m)),
+        "        }",
+        "      }",
+        "      for (int t = 0; t < nt; t++) {",
+        *(f"        st[{i * m + j}][t0 + t] = {outs[i][j]};" for i in range(m) for j in range(m)),
+        "      }",
         "    }",
         "    for (int rr = 0; rr < nr; rr++)  // each output row of the chunk, its tiles' points interleaved",
         f"      for (int i = 0; i < {m} && (ty0 + rr) * {m} + i < {OH}; i++) {{",
