@@ -27,13 +27,12 @@ cv[tx*m + q]: gcc kept it scalar (41% of the time of (64, 64, 28, 28)'s transfor
 stores, read back at another offset, stalled store forwarding. With its stores left out (a C harness) it now takes
 0.65 of the time; in uopc, (64, 64, 28, 28) x (32, 64, 3, 3) forward took 0.95x, (8, 128, 28, 28) x 128 0.91x,
 ResNet-18 at batch 8 0.97x and at batch 1 1.0x (interleaved in one process; the rest of the transform is its
-writes). Its (B^T d) B half
-gives alpha of the tile's alpha^2 values per row of B^T d: written out for all alpha^2 at once, ResNet-18's four
-F(4,3) input transforms took gcc 167/155/133/76 ms, 79/86/85/64 in the loop, and ran as fast. The tiles of
-a (image, channel) pair are written (read) in order. V keeps a channel's alpha^2 rows together: laid out as
-(alpha^2, C, T), the alpha^2 streams one tile writes were C*T floats apart, a multiple of 4 KiB at ResNet-18's
-14x14 and 7x7 (C*T = 256*16, 512*16): every store of a tile went to one L1 set (0.54 ms for 256 channels at 14x14,
-against 0.17 ms for 64 channels at 56x56, three times the data).
+writes). Its (B^T d) B half gives alpha of the tile's alpha^2 values per row of B^T d: written out for all alpha^2 at
+once, ResNet-18's four F(4,3) input transforms took gcc 167/155/133/76 ms, 79/86/85/64 in the loop, and ran as
+fast. The tiles of a (image, channel) pair are written (read) in order. V keeps a channel's alpha^2 rows together:
+laid out as (alpha^2, C, T), the alpha^2 streams one tile writes were C*T floats apart, a multiple of 4 KiB at
+ResNet-18's 14x14 and 7x7 (C*T = 256*16, 512*16): every store of a tile went to one L1 set (0.54 ms for 256 channels
+at 14x14, against 0.17 ms for 64 channels at 56x56, three times the data).
 """
 
 from __future__ import annotations
@@ -265,7 +264,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
 # stores; a fence after each plane orders them before the barrier that ends the transform (as memcpy's do)
 STREAM_HELPER = """static inline void uopc_stream_floats(float* restrict d, const float* restrict s, int n) {
   int u = 0;
-  for (; u < n && ((unsigned long)(d + u) & 63); u++) d[u] = s[u];
+  for (; u < n && ((__UINTPTR_TYPE__)(d + u) & 63); u++) d[u] = s[u];
 #if defined(__AVX512F__)
   typedef float uopc_nt_t __attribute__((vector_size(64)));
   for (; u + 16 <= n; u += 16) { uopc_nt_t v; __builtin_memcpy(&v, s + u, 64); __builtin_ia32_movntps512(d + u, v); }
