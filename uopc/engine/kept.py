@@ -16,6 +16,7 @@ inputs change every call, so they run every call.
 
 from __future__ import annotations
 
+import operator
 import threading
 from typing import Any
 
@@ -96,7 +97,10 @@ class Kept:
         # the steady state: when the last bind found every kept temp valid, the slots and versions of `inputs` it saw
         # and the bufs entries it set; a call that sees the same skips them all without a key per kernel
         self.valid: tuple | None = None
-        self.fill: tuple[tuple[int, int | None], ...] = ()
+        self.fill: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.intp), np.zeros(0, np.uintp))
+        # (read each call: a MobileNetV2 with its BatchNorms folded keeps 104 kernels on 262 inputs, whose check took
+        # ~0.3 ms of a 6 ms call as a loop of tuples)
+        self.pick = operator.itemgetter(*self.inputs, *self.inputs[:1]) if self.inputs else None
 
     def __len__(self) -> int:
         return len(self.kernels)
@@ -118,10 +122,13 @@ class Kept:
             for n in range(len(self.kernels)):
                 ptrs[self.flag(n)] = 1
             return None
-        state = tuple((inputs[j].arg.slot, version(inputs[j])) for j in self.inputs)
+        bufs = self.pick(inputs)[:-1] if self.pick is not None else ()  # (a tuple even for one input)
+        state = (bufs, tuple(map(version, bufs)))
         if state == self.valid:
-            for at, value in self.fill:
-                ptrs[at] = value
+            at, value = self.fill
+            bufs_view = np.frombuffer(ptrs, np.uintp)
+            bufs_view[at] = value
+            bufs_view[self.first_flag : self.first_flag + len(self.kernels)] = 0  # (a NULL flag: skip it)
             return []
         self.valid = None
         computed = []
@@ -142,12 +149,9 @@ class Kept:
             else:
                 ptrs[self.flag(n)] = 1
                 computed.append((i, key, rec[1]))
-        if not computed and all(v is not None for _, v in state):  # every temp valid: the next call may skip all
-            fill = []
-            for n, i in enumerate(self.kernels):
-                at = where(self.plan.kernels[i].refs[-1])
-                fill += [(at, ptrs[at]), (self.flag(n), None)]
-            self.valid, self.fill = state, tuple(fill)
+        if not computed and None not in state[1]:  # every temp valid: the next call may skip all
+            at = [where(self.plan.kernels[i].refs[-1]) for i in self.kernels]
+            self.valid, self.fill = state, (np.array(at, np.intp), np.array([ptrs[a] for a in at], np.uintp))
         return computed
 
     def release(self) -> None:
