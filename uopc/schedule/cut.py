@@ -33,6 +33,7 @@ from uopc.schedule.attention import recognize_attention
 from uopc.schedule.epilogues import epilogue_fusions, lift_epilogues
 from uopc.schedule.fusion import (
     contraction,
+    read_staged,
     row_fusions,
     stage_attention_operands,
     stage_broadcast_compute,
@@ -158,6 +159,8 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     roots, barriers = stage_attention_operands(roots, _materialize_points(roots, fuse_reduce))
     # 2. stage broadcast computations ("never write the big intermediate" under fuse_reduce: skip)
     if not fuse_reduce:
+        if opt is not None:  # (a value stored anyway is read stored by every reader: OPT=0 keeps Chapter 7's cuts)
+            roots = read_staged(roots)
         roots = stage_shared_chains(stage_broadcast_compute(roots))
         if opt is not None:  # the cost rule weighs ops against bytes for optimized kernels (OPT=0: Chapter 7's cuts)
             # it counts the kernels a value is computed in, so it asks which reduces will be computed per row first

@@ -1,8 +1,9 @@
 """Fusion and staging decisions of the scheduler, on the shape graph before it is cut: what to materialize that no
 rule of Chapter 7 cuts (values several kernels would recompute: stage_broadcast_compute, stage_shared_chains,
-stage_recomputed), and which REDUCEs a kernel that reads them computes per row (row_fusions; a matmul's elementwise
-tail: uopc.schedule.epilogues). stage_rows, after the cut, keeps in a row buffer
-a value two passes over a row would each compute. uopc.schedule.cut applies them; each weighs bytes against work.
+stage_recomputed; read_staged: a value stored anyway is read stored), and which REDUCEs a kernel that reads them
+computes per row (row_fusions; a matmul's elementwise tail: uopc.schedule.epilogues). stage_rows, after the cut,
+keeps in a row buffer a value two passes over a row would each compute. uopc.schedule.cut applies them; each weighs
+bytes against work.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "broadcast_read",
     "contraction",
     "kernel_region",
+    "read_staged",
     "row_fusions",
     "stage_broadcast_compute",
     "stage_recomputed",
@@ -308,6 +310,22 @@ def _read_per_row(e: UOp, parents: dict[UOp, list[UOp]], stops: set[UOp]) -> boo
     return True
 
 
+def read_staged(roots: list[UOp]) -> list[UOp]:
+    """Every reader of an elementwise value that the graph stores anyway (a STAGE: a convolution's input made
+    contiguous) reads it stored, where computing it reads an input of its own size (so a recomputation would read as
+    many bytes and compute more). MobileNetV2's residual stream: each block's output, stored for the next block's
+    1x1 convolution, was recomputed by the next residual add from the projection's product; read stored, it is the
+    projection's epilogue and the add is one more term of the next one's."""
+    order = UOp(Ops.SINK, tuple(roots)).toposort()
+    todo = set()
+    for u in order:
+        if u.op is Ops.STAGE and u.arg is None and (v := u.src[0]).op in ALU and v.shape:
+            n = prod(v.shape)
+            if any(x is not v and x.op in MATERIALIZED and prod(x.shape) >= n for x in kernel_region(v)):
+                todo.add(v)
+    return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
 def stage_shared_chains(roots: list[UOp], min_reads: int = 3) -> list[UOp]:
     """Materialize an elementwise value that two or more kernels would each recompute from `min_reads` or more
     materialized inputs of its own size (buffers, reductions, staged values; a broadcast bias or statistic is not
@@ -380,7 +398,7 @@ def stage_recomputed(
     row_fusions would compute inside their reader, which are then no kernels of their own (softmax's exp(x - max),
     read by its row sum and its output, is one kernel's, and stage_rows gives it a row buffer there)."""
     order = UOp(Ops.SINK, tuple(roots)).toposort()[:-1]
-    rootset, todo = set(roots), set()
+    rootset, todo, parents = set(roots), set(), _parents(order)
     # per node, bottom-up: ALU ops per element to compute it, and the materialized nodes computing it reads
     work: dict[UOp, int] = {}
     reads: dict[UOp, frozenset] = {}
@@ -399,8 +417,11 @@ def stage_recomputed(
         k = len(kernels.get(u, ()))
         if u.op in ALU and u.op is not Ops.CAST and u.shape and k >= 2:
             n, size = prod(u.shape), u.dtype.itemsize
-            # bytes per element of u that computing it reads (a broadcast input: its share)
-            in_bytes = sum(x.dtype.itemsize * min(1.0, prod(x.shape) / n) for x in reads[u])
+            # bytes per element of u that computing it reads (a broadcast input: its share), less those its readers
+            # read anyway for another of their sources: a ReLU's where(x > 0, x, 0) reads x besides x > 0, so
+            # staging the comparison (a bool, cheap to store) saves no read of x's inputs
+            anyway = frozenset.intersection(*(_other_reads(p, u, reads) for p in parents.get(u, ())))
+            in_bytes = sum(x.dtype.itemsize * min(1.0, prod(x.shape) / n) for x in reads[u] - anyway)
             # k kernels recomputing u: (k-1) extra computations and reads of its inputs; staged: its inputs read
             # once, u written once and read k times
             gain = (k - 1) * work[u] + ops_per_byte * ((k - 1) * in_bytes - (k + 1) * size)
@@ -412,6 +433,13 @@ def stage_recomputed(
                 continue
             kernels.setdefault(x, set()).update({u} if u.op in MATERIALIZED and u not in rowwise else mine)
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def _other_reads(p: UOp, u: UOp, reads: dict[UOp, frozenset]) -> frozenset:
+    """The materialized nodes elementwise `p` reads through its sources other than `u` (none for any other op)."""
+    if p.op not in ALU:
+        return frozenset()
+    return frozenset().union(*(reads[s] for s in p.src if s is not u))
 
 
 def broadcast_read(u: UOp) -> bool:
