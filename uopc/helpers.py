@@ -13,6 +13,8 @@ Settings (all optional):
   UOPC_CACHE_MAX_MB size cap of the compiled kernels on disk; least recently used go first, checked each time a 32nd
                     of it was written (default 512, 0: no cap)
   UOPC_WINOGRAD     3x3 stride-1 convs by Winograd: 0 never, 1 by the cost rule (default), 2/4 F(2,3)/F(4,3) always
+  UOPC_FOLD_BN      1: fold a factor per output channel of a convolution (BatchNorm in eval mode) into its weight
+                    (uopc.schedule.fold; default 0)
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ STORAGE_GUARD = 4096
 class Settings:
     """Every setting a realize reads, as one frozen snapshot (named as `Context` takes them).
 
-    `code_key()` is the part that changes generated code: the plan cache keys on it, so a plan built with index
-    checks is never replayed without them (and the compiled plan records what it was built with)."""
+    `code_key()` is the part that changes generated code or a plan's kernels: the plan cache keys on it, so a plan
+    built with index checks is never replayed without them (and the compiled plan records what it was built with)."""
 
     DEBUG: int = 0
     OPT: int = 1
@@ -65,9 +67,10 @@ class Settings:
     POOL_MB: int = 2048
     CACHE_MAX_MB: int = 512
     WINOGRAD: int = 1
+    FOLD_BN: int = 0
 
     def code_key(self) -> tuple:
-        return (self.CHECK_OOB, self.CC, self.CFLAGS)
+        return (self.CHECK_OOB, self.CC, self.CFLAGS, self.FOLD_BN)
 
 
 def _cflags_env() -> tuple[str, ...] | None:
@@ -84,6 +87,7 @@ _ENV_SETTINGS = Settings(
     POOL_MB=getenv("UOPC_POOL_MB", 2048),
     CACHE_MAX_MB=getenv("UOPC_CACHE_MAX_MB", 512),
     WINOGRAD=getenv("UOPC_WINOGRAD", 1),
+    FOLD_BN=getenv("UOPC_FOLD_BN", 0),
 )
 # a context variable, not a module global: a `Context` in one thread (or asyncio task) changes nothing in another,
 # and a new thread starts from the environment's values

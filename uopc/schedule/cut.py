@@ -31,6 +31,7 @@ from uopc import helpers
 from uopc.helpers import prod
 from uopc.schedule.attention import recognize_attention
 from uopc.schedule.epilogues import epilogue_fusions, lift_epilogues
+from uopc.schedule.fold import fold_channel_factors
 from uopc.schedule.fusion import (
     contraction,
     read_staged,
@@ -151,6 +152,10 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
     in_idx = {u: i for i, u in enumerate(inputs)}
     # 1. strip detach and custom-gradient markers (they only steer gradients) and reshapes of roots (outputs are
     #    flat buffers anyway, and a reshaped reduce would otherwise be a reduce kernel plus a copy)
+    #    (with an optimizer and UOPC_FOLD_BN=1, a factor per channel of a convolution is folded into its weight
+    #    first: the markers say where the convolutions are)
+    if opt is not None and not fuse_reduce and helpers.settings().FOLD_BN:
+        roots = fold_channel_factors(roots)
     roots = [base_buffer(r) for r in graph_rewrite_all(roots, strip_detach)]
     #    a fused attention reads its sources where they are stored: any other source is materialized first (before
     #    the layout pass moves views below elementwise ops, so that q, k and v share their projection's one buffer)

@@ -289,10 +289,8 @@ class ConvMixin:
         return out
 
     def _mark_conv(self, w: Self, out: Self, st: Sequence[int], dl: Sequence[int], pads: Sequence, groups: int):
-        """`out`, the convolution of self with w, marked for autodiff: its gradients come from _conv_grad_rule, not
-        from differentiating the windows (under no_grad: unmarked)."""
-        if type(self).no_grad:
-            return out
+        """`out`, the convolution of self with w, marked for autodiff (its gradients come from _conv_grad_rule, not
+        from differentiating the windows) and for the scheduler (uopc.schedule.fold), under no_grad too."""
         params = (tuple(st), tuple(dl), tuple(tuple(p) for p in pads), groups)
         return out._new(with_gradient(out.uop, (self.uop, w.uop), "conv", params), self, w)
 
