@@ -44,19 +44,23 @@ def linearize(sink: UOp) -> Linearized:
 
     # live ranges of each node: the loops that must be open where it is computed
     live: dict[UOp, frozenset[UOp]] = {}
+    none: frozenset[UOp] = frozenset()
     for u in topo:
         if u.op is Ops.RANGE:
             live[u] = frozenset((u,))
         elif u.op is Ops.END:
             live[u] = frozenset().union(*(live[s] for s in u.src)) - frozenset(u.src[1:])
-        else:
-            live[u] = frozenset().union(*(live[s] for s in u.src)) if u.src else frozenset()
+        elif not u.src:
+            live[u] = none
+        else:  # (most nodes live where their sources all do: that set itself, not a union of copies)
+            first = live[u.src[0]]
+            live[u] = first if all(live[s] is first for s in u.src[1:]) else first.union(*(live[s] for s in u.src))
 
     # each loop's ancestors: the lower-numbered loops that are live wherever it is
     around: dict[UOp, set[UOp]] = {}
-    for u in topo:
-        for r in live[u]:
-            around.setdefault(r, set()).update(live[u])
+    for ls in {id(ls): ls for ls in live.values()}.values():  # (each distinct live set once)
+        for r in ls:
+            around.setdefault(r, set()).update(ls)
     path: dict[UOp, tuple[UOp, ...]] = {}
     for r in sorted(around, key=lambda r: r.arg.idx):
         anc = [a for a in around[r] if a.arg.idx < r.arg.idx]
@@ -67,11 +71,14 @@ def linearize(sink: UOp) -> Linearized:
             raise RuntimeError(f"linearize: loop ridx{r.arg.idx} is not properly nested in {[a.arg.idx for a in anc]}")
 
     scope: dict[UOp, tuple[UOp, ...]] = {}
+    deepest: dict[int, tuple[UOp, ...]] = {}  # per live set (by identity: most nodes share their sources' set)
     for u in topo:
         if u.op is Ops.RANGE:
             scope[u] = path[u][:-1]
+        elif (sc := deepest.get(id(live[u]))) is not None:
+            scope[u] = sc
         else:
-            scope[u] = max((path[r] for r in live[u]), key=len, default=())
+            scope[u] = deepest[id(live[u])] = max((path[r] for r in live[u]), key=len, default=())
     # an ALLOC is declared in the deepest scope common to its users
     for u in topo:
         if u.op is Ops.ALLOC:
@@ -91,21 +98,30 @@ def linearize(sink: UOp) -> Linearized:
 
     items: dict[tuple, dict[UOp, int]] = {}  # scope -> item -> first position
     edges: dict[UOp, set[UOp]] = {}
+    # per scope: the item dicts of its prefixes, outermost first (each node registers in all of them)
+    chains: dict[tuple, list[dict[UOp, int]]] = {}
     for u in topo:
         if u.op is Ops.RANGE:
             continue
         sc = scope[u]
-        for d in range(len(sc) + 1):
-            it = item(u, d)
-            items.setdefault(sc[:d], {}).setdefault(it, pos[u])
-            if it is not u:
-                items[sc[:d]][it] = min(items[sc[:d]][it], pos[u])
+        if (chain := chains.get(sc)) is None:
+            chain = chains[sc] = [items.setdefault(sc[:d], {}) for d in range(len(sc) + 1)]
+        p = pos[u]
+        for d, members in enumerate(chain[:-1]):  # in each enclosing scope the node is the loop holding it
+            it = sc[d]
+            if members.get(it, p) >= p:
+                members[it] = p
+        chain[-1].setdefault(u, p)
         for s in u.src:
             if s.op is Ops.RANGE:
                 continue
             ss = scope[s]
-            n = 0
-            while n < min(len(sc), len(ss)) and sc[n] is ss[n]:
+            if ss is sc:  # (the same scope: both are items of it)
+                if s is not u:
+                    edges.setdefault(s, set()).add(u)
+                continue
+            n, top = 0, min(len(sc), len(ss))
+            while n < top and sc[n] is ss[n]:
                 n += 1
             a, b = item(u, n), item(s, n)
             if a is not b:
