@@ -420,7 +420,7 @@ def stage_recomputed(
             # bytes per element of u that computing it reads (a broadcast input: its share), less those its readers
             # read anyway for another of their sources: a ReLU's where(x > 0, x, 0) reads x besides x > 0, so
             # staging the comparison (a bool, cheap to store) saves no read of x's inputs
-            anyway = frozenset.intersection(*(_other_reads(p, u, reads) for p in parents.get(u, ())))
+            anyway = reads[u].intersection(*(_other_reads(p, u, reads) for p in parents.get(u, ())))
             in_bytes = sum(x.dtype.itemsize * min(1.0, prod(x.shape) / n) for x in reads[u] - anyway)
             # k kernels recomputing u: (k-1) extra computations and reads of its inputs; staged: its inputs read
             # once, u written once and read k times
