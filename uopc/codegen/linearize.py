@@ -117,8 +117,7 @@ def linearize(sink: UOp) -> Linearized:
                 continue
             ss = scope[s]
             if ss is sc:  # (the same scope: both are items of it)
-                if s is not u:
-                    edges.setdefault(s, set()).add(u)
+                edges.setdefault(s, set()).add(u)
                 continue
             n, top = 0, min(len(sc), len(ss))
             while n < top and sc[n] is ss[n]:

@@ -94,7 +94,7 @@ class Kept:
         self.temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input slots and versions, its temp)
         self.lock = threading.Lock()
         self.inputs = tuple(sorted({j for r in self.roots.values() for j in r}))  # every kept kernel's plan inputs
-        # the steady state: when the last bind found every kept temp valid, the slots and versions of `inputs` it saw
+        # the steady state: when the last bind found every kept temp valid, the buffers and versions of `inputs` it saw
         # and the bufs entries it set; a call that sees the same skips them all without a key per kernel
         self.valid: tuple | None = None
         self.fill: tuple[tuple[int, int | None], ...] = ()
