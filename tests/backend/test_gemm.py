@@ -19,7 +19,7 @@ from uopc import helpers
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
-from uopc.opt.gemm import GEMM_MIN_WORK, KC_MIN, gemm_opts, microkernel
+from uopc.opt.gemm import GEMM_MIN_WORK, KC_MIN, SPLITK_MAX_OUT, gemm_opts, microkernel
 from uopc.renderer.c import render_c
 from uopc.renderer.flags import unit_cflags
 from uopc.runtime import compiler as runtime
@@ -241,10 +241,13 @@ def test_wide_products_share_columns_among_threads():
     threads.append(gemm_opts(layout_pass([gemm_graph(square)], small_l3)[0], small_l3).thread)
     # and columns that share out unevenly keep threads on rows: 3 tiles and 4 columns (a stride-2 convolution's 196
     # positions) give one thread twice the other's work on 2 cores
+    # (with more outputs than split-K takes: with 2 MiB of L2, B's K reaches SPLITK_MIN_K under AVX2's 16 columns)
     uneven = 3 * NR + 4
     k = 256
     while k * uneven * 4 <= MACHINE.l2_bytes // 2:
         k *= 2
+    need = SPLITK_MAX_OUT // uneven + 1
+    rows = max(rows, -(-need // MR) * MR)
     threads.append(gemm_opts(layout_pass([gemm_graph(rows, uneven, k)], big_l3)[0], big_l3).thread)
     assert threads == ([1, 1, 0, 0, 0] if MACHINE.cores > 1 else [None] * 5)
     # and the column-threaded kernel computes the product
