@@ -16,17 +16,18 @@ import pytest
 
 from tests.helpers import buf, gemm_graph, run
 from uopc import helpers
+from uopc.codegen.linearize import Loop
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
 from uopc.opt.gemm import GEMM_MIN_WORK, KC_MIN, SPLITK_MAX_OUT, gemm_opts, microkernel
-from uopc.renderer.c import render_c
+from uopc.renderer.c import PREFETCH_BYTES, _streamed_loads, render_c
 from uopc.renderer.flags import unit_cflags
 from uopc.runtime import compiler as runtime
 from uopc.runtime.buffer import aligned_empty
 from uopc.runtime.compiler import Program
 from uopc.tensor import Tensor
-from uopc.uop import Ops, UOp
+from uopc.uop import AxisType, Ops, UOp
 from uopc.uop.dtype import dtypes
 
 rng = np.random.default_rng(0)
@@ -144,6 +145,34 @@ def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
     # no vector register is stored to or reloaded from the stack: the MR x NR tile fits in registers
     spills = re.findall(rf"vmov\w+\s+(%{reg}\d+, )?-?\d*\(%r[sb]p\)(, %{reg}\d+)?", asm)
     assert not spills, f"{len(spills)} vector spills: {spills[:3]}"
+
+
+def test_microkernel_prefetches_the_operand_it_streams():
+    # each vector load of B in the k loop (a panel, or B in place: NR or n floats a step) prefetches the element
+    # PREFETCH_BYTES ahead, rounded up to whole steps; A's broadcasts (scalar loads) and the stores do not
+    src = _gemm_kernel(4 * MR, 2 * NR, 256)
+    loads = re.findall(r"\(\*\(f32x\d+(?:_u)?\*\)\(data(\d+)\+\(?(\w+(?:\+\d+)?)\)?\)\);", src)
+    pf = re.findall(r"__builtin_prefetch\(data(\d+)\+\(?(\w+(?:\+\d+)?)\)?\+(\d+)\);", src)
+    assert pf and [(b, e) for b, e, _ in pf] == [(b, e) for b, e in loads if b == "1"]
+    ahead = {int(d) for _, _, d in pf}
+    assert len(ahead) == 1 and ahead.pop() * 4 in {-(-PREFETCH_BYTES // (s * 4)) * s * 4 for s in (NR, 2 * NR)}
+    assert "prefetcht0" in _asm(src)
+
+
+def test_streamed_loads_step_through_memory():
+    # only vector loads that move a vector or more per iteration of their own reduce loop prefetch
+    ctx = Ctx()
+    r, inner = ctx.rng(64, AxisType.REDUCE), ctx.rng(4, AxisType.REDUCE)
+    base, v16 = buf(0, 1 << 16), dtypes.float32.vec(16)
+
+    def load(i: UOp, dt=v16) -> UOp:
+        return UOp(Ops.LOAD, (UOp(Ops.INDEX, (base, i), None, dt),), None, dt)
+
+    panel, slow, scalar = load(r * 64 + 32), load(r * 4), load(r * 64, dtypes.float32)
+    nested = load(inner * 64 + r)
+    body = [panel, slow, scalar, Loop(inner, [nested])]
+    assert _streamed_loads(Loop(r, body)) == {panel: -(-PREFETCH_BYTES // 256) * 64}
+    assert _streamed_loads(Loop(inner, [nested])) == {nested: -(-PREFETCH_BYTES // 256) * 64}
 
 
 def test_a_tile_three_vectors_wide_where_whole_tiles_then_cover_more_columns(context):
