@@ -166,6 +166,35 @@ def test_input_transform_writes_the_packed_panels_of_large_products():
     assert not any(k.startswith("e_") for k in names), names
 
 
+def test_input_transform_panels_space_their_points_apart_in_the_cache():
+    """A tile is written to all alpha^2 points of the panels, one point's panels apart: where that stride is a
+    multiple of more than SPREAD_BYTES modulo 4 KiB (ResNet-18's 14x14 layer at batch 1: 3 panels x 256 channels x
+    6 tiles, 2 KiB), a channel slot more per panel block moves the points onto other L1 sets; the products never
+    read it. The stride as winograd_panels lays it out, then the values of such a convolution (few tiles: its
+    products take the tiles as rows, the panels as their A) against PyTorch."""
+    from math import gcd
+
+    from uopc.uop.winograd import ALIAS_BYTES, SPREAD_BYTES, _spread_slots, winograd_in, winograd_panels
+
+    def spread(blocks: int, slots: int, panel: int) -> bool:
+        return gcd(blocks * slots * panel * 4 % ALIAS_BYTES, ALIAS_BYTES) <= SPREAD_BYTES
+
+    assert _spread_slots(3, 256, 6) > 256 and spread(3, _spread_slots(3, 256, 6), 6)
+    assert _spread_slots(3, 512, 6) > 512 and spread(3, _spread_slots(3, 512, 6), 6)
+    assert _spread_slots(3, 250, 6) == 250  # 18000 bytes: 1616 modulo 4 KiB, a multiple of 16 only
+    v = winograd_in(Tensor.empty(1, 256, 14, 14).uop, 4, (1, 1), (14, 14))
+    p = winograd_panels(v, 6)
+    assert p.shape[:2] == (36, 3) and p.shape[2] > 256 and spread(3, p.shape[2], 6)
+    x = rng.standard_normal((1, 256, 14, 14)).astype(np.float32)
+    w = (rng.standard_normal((64, 256, 3, 3)) * 0.05).astype(np.float32)
+    names = _names()
+    with Context(WINOGRAD=4, OPT=1), no_grad():
+        out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    realize.set_kernel_hook(None)
+    _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())
+    assert sum(k.startswith("wi_") for k in names) == 1, names
+
+
 def test_input_transform_streams_panels_larger_than_the_last_level_cache(monkeypatch):
     """Panels larger than STREAM_FRACTION of the last-level cache are written with non-temporal stores (they would
     not stay in it for the products). This machine with 64 KiB of L2 (so 60 images of 16 channels at 12x12 write

@@ -361,7 +361,8 @@ def _winograd_panels(x: UOp, panel: int, axis: int, machine: Machine) -> UOp | N
         return None
     big = v.arg.kind == "in" and prod(v.shape) * v.dtype.itemsize > machine.l3_bytes * STREAM_FRACTION
     p = winograd_panels(v, panel, stream=big)
-    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * panel, C)).shrink(((0, a2), (0, rows), (0, C)))
+    # (its channel slots past C, a spacing of the points: winograd_panels, are not read)
+    flat = p.permute((0, 1, 3, 2)).reshape((a2, p.shape[1] * panel, p.shape[2])).shrink(((0, a2), (0, rows), (0, C)))
     return flat.reshape(shape).expand(x.shape)
 
 

@@ -220,7 +220,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     if nr:  # OUT_CHUNK tiles (whole runs) into st, then their runs of tiles into the panels
         rows = R * max(1, min(-(-th // R), OUT_CHUNK // tw // R))
         stores = [f"        st[i * {a} + {j}][(ty0 % {rows}) * {tw} + t] = {v[j]};" for j in range(a)]
-        out = _panel_stores(a * a, C, T, tw, th, rows, nr, o, "ty0 + nrow - 1", k.op.stream)
+        out = _panel_stores(a * a, k.op.shape[2], T, tw, th, rows, nr, o, "ty0 + nrow - 1", k.op.stream)
         head, dst = [f"  float st[{a * a}][{rows * tw}];"], []
     else:  # straight into V: a run's tiles are consecutive in each of its alpha^2 rows
         stores = [f"        vi[{j * T}LL + t] = {v[j]};" for j in range(a)]
@@ -249,7 +249,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         "    }",
         *out,
         "  }",
-        *_panel_tail(a * a, C, T, nr, N, o),
+        *_panel_tail(a * a, k.op.shape[2] if nr else C, T, nr, N, o),
         *(
             ["  uopc_stream_fence();  // the plane's streamed stores done before the products read them"]
             if k.op.stream
@@ -320,7 +320,8 @@ def _columns(a: int, BT, dst: str, lo: int, hi: int, pl: int, W: int, sW: int) -
 
 
 def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str, stream: bool):
-    """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr), after the
+    """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr) (C: the
+    channel slots, uopc.uop.winograd.winograd_panels), after the
     chunk's last tile row: tile t of channel c goes to [point][t / nr][c][t % nr], in runs that end at a panel's
     end (runs of a whole chunk, not of one tile row: a tile row's 7 tiles at 28x28 made the copy cost more than the
     packing copy it replaces)."""
@@ -343,7 +344,8 @@ def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: 
 
 
 def _panel_tail(points: int, C: int, T: int, nr: int, N: int, o: str) -> list[str]:
-    """C zeroing, once per channel, the last panel's columns past tile T (the products read whole panels)."""
+    """C zeroing, once per channel, the last panel's columns past tile T (the products read whole panels; C: the
+    channel slots)."""
     if not nr or T % nr == 0:
         return []
     ps, last = -(-T // nr) * C * nr, (T // nr) * C * nr

