@@ -20,9 +20,18 @@ from uopc.codegen.linearize import Loop
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
-from uopc.opt.gemm import GEMM_MIN_WORK, KC_MIN, SPLITK_MAX_OUT, gemm_opts, microkernel
-from uopc.renderer.c import PREFETCH_BYTES, _streamed_loads, render_c
+from uopc.opt.gemm import (
+    FAR_PREFETCH_BYTES,
+    FAR_PREFETCH_TILES,
+    GEMM_MIN_WORK,
+    KC_MIN,
+    SPLITK_MAX_OUT,
+    gemm_opts,
+    microkernel,
+)
+from uopc.renderer.c import render_c
 from uopc.renderer.flags import unit_cflags
+from uopc.renderer.prefetch import PREFETCH_BYTES, streamed_loads
 from uopc.runtime import compiler as runtime
 from uopc.runtime.buffer import aligned_empty
 from uopc.runtime.compiler import Program
@@ -160,9 +169,11 @@ def test_microkernel_prefetches_the_operand_it_streams():
 
 
 def test_streamed_loads_step_through_memory():
-    # only vector loads that move a vector or more per iteration of their own reduce loop prefetch
-    ctx = Ctx()
-    r, inner = ctx.rng(64, AxisType.REDUCE), ctx.rng(4, AxisType.REDUCE)
+    # only vector loads that move a vector or more per iteration of their own reduce loop prefetch: PREFETCH_BYTES
+    # ahead, and where the loop carries a distance of its own (Opts.prefetch) that far too, in whole steps
+    ctx, far = Ctx(), Ctx(Opts(prefetch=5000))
+    r, inner, rf = ctx.rng(64, AxisType.REDUCE), ctx.rng(4, AxisType.REDUCE), far.rng(64, AxisType.REDUCE)
+    assert rf.arg.prefetch == 5000 and far.rng(8).arg.prefetch == 0  # (reduce loops only)
     base, v16 = buf(0, 1 << 16), dtypes.float32.vec(16)
 
     def load(i: UOp, dt=v16) -> UOp:
@@ -171,8 +182,39 @@ def test_streamed_loads_step_through_memory():
     panel, slow, scalar = load(r * 64 + 32), load(r * 4), load(r * 64, dtypes.float32)
     nested = load(inner * 64 + r)
     body = [panel, slow, scalar, Loop(inner, [nested])]
-    assert _streamed_loads(Loop(r, body)) == {panel: -(-PREFETCH_BYTES // 256) * 64}
-    assert _streamed_loads(Loop(inner, [nested])) == {nested: -(-PREFETCH_BYTES // 256) * 64}
+    near = -(-PREFETCH_BYTES // 256) * 64
+    assert streamed_loads(Loop(r, body)) == {panel: (near, 0)}
+    assert streamed_loads(Loop(inner, [nested])) == {nested: (near, 0)}
+    streamed = load(rf * 64)
+    assert streamed_loads(Loop(rf, [streamed])) == {streamed: (near, -(-5000 // 256) * 64)}
+
+
+def test_few_tiles_over_a_large_b_prefetch_it_far_ahead(context):
+    # B larger than L2 read by at most FAR_PREFETCH_TILES register tiles per block (few rows: a Winograd product's
+    # tiles, a 128-token projection) is prefetched FAR_PREFETCH_BYTES ahead into L2 as well (Opts.prefetch, carried
+    # by the kernel's reduce loops); many rows, a B that fits L2 or a one-row tile (a GEMV) are not. Sizes from this
+    # machine's L2 and tile, with more outputs than split-K takes
+    rows = 2 * MR + 4
+    n = -(-(SPLITK_MAX_OUT // rows + 1) // NR) * NR
+    k = 256
+    while k * n * 4 <= MACHINE.l2_bytes:
+        k *= 2
+
+    def prefetch(m: int, kk: int) -> int:
+        return gemm_opts(layout_pass([gemm_graph(m, n, kk)], MACHINE)[0], MACHINE).prefetch
+
+    assert prefetch(rows, k) == FAR_PREFETCH_BYTES
+    # (over rows, at most 4 blocks a thread: each more than FAR_PREFETCH_TILES tiles)
+    assert prefetch((FAR_PREFETCH_TILES + 1) * MR * 4 * max(MACHINE.cores, 1), k) == 0
+    assert prefetch(rows, 64) == 0  # B in L2
+    assert prefetch(1, k) == 0
+    graph = gemm_graph(rows, n, k)
+    plan, _ = make_plan([graph], opt=HandOpt(MACHINE))
+    (kern,) = [x for x in plan.kernels if x.name.startswith("r_")]
+    assert kern.opts.prefetch == FAR_PREFETCH_BYTES and ", 0, 2);" in render_c(kern.ast, "gemm")
+    a = rng.standard_normal((rows, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    _check_matmul(a, b, run(layout_pass([graph], MACHINE)[0], [a, b], kern.opts))
 
 
 def test_a_tile_three_vectors_wide_where_whole_tiles_then_cover_more_columns(context):

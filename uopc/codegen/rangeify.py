@@ -64,10 +64,11 @@ class Ctx:
         self.row_out: UOp | None = None  # the output BUFFER, where a staged row may live in it (_row_staged)
 
     def rng(self, size: int, kind: AxisType = AxisType.LOOP) -> UOp:
-        """A new loop 0..size-1, numbered in creation order (lower numbers nest outside)."""
-        # a symbolic size (uopc.uop.variable) ends its loop at a kernel argument, the value it is bound to
+        """A new loop 0..size-1, numbered in creation order (lower numbers nest outside); a reduce loop carries
+        Opts.prefetch. A symbolic size (uopc.uop.variable) ends its loop at a kernel argument, its bound value."""
         end = UOp(Ops.DEFINE_VAR, (), size, self.idx) if type(size) is Variable else UOp.const(size, self.idx)
-        r = UOp(Ops.RANGE, (end,), RangeArg(self.n_ranges, kind), self.idx)
+        far = self.opts.prefetch if kind is AxisType.REDUCE else 0
+        r = UOp(Ops.RANGE, (end,), RangeArg(self.n_ranges, kind, far), self.idx)
         self.n_ranges += 1
         if kind is AxisType.THREAD:
             self.threads.add(r)
@@ -324,8 +325,7 @@ def lanes() -> int:
 
 
 def _lane_max(u: UOp, idx: tuple[UOp, ...], ctx: Ctx, valid: UOp | None, key: tuple, scope: list[UOp]) -> UOp:
-    """A float MAX reduce whose innermost axis splits into n = lanes(): lane[l] = max(lane[l], x[.., a*n + l]), then
-    the lanes folded in halves."""
+    """A float MAX reduce over n = lanes() lanes: lane[l] = max(lane[l], x[.., a*n + l]), then folded in halves."""
     x, rop, rshape, n = u.src[0], u.arg[0], _rshape(u), lanes()
     folds = [n >> k for k in range(1, n.bit_length())]  # n/2, n/4, ..., 1
     if (hit := ctx.reduce_ranges.get(key)) is None:

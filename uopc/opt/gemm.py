@@ -43,6 +43,17 @@ SKINNY_VECTORS = 8
 WIDE_N = 8
 # ... when its NR-column tiles share out among the threads this evenly (the even share over the busiest one's)
 COLUMN_BALANCE = 7 / 8
+# A B larger than L2 that at most this many register tiles read per block (a Winograd product's 16 tiles as rows, a
+# weight gradient's 36-row blocks, GPT-2's 128-token projections) comes from memory for little work per byte: its
+# loads also prefetch FAR_PREFETCH_BYTES ahead into L2 (Opts.prefetch; the renderer's near prefetch, uopc.renderer.c.
+# PREFETCH_BYTES, runs for every kernel). On the Xeon VM, one process, interleaved, against the near prefetch alone:
+# ResNet-18 batch 1 0.93x, batch 8 0.99x, the conv forward + backward 0.94x, GPT-2's forward 0.94x, the CNN and
+# char-GPT steps, MobileNetV2 and 1024^3 0.99-1.01x; 12 pairs of (768 x 3072, 3072 x 768) weights (226 MB) after 4
+# and 32 rows 0.82x and 0.80x, after one row 1.04x (a GEMV, one FMA per load, already at the memory's bandwidth: not
+# taken). For every microkernel, 1024^3 (171 tiles a block) ran 1.04-1.09x slower: a block read by many tiles from L2
+# pays the prefetches once per tile. 8 KiB ahead gained less than 16.
+FAR_PREFETCH_BYTES = 16384
+FAR_PREFETCH_TILES = 32
 
 
 def matmul_operands(r: UOp) -> tuple[UOp, UOp] | None:
@@ -411,13 +422,12 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     ktile = whole[0] if whole and k > KC_MAX * 3 // 2 else 0
     kc, size = ktile or k, body.dtype.itemsize
     thread, tile = None, {}
-    cores = machine.cores
+    cores, b_bytes = machine.cores, _stored_bytes(r)
     if cores > 1:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
         thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
         few_rows = shape[am] * kc * size <= machine.l2_bytes // 2 or shape[an] >= WIDE_N * shape[am]
         mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * cores) if thread == am else 0
-        b_bytes = _stored_bytes(r)
         row_blocks = (shape[am] - shape[am] % mr) // mc if mc else cores  # (each streams all of B)
         streamed = b_bytes > machine.l3_bytes // 2 or (row_blocks > cores and b_bytes > machine.l2_bytes // 2)
         # (and only where the columns share out evenly: the busiest thread's NR-column tiles within 1/8 of an even
@@ -448,7 +458,12 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         nc = next((c for c in range(nc_max, nr - 1, -nr) if whole_n % c == 0), 0)
         if nc > nr:
             tile[an] = nc
-    return Opts(upcast=upcast, thread=thread, ktile=ktile, tile=tile, vec=w)
+    # the register tiles that read each block of B while it stays in L2: a thread's row block (one tile where threads
+    # take row tiles), else all the rows; threads over columns read B once a call, from memory
+    reuse = (tile.get(am, mr) // mr) if thread == am else -(-shape[am] // mr)
+    # (not for a tile of one row: one FMA per load, its loads keep memory busy without it)
+    far = FAR_PREFETCH_BYTES if b_bytes > machine.l2_bytes and reuse <= FAR_PREFETCH_TILES and mr > 1 else 0
+    return Opts(upcast=upcast, thread=thread, ktile=ktile, tile=tile, vec=w, prefetch=far)
 
 
 def _inner_block(r: UOp) -> int:

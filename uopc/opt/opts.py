@@ -23,6 +23,7 @@ class Opts:
     tile: dict[int, int] = field(default_factory=dict)  # output axis -> cache block size
     ktile: int = 0  # chunk of the innermost reduce axis, looped outside the register tiles of a cache block
     vec: int = 0  # SIMD width in elements: upcast copies at consecutive addresses become vector ops (0: none)
+    prefetch: int = 0  # bytes ahead the reduce loops' streamed vector loads also prefetch into L2 (0: none)
 
     @property
     def register_tile(self) -> bool:

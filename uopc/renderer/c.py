@@ -32,6 +32,7 @@ from uopc.renderer.c_math import F32_BITS, MATH, render_math
 from uopc.renderer.c_select import gated_load, gated_vector_load, render_where
 from uopc.renderer.flags import flags_line
 from uopc.renderer.half import c_conversion, compute_in_float
+from uopc.renderer.prefetch import streamed_loads
 from uopc.renderer.winograd import render_winograd
 from uopc.uop import ALU, OWN_KERNEL, AxisType, Ops, UOp
 from uopc.uop.dtype import DType, dtypes, float_to_bf16_bits
@@ -185,7 +186,8 @@ class CRenderer:
         self.check_oob = bool(helpers.settings().CHECK_OOB)
         self.kept_stores = _kept_stores(lin)
         self.deferred = {ld for ld, _ in self.kept_stores.values()}
-        self.prefetched: dict[UOp, int] = {}  # a streamed load -> the elements ahead it prefetches (_streamed_loads)
+        # a streamed load -> the elements ahead it prefetches into L1, and into L2 (or 0) (renderer.prefetch)
+        self.prefetched: dict[UOp, tuple[int, int]] = {}
 
     def use(self, name: str, code: str, rank: Rank = Rank.FUNCTIONS) -> None:
         """Put helper `code`, which defines `name`, before the kernel."""
@@ -289,8 +291,10 @@ class CRenderer:
             name = self.var(u, "val")
             self.lines.append(f"{ind}{u.dtype.cname} {name} = {ref};")
             if (ahead := self.prefetched.get(u)) is not None:
-                slot = _base(idx.src[0]).arg.slot
-                self.lines.append(f"{ind}__builtin_prefetch(data{slot}+{self.expr(idx.src[1])}+{ahead});")
+                at = f"data{_base(idx.src[0]).arg.slot}+{self.expr(idx.src[1])}"
+                self.lines.append(f"{ind}__builtin_prefetch({at}+{ahead[0]});")
+                if ahead[1]:  # and far ahead into L2 (RangeArg.prefetch)
+                    self.lines.append(f"{ind}__builtin_prefetch({at}+{ahead[1]}, 0, 2);")
         elif op is Ops.STORE and u in self.kept_stores:
             ld, new = self.kept_stores[u]
             cond = self.expr(u.src[1].src[0])
@@ -333,51 +337,11 @@ class CRenderer:
                     self.lines.append(f"{ind}#pragma omp parallel for")
                 self.lines.append(f"{ind}for ({r.dtype.cname} {name} = 0; {name} < {self.expr(r.src[0])}; {name}++) {{")
                 if r.arg.kind is AxisType.REDUCE:
-                    self.prefetched.update(_streamed_loads(x))
+                    self.prefetched.update(streamed_loads(x))
                 self.loop(x, ind + "  ")
                 self.lines.append(f"{ind}}}")
             else:
                 self.emit(x, ind)
-
-
-# A vector load that runs through memory a vector or more per iteration of its reduce loop (the microkernel's B
-# panels, KC x NR floats read row by row; a weight streamed per call) also prefetches what it reads this many bytes
-# ahead. The hardware's stream prefetchers do not keep up with a panel read 256 bytes per 24 FMAs from memory: on a
-# Xeon (Sapphire Rapids class, a VM, 2 threads), ResNet-18 at batch 1 had its three 512-channel Winograd products
-# (16 x (16 x 512) @ (512 x 512), 16 MiB of transformed weight) at 1.43 ms each, 1.05-1.10 with a prefetch 2 KiB
-# ahead (one process, interleaved: ResNet-18 batch 1 0.90x, batch 8 0.95x, the conv forward + backward 0.90x, the CNN
-# step 0.95x, GPT-2's forward 0.95x, char-GPT's step and 1024^3 0.99-1.0x; 4 KiB ahead no better, 1 KiB less).
-PREFETCH_BYTES = 2048
-
-
-def _streamed_loads(lp: Loop) -> dict[UOp, int]:
-    """The vector loads of plain buffer memory in reduce loop `lp`'s own body whose index advances by a vector or
-    more per iteration: {load: the elements ahead its prefetch reads (PREFETCH_BYTES rounded up to whole steps)}."""
-    out = {}
-    for x in lp.body:
-        if isinstance(x, Loop) or x.op is not Ops.LOAD or x.dtype.count == 1:
-            continue
-        idx = x.src[0]
-        if len(idx.src) > 2 or idx.arg is not None or _base(idx.src[0]).op is not Ops.BUFFER:
-            continue  # gated or partial vectors: their own code paths
-        step, size = _step(idx.src[1], lp.rng), x.dtype.scalar().itemsize
-        if step is not None and step * size >= x.dtype.itemsize:
-            out[x] = -(-PREFETCH_BYTES // (step * size)) * step
-    return out
-
-
-def _step(i: UOp, r: UOp) -> int | None:
-    """How far index `i` moves per iteration of loop `r`: c where i = c*r + (terms without r), else None."""
-    if i is r:
-        return 1
-    if i.op is Ops.ADD:
-        a, b = (_step(s, r) for s in i.src)
-        return None if a is None or b is None else a + b
-    if i.op is Ops.MUL and Ops.CONST in (i.src[0].op, i.src[1].op):
-        x, c = i.src if i.src[1].op is Ops.CONST else i.src[::-1]
-        a = _step(x, r)
-        return None if a is None else a * c.arg
-    return 0 if r not in i.toposort() else None
 
 
 def _kept_stores(lin: Linearized) -> dict[UOp, tuple[UOp, UOp]]:

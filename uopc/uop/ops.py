@@ -205,7 +205,9 @@ class AxisType(Enum):
 
 
 class RangeArg(NamedTuple):
-    """The arg of a RANGE: its number in the kernel (ridxN) and its kind."""
+    """The arg of a RANGE: its number in the kernel (ridxN) and its kind; for a reduce loop, `prefetch`: the bytes
+    ahead its streamed vector loads also prefetch into L2 (Opts.prefetch; 0: only the renderer's near prefetch)."""
 
     idx: int
     kind: AxisType = AxisType.LOOP
+    prefetch: int = 0
