@@ -45,13 +45,13 @@ WIDE_N = 8
 COLUMN_BALANCE = 7 / 8
 # A B larger than L2 that at most this many register tiles read per block (a Winograd product's 16 tiles as rows, a
 # weight gradient's 36-row blocks, GPT-2's 128-token projections) comes from memory for little work per byte: its
-# loads also prefetch FAR_PREFETCH_BYTES ahead into L2 (Opts.prefetch; the renderer's near prefetch, uopc.renderer.c.
-# PREFETCH_BYTES, runs for every kernel). On the Xeon VM, one process, interleaved, against the near prefetch alone:
-# ResNet-18 batch 1 0.93x, batch 8 0.99x, the conv forward + backward 0.94x, GPT-2's forward 0.94x, the CNN and
-# char-GPT steps, MobileNetV2 and 1024^3 0.99-1.01x; 12 pairs of (768 x 3072, 3072 x 768) weights (226 MB) after 4
-# and 32 rows 0.82x and 0.80x, after one row 1.04x (a GEMV, one FMA per load, already at the memory's bandwidth: not
-# taken). For every microkernel, 1024^3 (171 tiles a block) ran 1.04-1.09x slower: a block read by many tiles from L2
-# pays the prefetches once per tile. 8 KiB ahead gained less than 16.
+# loads also prefetch FAR_PREFETCH_BYTES ahead into L2 (Opts.prefetch; the renderer's near prefetch,
+# uopc.renderer.prefetch.PREFETCH_BYTES, runs for every kernel). On the Xeon VM, one process, interleaved, against the
+# near prefetch alone: ResNet-18 batch 1 0.93x, batch 8 0.99x, the conv forward + backward 0.94x, GPT-2's forward
+# 0.94x, the CNN and char-GPT steps, MobileNetV2 and 1024^3 0.99-1.01x; 12 pairs of (768 x 3072, 3072 x 768) weights
+# (226 MB) after 4 and 32 rows 0.82x and 0.80x, after one row 1.04x (a GEMV, one FMA per load, already at the
+# memory's bandwidth: not taken). For every microkernel, 1024^3 (171 tiles a block) ran 1.04-1.09x slower: a block
+# read by many tiles from L2 pays the prefetches once per tile. 8 KiB ahead gained less than 16.
 FAR_PREFETCH_BYTES = 16384
 FAR_PREFETCH_TILES = 32
 
@@ -459,7 +459,7 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         if nc > nr:
             tile[an] = nc
     # the register tiles that read each block of B while it stays in L2: a thread's row block (one tile where threads
-    # take row tiles), else all the rows; threads over columns read B once a call, from memory
+    # take row tiles), else all the rows (threads over columns each run every row over their block)
     reuse = (tile.get(am, mr) // mr) if thread == am else -(-shape[am] // mr)
     # (not for a tile of one row: one FMA per load, its loads keep memory busy without it)
     far = FAR_PREFETCH_BYTES if b_bytes > machine.l2_bytes and reuse <= FAR_PREFETCH_TILES and mr > 1 else 0

@@ -1,7 +1,7 @@
 """Software prefetches for the loads that stream through memory: which loads of a reduce loop take one, and how far
 ahead they read (uopc.renderer.c writes `__builtin_prefetch` after each such load).
 
-    for (k = 0; k < K; k++) {                      a microkernel's B panel, NR floats a step
+    for (k = 0; k < K; k++) {                      a microkernel's B panel, NR floats a step (offsets in floats)
       f32x16 b0 = *(f32x16*)(data1 + i + k*64);
       __builtin_prefetch(data1 + i + k*64 + 512);               PREFETCH_BYTES ahead, into L1
       __builtin_prefetch(data1 + i + k*64 + 4096, 0, 2);        the loop's RangeArg.prefetch ahead, into L2

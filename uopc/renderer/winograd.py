@@ -320,11 +320,10 @@ def _columns(a: int, BT, dst: str, lo: int, hi: int, pl: int, W: int, sW: int) -
 
 
 def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str, stream: bool):
-    """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr) (C: the
-    channel slots, uopc.uop.winograd.winograd_panels), after the
-    chunk's last tile row: tile t of channel c goes to [point][t / nr][c][t % nr], in runs that end at a panel's
-    end (runs of a whole chunk, not of one tile row: a tile row's 7 tiles at 28x28 made the copy cost more than the
-    packing copy it replaces)."""
+    """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr) (C: their
+    channel slots, uopc.uop.winograd.winograd_panels), after the chunk's last tile row: tile t of channel c goes to
+    [point][t / nr][c][t % nr], in runs that end at a panel's end (runs of a whole chunk, not of one tile row: a tile
+    row's 7 tiles at 28x28 made the copy cost more than the packing copy it replaces)."""
     ps = -(-T // nr) * C * nr  # one point's panels
     return [
         f"    if (({ty}) % {rows} == {rows - 1} || ({ty}) == {th - 1}) {{",
