@@ -55,7 +55,7 @@ CONV2D = [
     ((2, 3, 9, 11), (4, 3, 3, 3), {"padding": "valid", "stride": 3}),
     ((1, 2, 7, 7), (3, 2, 1, 1), {}),  # 1x1
     ((2, 2, 8, 8), (3, 2, 2, 2), {"stride": 2}),  # non-overlapping windows
-    # space to depth (a stride-1 convolution over the input's phases): a ResNet stem's 7x7 stride 2 at odd sizes
+    # the input's phases (a stride-1 convolution over each phase's taps): a ResNet stem's 7x7 stride 2, odd sizes
     ((2, 3, 23, 18), (4, 3, 7, 7), {"stride": 2, "padding": 3}),
     ((1, 4, 15, 16), (6, 2, 7, 7), {"stride": 2, "groups": 2}),
     ((2, 2, 13, 14), (3, 2, 8, 7), {"stride": (2, 2), "padding": (0, 2)}),
@@ -104,7 +104,7 @@ def test_conv2d_under_the_autotuner(case):
     [
         ((2, 3, 13), (4, 3, 3), {"padding": 1}),
         ((1, 4, 11), (4, 2, 2), {"groups": 2, "stride": 2, "dilation": 2}),
-        ((2, 3, 50), (5, 3, 7), {"stride": 2, "padding": 3}),  # space to depth
+        ((2, 3, 50), (5, 3, 7), {"stride": 2, "padding": 3}),  # over the phases
         ((2, 24, 21), (16, 24, 3), {"stride": 2, "padding": 1}),  # the positions as the GEMM's rows
         ((2, 4, 21), (8, 1, 5), {"groups": 4, "stride": 2, "padding": 2}),  # depthwise: a direct loop
         ((2, 4, 21), (4, 1, 5), {"groups": 4, "padding": 2}),  # ... at stride 1: the row in vectors
@@ -115,14 +115,19 @@ def test_conv1d(xs, ws, kw):
 
 
 def test_a_7x7_stride_2_convolution_reads_its_input_in_place():
-    # space to depth: the input's 2 x 2 phases become channels (a small copy of the input, not of its windows), the
-    # weight's 8 x 8 (7 x 7 and a zero row and column) becomes 4 x 4 taps on 12 channels: no kernel copies the
-    # 112 x 112 x 147 im2col matrix or its panels (ResNet-18's stem: ~6 ms of a 34 ms inference, now ~28 ms)
+    # the input's 2 x 2 phases copied apart (a copy of the input, not of its windows), each tap reading its phase at
+    # its shift: no kernel copies the 112 x 112 x 147 im2col matrix or its panels (ResNet-18's stem: ~6 ms of a 34
+    # ms inference, then ~28 ms), and the GEMM multiplies the 3 x 7 x 7 taps of the kernel, not the 12 x 4 x 4 of
+    # the phases taken as channels against the kernel padded to 8 x 8 (space to depth: 31% more multiply-adds)
     x, w = Tensor(r(1, 3, 32, 30)), Tensor(r(8, 3, 7, 7))
     with capture() as calls:
         out = x.conv2d(w, stride=2, padding=3).realize()
-    names = [k.name for c in calls for k in c.cp.plan.kernels]
+    kernels = [k for c in calls for k in c.cp.plan.kernels]
+    names = [k.name for k in kernels]
     assert not any(n.endswith("_7_7") for n in names), names  # no kernel over the windows (im2col's are _3_7_7)
+    (gemm,) = [k for k in kernels if k.op == "matmul"]
+    outputs = int(np.prod([int(d) for d in gemm.name.split("_")[1:]]))  # 8 channels x the positions it computes
+    assert gemm.flops == 2 * outputs * 3 * 7 * 7, (gemm.name, gemm.flops)
     ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), stride=2, padding=3).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 

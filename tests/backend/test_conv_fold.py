@@ -71,7 +71,7 @@ CASES = [
     ((2, 16, 10, 10), 16, 16, 3, {"groups": 16, "padding": 1}),  # depthwise: a direct loop
     ((2, 8, 11, 10), 8, 12, 3, {"groups": 2, "stride": 2}),  # grouped, strided
     ((2, 3, 16, 17), 3, 8, 3, {"stride": 2, "padding": 1}),  # an RGB stem: im2col
-    ((1, 3, 23, 18), 3, 8, 7, {"stride": 2, "padding": 3}),  # space to depth
+    ((1, 3, 23, 18), 3, 8, 7, {"stride": 2, "padding": 3}),  # over the phases
     ((2, 5, 20), 5, 6, 3, {"padding": 2, "dilation": 2}),  # Conv1d + BatchNorm1d
 ]
 

@@ -20,7 +20,8 @@ A convolution with one input channel per group (a depthwise convolution; at stri
 DIRECT_MAX_CHANNELS output channels per group) is a direct loop (_conv_direct) unless a rule below takes it: each
 output sums its window, read where it lies, the stride and the padding in the index arithmetic. A strided
 convolution whose kernel is long against its stride (a ResNet stem's 7x7 stride 2) runs as a stride-1 one over the
-input's phases (space to depth: (N, C*s*s, H/s, W/s) against the kernel padded to whole strides). Other strided
+input's phases (_conv_phases: the s x s phases of each channel copied apart, tap kh = s*a + i reading phase i at
+shift a, so only the kernel's own taps are multiplied). Other strided
 ones with overlapping windows, 16 or more output channels per group and a reduction (input channels per group x
 taps) of 64 or more take the output positions as the GEMM's rows and the channels as its vector lanes (_conv_rows):
 the microkernel broadcasts each window element from the padded input where it lies, whatever the stride, so the
@@ -70,9 +71,11 @@ def _round_positions(npos: int) -> int:
     return up if (up - npos) * 8 <= npos else npos
 
 
-# a strided convolution runs as a stride-1 one over the input's phases (space to depth) when the kernel padded to a
-# whole number of strides adds at most this many multiply-adds: 7x7 stride 2 (8x8: 1.31) does, 3x3 (1.78) does not
-SPACE_TO_DEPTH_MAX = 1.35
+# a strided convolution runs as a stride-1 one over the input's phases (Tensor._conv_phases) when its kernel is long
+# against its stride: padded to whole strides it would have at most this many times its taps (7x7 stride 2, 8x8:
+# 1.31; 3x3 stride 2, 4x4: 1.78, runs as _conv_rows, whose GEMM took 0.33 ms against 0.49-0.61 over the phases for
+# ResNet-18's 64 -> 128 at 56x56: there the phases of 64 channels outgrow L1 for each tile of positions)
+PHASES_MAX_SPAN = 1.35
 
 
 # a strided convolution with overlapping windows and at least this many output channels per group runs with its
@@ -88,7 +91,7 @@ ROWS_MIN_REDUCE = 64
 
 
 # a convolution with one input channel per group is a direct loop over each output's window (Tensor._conv_direct)
-# when strided (unless space to depth or _conv_rows takes it: else it would copy its windows), and at stride 1 with at
+# when strided (unless the phases or _conv_rows take it: else it would copy its windows), and at stride 1 with at
 # most DIRECT_MAX_CHANNELS output channels per group, where the in-place GEMM reuses each window's loads across its
 # tile's rows: 3x3 over (128, 1, 28, 28) with a ReLU, the direct loop ran 0.90x the GEMM's time to 4 channels, 1.17x
 # to 8 and 1.12x to 15 (alternating, one process); a depthwise convolution (1 channel per group) 0.5-0.7x, in a
@@ -96,12 +99,12 @@ ROWS_MIN_REDUCE = 64
 DIRECT_MAX_CHANNELS = 4
 
 
-def _space_to_depth_pays(ks: Sequence[int], st: Sequence[int], dl: Sequence[int]) -> bool:
-    """Does space to depth (Tensor._conv_space_to_depth) pay for a kernel `ks` with stride `st`: no dilation, every
-    window overlapping the next (k > s; shorter windows are a reshape already), few padded taps."""
+def _phases_pay(ks: Sequence[int], st: Sequence[int], dl: Sequence[int]) -> bool:
+    """Does a kernel `ks` with stride `st` run over the input's phases (Tensor._conv_phases): no dilation, every
+    window overlapping the next (k > s; shorter windows are a reshape already), a kernel long against its stride."""
     if any(d != 1 for d in dl) or any(k <= s for k, s in zip(ks, st, strict=True)):
         return False
-    return prod(-(-k // s) * s for k, s in zip(ks, st, strict=True)) <= SPACE_TO_DEPTH_MAX * prod(ks)
+    return prod(-(-k // s) * s for k, s in zip(ks, st, strict=True)) <= PHASES_MAX_SPAN * prod(ks)
 
 
 def _conv_padding(padding: Any, n: int, ks: tuple[int, ...], dil: tuple[int, ...], stride: tuple[int, ...]):
@@ -268,8 +271,8 @@ class ConvMixin:
             out = self._conv_winograd(w, pads, m, outs)
         elif stride1 and not direct:
             out = self._conv_in_place(w, pads, dl, groups)
-        elif not stride1 and _space_to_depth_pays(ks, st, dl):
-            out = self._conv_space_to_depth(w, pads, st, groups, outs)
+        elif not stride1 and _phases_pay(ks, st, dl):
+            out = self._conv_phases(w, pads, st, groups, outs)
         elif (
             cout // groups >= ROWS_MIN_CHANNELS
             and w.shape[1] * prod(ks) >= ROWS_MIN_REDUCE
@@ -326,12 +329,17 @@ class ConvMixin:
         """A stride-1 convolution as a GEMM that reads the padded input in place (the module docstring's picture).
 
         `pads` may be negative (a cut: the input gradient's convolution needs that). Returns (N, Cout, *out)."""
-        n, ks = w.ndim - 2, w.shape[2:]
-        N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
+        ks = w.shape[2:]
         sp = [s + lo + hi for s, (lo, hi) in zip(self.shape[2:], pads, strict=True)]
         outs = [s - d * (k - 1) for s, k, d in zip(sp, ks, dl, strict=True)]
         v = self._taps(self._flat_padded(pads, ks, dl), sp, ks, dl)
-        npos = v.shape[-1]  # outs[0] * Wp (every position of the padded width, in the output's rows), rounded up
+        return self._taps_product(v, w, groups, sp, outs)
+
+    def _taps_product(self, v: Self, w: Self, groups: int, sp: Sequence[int], outs: Sequence[int]) -> Self:
+        """The in-place GEMM over a taps view v (N, Cin, *k, P) whose position p = oh * W + ow (W = sp[-1], the width
+        of the rows it reads: every column is computed, the extra ones cut): (N, Cout, *outs)."""
+        n, ks, N, cin, cout = w.ndim - 2, w.shape[2:], v.shape[0], v.shape[1], w.shape[0]
+        npos = v.shape[-1]  # outs[0] * W (every position of the padded width, in the output's rows), rounded up
         g, cg, og = groups, cin // groups, cout // groups
         # (N, g, cg, *k, P) -> (N, g, P, cg, *k): the reduction (cg, *k) last
         v = v.reshape(N, g, cg, *ks, npos).permute(0, 1, 3 + n, *range(2, 3 + n))
@@ -358,28 +366,35 @@ class ConvMixin:
         tiles = (-(-outs[0] // m), -(-outs[1] // m))
         return y._new(winograd_out(y.uop, m, tiles, (N, cout, *outs)), y)
 
-    def _conv_space_to_depth(self, w: Self, pads: list, st: tuple[int, ...], groups: int, outs: list) -> Self:
-        """A strided convolution as a stride-1 one, read in place (no im2col): with kernel k padded to k' = s*kk,
-        x[s*o + s*a + i] = x2[(i), o + a] for the phase i < s and the tap a < kk, so the input's s x s phases become
-        channels (N, C*s*s, H/s, W/s) and the weight (Cout, C*s*s, kk, kk). A ResNet stem's 7x7 stride 2 on 3
-        channels: 4x4 taps on 12, 31% more multiply-adds, no copy of the windows. Returns (N, Cout, *out)."""
+    def _conv_phases(self, w: Self, pads: list, st: tuple[int, ...], groups: int, outs: list) -> Self:
+        """A strided convolution as a stride-1 one over the input's phases, read in place (no im2col). Per dim, tap
+        k = s*a + i of output o reads x[s*(o + a) + i]: element o + a of phase i. So the s x s phases of each channel
+        are copied apart, (N, C, s, s, H/s, W/s) (the copy that also applies the previous layer's elementwise tail),
+        each phase flattened with its rows W/s apart as _conv_in_place flattens a padded input, and tap (kh, kw)
+        reads phase (kh % s, kw % s) from shift (kh // s) * W/s + kw // s on: the view of the (a, i) pairs, a < k/s
+        and i < s, taken in the order s*a + i and cut to the kernel's k. Only the kernel's own taps are multiplied
+        (space to depth's phases as channels would multiply 8x8 taps for a 7x7 kernel at stride 2: ResNet-18's stem
+        took 1.04-1.05 ms so against 0.88-0.92). The weight is read where it is. Returns (N, Cout, *out)."""
         n, ks = w.ndim - 2, w.shape[2:]
-        N, cin, cout = self.shape[0], self.shape[1], w.shape[0]
+        N, cin = self.shape[0], self.shape[1]
         kk = [-(-k // s) for k, s in zip(ks, st, strict=True)]
         # each padded dim a whole number of phases, long enough for every output's taps
         dims = list(zip(self.shape[2:], pads, st, outs, kk, strict=True))
         big = [s * max(-(-(i + lo + hi) // s), o + t - 1) for i, (lo, hi), s, o, t in dims]
         xp = self.pad([None, None, *[(lo, b - i - lo) for (i, (lo, _), *_), b in zip(dims, big, strict=True)]])
+        q = [b // s for b, s in zip(big, st, strict=True)]
+        # (N, C, q1, s1, q2, s2, ...) -> (N, C, s1, s2, ..., q1, q2, ...): each phase a plane of its own
         split = [v for b, s in zip(big, st, strict=True) for v in (b // s, s)]
         x2 = xp.reshape(N, cin, *split).permute(0, 1, *range(3, 2 + 2 * n, 2), *range(2, 2 + 2 * n, 2))
-        x2 = x2.reshape(N, cin * prod(st), *[b // s for b, s in zip(big, st, strict=True)])
-        wp = w.pad([None, None, *[(0, t * s - k) for t, s, k in zip(kk, st, ks, strict=True)]])
-        w2 = wp.reshape(cout, w.shape[1], *[v for t, s in zip(kk, st, strict=True) for v in (t, s)])
-        w2 = w2.permute(0, 1, *range(3, 2 + 2 * n, 2), *range(2, 2 + 2 * n, 2))
-        # materialized: the GEMM takes a stored A (a weight's copy is kept across calls until the weight changes)
-        w2 = w2.reshape(cout, w.shape[1] * prod(st), *kk).contiguous()
-        out = x2._conv_in_place(w2, [(0, 0)] * n, [1] * n, groups)
-        return out.shrink([None, None, *[(0, o) for o in outs]])
+        x2 = x2.reshape(N, cin * prod(st), *q)
+        v = x2._taps(x2._flat_padded([(0, 0)] * n, kk, [1] * n), q, kk, [1] * n)  # (N, C*s1*s2.., *kk, P)
+        npos = v.shape[-1]
+        # (N, C, s1, s2, .., a1, a2, .., P) -> (N, C, a1, s1, a2, s2, .., P) -> (N, C, a1*s1, .., P), cut to the kernel
+        v = v.reshape(N, cin, *st, *kk, npos)
+        v = v.permute(0, 1, *[x for j in range(n) for x in (2 + n + j, 2 + j)], 2 + 2 * n)
+        v = v.reshape(N, cin, *[t * s for t, s in zip(kk, st, strict=True)], npos)
+        v = v.shrink([None, None, *[(0, k) for k in ks], None])
+        return self._taps_product(v, w, groups, q, outs)
 
     def _conv_rows(self, w: Self, pads: list, st: tuple[int, ...], dl: tuple[int, ...], groups: int, outs: list):
         """A strided convolution as an implicit GEMM with the output positions as rows: (N, P, Cout) = windows
@@ -405,7 +420,7 @@ class ConvMixin:
         over each output's window: (N, g, og, *out) = sum over k of windows (N, g, 1, *out, *k) * w, the windows a
         view of the input (padding a condition on the index, stride and dilation its strides), so nothing is copied.
         It is memory-bound (k multiply-adds an output). At stride 2 im2col copied each window (2.25 times the input
-        at 3x3) and space to depth's phase copy read the input at a stride with a condition per element; with its
+        at 3x3) and a copy of its phases read the input at a stride with a condition per element; with its
         window unrolled and vectorized (uopc.opt.heuristic._tile_reuse), MobileNetV2's four downsampling blocks (1x1
         expand, depthwise 3x3 stride 2, 1x1 project, BatchNorm and ReLU6 after each) ran in half of im2col's time:
         1.2-1.4 ms against 2.4-2.5 at batch 1, 11-16 against 22-27 at batch 8 (alternating processes). At stride 1
