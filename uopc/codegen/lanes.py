@@ -3,7 +3,8 @@
 Lowering a GEMM's 6x64 register tile with 16-float vectors as 384 scalar outputs, then regrouping them into vectors
 (codegen.vectorize), cost 0.1-0.5 s per kernel: most of a training step's first call. Instead, `lower` gives the
 vectorized axis of the tile a LANE, a RANGE of the vector's width (AxisType.UPCAST) that is never a loop, and builds
-one scalar expression per vector (24 for that tile). `widen` then turns each into vector ops:
+one scalar expression per vector (24 for that tile). `widen` then turns each into vector ops (and gathers that
+read a block of memory together into a transpose in registers, codegen.transpose):
 
     data2[r0*64 + 16*k + LANE] = acc0      ->      *(f32x16*)(data2 + r0*64 + 16*k) = acc0      (f32x16 acc0)
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from uopc.codegen.transpose import transpose_gathers
 from uopc.codegen.vectorize import VECTOR_ALU, buffer_of
 from uopc.uop import ALU, COMPARE, LOGIC, VECTOR_MATH, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType, dtypes
@@ -278,4 +280,7 @@ def widen(
     lanes (at most the LANE's)."""
     w = _Widen(lane, lambda u: lane not in loops_of(u), valid, width)
     w.simplify_indices(stores)
-    return [w.vec(s) for s in stores]
+    out = [w.vec(s) for s in stores]
+    if any(v.op is Ops.VECTORIZE and v.src[0].op is Ops.LOAD for v in w.memo.values()):  # gathers: a tile of them?
+        out = transpose_gathers(out, w.width)
+    return out

@@ -210,6 +210,8 @@ class CRenderer:
 
     def needs_var(self, u: UOp) -> bool:
         """Compute into a named variable: used more than once, or hoisted out of its user's loop."""
+        if u.op is Ops.SHUFFLE:  # a transpose's stage: both of the next stage's shuffles read it
+            return True
         if u.op not in ALU:
             return False
         users = self.lin.users[u]
@@ -429,11 +431,18 @@ def _multiple_of(i: UOp, w: int) -> bool:
     return False
 
 
+def _shuffle_mask(vt: DType) -> DType:
+    """The integer vector of a shuffle's lane indices for vectors `vt` (gcc's __builtin_shuffle: lanes of the size of
+    vt's)."""
+    return {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[vt.scalar().itemsize].vec(vt.count)
+
+
 def _vector_typedefs(ast: UOp) -> dict[str, Helper]:
     """gcc vector types for every vector dtype the kernel uses: `f32x16` (64-byte aligned) and `f32x16_u` (aligned
     as its elements), keyed like the other helpers."""
     out = {}
-    for vt in {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}:
+    vts = {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}
+    for vt in vts | {_shuffle_mask(u.dtype) for u in ast.toposort() if u.op is Ops.SHUFFLE}:
         sc, size = vt.scalar(), vt.itemsize
         code = (
             f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));\n"
@@ -469,6 +478,10 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     # SIMD (gcc vector extension): pack lanes, read one lane
     Ops.VECTORIZE: lambda r, u: f"(({u.dtype.cname}){{{', '.join(r.expr(s) for s in u.src)}}})",
     Ops.GEP: lambda r, u: f"({r.expr(u.src[0])}[{u.arg}])",
+    Ops.SHUFFLE: lambda r, u: (
+        f"__builtin_shuffle({r.expr(u.src[0])}, {r.expr(u.src[1])}, "
+        f"(({_shuffle_mask(u.dtype).cname}){{{', '.join(map(str, u.arg))}}}))"
+    ),
     Ops.DEFINE_VAR: lambda r, u: u.arg.cname,
 }
 CRenderer.code_for_op = code_for_op

@@ -97,6 +97,9 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     # SIMD vectors (made after lowering by uopc.codegen.vectorize): pack n scalars, take lane i of a vector
     VECTORIZE = auto()
     GEP = auto()
+    # two vectors' lanes picked into one of their type (arg: the lane of each, into the two concatenated): the stages
+    # of a transpose in registers (uopc.codegen.transpose)
+    SHUFFLE = auto()
     # a symbolic size (arg: its uopc.uop.variable.Variable) as a kernel argument: the end of a loop over a symbolic axis
     DEFINE_VAR = auto()
 

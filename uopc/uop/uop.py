@@ -515,7 +515,7 @@ def _shape(self: UOp) -> tuple[int, ...]:
 
 # the ops of a lowered program and constants: no shape
 _SHAPELESS = frozenset({Ops.CONST, Ops.RANGE, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.ALLOC, Ops.AFTER, Ops.END, Ops.SINK})
-_SHAPELESS |= {Ops.CHECK, Ops.VECTORIZE, Ops.GEP, Ops.DEFINE_VAR}
+_SHAPELESS |= {Ops.CHECK, Ops.VECTORIZE, Ops.GEP, Ops.SHUFFLE, Ops.DEFINE_VAR}
 
 
 def _span_fits(sp: Span, n: int) -> bool:
