@@ -394,6 +394,22 @@ def test_unravel_then_ravel_is_the_index():
     assert simplify(r % 3 + ((r // 3) % 4) * 3) is simplify(r % 12)
 
 
+def test_unravel_then_ravel_is_the_index_when_the_mod_reduced_its_coefficients():
+    # a merged loop over 14x14 positions in vectors of 16 (r*16 + LANE) read through the (14, 14) view: y % 14 has
+    # y's coefficients reduced mod 14 (r*16 -> r*2) before the sum sees it, and the sum is still y (a transposing
+    # read's index: without it, its 16 lanes were simplified one by one and rendered with a division each)
+    r, lane, c = rng(0, 12), rng(1, 16), rng(2, 256)
+    y = r * 16 + lane
+    e = ((y // 14) * 14 + y % 14) * 256 + c
+    assert simplify(e) is simplify(y * 256 + c)
+    assert simplify((y // 14) * 14 + y % 14) is simplify(y)
+    for rv, lv in itertools.product(range(12), range(16)):  # exact, as floor division
+        v = rv * 16 + lv
+        assert (v // 14) * 14 + (rv * 2 + lv) % 14 == v
+    # a mod of another sum (not y's coefficients reduced) is not merged
+    assert simplify((y // 14) * 14 + (r * 3 + lane) % 14).op is Ops.ADD
+
+
 def test_mod_reduces_coefficients_then_drops():
     # a sliding-window view: row k of length 31 over an input of 30 starts at element k: (k*31 + o) % 30 = k + o
     k, o = rng(0, 3), rng(1, 28)

@@ -1,28 +1,32 @@
-"""Transposed tiles: W gathers that together read a W x W block of memory become W vector loads and a transpose in
+"""Transposed tiles: W loads that together read a W x W block of memory become W vector loads and a transpose in
 registers.
 
-A kernel that writes along one axis what it reads along another (a channels-last product read as NCHW, a permuted
-copy) gets a W x W register tile (uopc.opt.heuristic): its vectors run along the output's rows, while each of its W
-copies reads W elements a row apart, a gather (VECTORIZE of scalar loads, as codegen.lanes and codegen.vectorize
-build them). Copy a's lane l reads element I_l + a, so the W gathers hold the block whose rows are W vector loads:
+A kernel that writes along one axis what it reads along another (a permuted copy; a channels-last product read as
+NCHW) may get a W x W register tile (uopc.opt.heuristic._transpose_axis): its vectors run along the output's rows,
+while each of its W copies reads W elements a row apart, which would be a gather (a VECTORIZE of W scalar loads).
+Copy a's lane l reads element I_l + a, so together the W copies read the block whose rows are W vector loads:
 
     g_a = {x[I_0 + a], x[I_1 + a], ..., x[I_15 + a]}        ->      v_l = *(f32x16*)(x + I_l)      (l = 0..15)
                                                                     g_a = lane a of every v_l: the transpose of v
 
+codegen.lanes asks for the tiles before it widens a region's stores (transposed_tiles): the W scalar loads of one
+buffer whose indices step S != 1 with the LANE (I_l = I_0 + l*S) and differ only in a constant a = 0..W-1 are a tile,
+and each one's vector is the tile's; no lane of them is built alone (built as gathers and matched afterwards, the
+256 scalar loads and their indices of a 16 x 16 tile cost 20-50 ms of lowering).
+
 The transpose is log2(W) stages of two-input shuffles (SHUFFLE, gcc's __builtin_shuffle): each stage swaps the
 off-diagonal blocks of every 2h x 2h block of the tile (h = W/2, ..., 1), 4 x 8 x 2 shuffles for 16 x 16 floats
-where the gathers took a scalar load and an insert per element. A hand-written C kernel of the transposing read of
-a (12544, 64) channels-last tensor (ResNet-18's stem as rows) with a ReLU, 2 threads on the Xeon VM: 0.27-0.29 ms
-with scalar loads, 0.24 with the gathers as gcc builds them from the vector initializers, 0.08 transposed in
-registers.
+where the gathers took a scalar load and an insert per element. The transposing read of a (12544, 64) tensor with a
+ReLU, 2 threads on the Xeon VM: 0.27-0.29 ms with scalar loads, 0.24 in hand-written C with gcc's own gathers from
+vector initializers, 0.08 there transposed in registers, 0.11-0.12 as uopc's tile.
 """
 
 from __future__ import annotations
 
-from uopc.codegen.vectorize import buffer_of
+from uopc.codegen.vectorize import _split
 from uopc.uop import Ops, UOp
 
-__all__ = ["transpose_gathers", "transpose_lanes"]
+__all__ = ["lane_step", "transpose_lanes", "transposed_tiles"]
 
 
 def transpose_lanes(w: int) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
@@ -41,54 +45,58 @@ def transpose_lanes(w: int) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]
     return stages
 
 
-def _split(i: UOp) -> tuple[UOp | None, int]:
-    """An index as (symbolic part, constant offset)."""
-    if i.op is Ops.CONST:
-        return None, i.arg
-    if i.op is Ops.ADD and i.src[1].op is Ops.CONST:
-        return i.src[0], i.src[1].arg
-    return i, 0
+def lane_step(i: UOp, lane: UOp) -> int | None:
+    """c where index i = c*lane + (terms without lane), through ADDs and MULs by constants; else None."""
+    if i is lane:
+        return 1
+    if i.op is Ops.ADD:
+        a, b = (lane_step(s, lane) for s in i.src)
+        return None if a is None or b is None else a + b
+    if i.op is Ops.MUL and Ops.CONST in (i.src[0].op, i.src[1].op):
+        x, c = i.src if i.src[1].op is Ops.CONST else i.src[::-1]
+        a = lane_step(x, lane)
+        return None if a is None else a * c.arg
+    return 0 if lane not in i.toposort() else None
 
 
-def _lanes(g: UOp, w: int) -> tuple[UOp, tuple[UOp | None, ...], tuple[int, ...]] | None:
-    """A gather's buffer, and the symbolic part and constant offset of each lane's index; None for anything else."""
-    if g.op is not Ops.VECTORIZE or len(g.src) != w or any(s.op is not Ops.LOAD for s in g.src):
-        return None
-    idxs = [s.src[0] for s in g.src]
-    buf = idxs[0].src[0]
-    if any(len(i.src) != 2 or i.src[0] is not buf for i in idxs) or buffer_of(idxs[0]).op is not Ops.BUFFER:
-        return None  # gated, or not one buffer's memory
-    parts = [_split(i.src[1]) for i in idxs]  # (simplified as each lane was built: codegen.lanes._each_lane)
-    return buf, tuple(p[0] for p in parts), tuple(p[1] for p in parts)
-
-
-def transpose_gathers(nodes: list[UOp], w: int) -> list[UOp]:
-    """`nodes` with every family of w gathers that read a w x w block (copy a's lane l at I_l + a) replaced by w
-    vector loads transposed in registers."""
+def transposed_tiles(stores: list[UOp], lane: UOp, w: int, index_of) -> dict[UOp, UOp]:
+    """{scalar load: its vector} for every tile of w loads among `stores` (the module docstring): load a's index
+    is b + a + S*LANE (S != 1, b free of the LANE) for a = 0..w-1. `index_of(idx)` is an INDEX's index as the caller
+    simplified it. Empty for a width that is no power of two."""
     if w < 2 or w & (w - 1):
-        return nodes
-    families: dict[tuple, dict[int, UOp]] = {}
-    for u in UOp(Ops.SINK, tuple(nodes)).toposort():
-        if (lanes := _lanes(u, w)) is not None:
-            buf, syms, offs = lanes
-            families.setdefault((buf, syms, tuple(o - offs[0] for o in offs)), {})[offs[0]] = u
-    mapping: dict[UOp, UOp] = {}
-    for (buf, _, _), by_off in families.items():
+        return {}
+    zero = UOp.const(0, lane.dtype)
+    tiles: dict[tuple, dict[int, UOp]] = {}
+    bases: dict[UOp, UOp] = {}
+    for u in UOp(Ops.SINK, tuple(stores)).toposort():
+        if u.op is not Ops.LOAD or len(u.src[0].src) != 2 or u.src[0].src[0].op is not Ops.BUFFER:
+            continue  # (gated loads and local arrays are read lane by lane)
+        i = index_of(u.src[0])
+        if (step := lane_step(i, lane)) in (None, 0, 1):
+            continue
+        base, off = _split(i)
+        if base is None:
+            continue
+        if (b0 := bases.get(base)) is None:
+            b0 = bases[base] = base.substitute({lane: zero})
+        tiles.setdefault((u.src[0].src[0], b0, step, u.dtype), {})[off] = u
+    out: dict[UOp, UOp] = {}
+    for (buf, b0, step, dt), by_off in tiles.items():
         for start in sorted(by_off):
             run = [by_off.get(start + a) for a in range(w)]
-            if any(g is None or g in mapping for g in run):
+            if any(x is None or x in out for x in run):
                 continue
-            vt = run[0].dtype
-            rows = [
-                UOp(Ops.LOAD, (UOp(Ops.INDEX, (buf, s.src[0].src[1]), None, s.src[0].dtype.vec(w)),), None, vt)
-                for s in run[0].src
-            ]
+            vt, idx = dt.vec(w), run[0].src[0]  # type: ignore[union-attr]
+            rb, rc = _split(b0)
+            rows = []
+            for row in range(w):  # row l: the tile's elements b + l*S .. + w-1, one vector load
+                c = UOp.const(rc + start + row * step, lane.dtype)
+                at = c if rb is None else rb + c
+                rows.append(UOp(Ops.LOAD, (UOp(Ops.INDEX, (buf, at), None, idx.dtype.vec(w)),), None, vt))
             for h, lo, hi in transpose_lanes(w):
-                for i in range(w):
-                    if not i & h:
-                        a, b = rows[i], rows[i + h]
-                        rows[i], rows[i + h] = (UOp(Ops.SHUFFLE, (a, b), lo, vt), UOp(Ops.SHUFFLE, (a, b), hi, vt))
-            mapping.update(zip(run, rows))  # type: ignore[arg-type]
-    if not mapping:
-        return nodes
-    return list(UOp(Ops.SINK, tuple(nodes)).substitute(mapping).src)
+                for k in range(w):
+                    if not k & h:
+                        a, b = rows[k], rows[k + h]
+                        rows[k], rows[k + h] = UOp(Ops.SHUFFLE, (a, b), lo, vt), UOp(Ops.SHUFFLE, (a, b), hi, vt)
+            out.update(zip(run, rows))  # type: ignore[arg-type]
+    return out

@@ -127,16 +127,26 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
     return Opts(upcast=upcast, thread=thread, unroll=unroll, tile=tile, vec=vec)
 
 
+# a transposing copy of at least this many elements is read in W x W tiles transposed in registers (_transpose_axis):
+# lowering a tile's W copies costs 20-50 ms a kernel where the scalar copy costs 1-6 (ResNet-18's six transposes,
+# most of them weight packs that run once, made its first call 0.13 s slower, the CNN step's 0.25 s), while the
+# tile saves ~0.2 ns an element of each call (a (12544, 64) float32 read as (64, 12544): 0.28 -> 0.11 ms). From 2M
+# elements on, a call saves at least 0.4 ms.
+TRANSPOSE_MIN_ELEMENTS = 1 << 21
+
+
 def _transpose_axis(body: UOp, machine: Machine) -> int | None:
     """The output axis along which every strided read of an elementwise kernel (a transposing copy: a channels-last
     product read as NCHW, a permuted copy) reads consecutive elements, where a tile of W x W elements fits (W the
     machine's vector of the kernel's 4- or 8-byte elements); None if there is none. With that axis and the last one
     upcast by W, codegen.transpose reads the tile as W vector loads transposed in registers: a (12544, 64) float32
     tensor read as (64, 12544) with a ReLU, ResNet-18's stem as rows, took 0.27-0.29 ms in scalar loads, 0.08 so in
-    hand-written C (2 threads, the Xeon VM)."""
+    hand-written C, 0.11-0.12 as uopc's tile (2 threads, the Xeon VM). Only from TRANSPOSE_MIN_ELEMENTS on."""
     shape, size = body.shape, body.dtype.itemsize
     w = machine.vector_bytes // size if size in (4, 8) else 0
-    if w < 2 or (reads := access_strides(body)) is None or len(shape) < 2 or shape[-1] < w:
+    if w < 2 or prod(shape) < TRANSPOSE_MIN_ELEMENTS or len(shape) < 2 or shape[-1] < w:
+        return None
+    if (reads := access_strides(body)) is None:
         return None
     axes = {next((a for a, s in enumerate(st) if s == 1), None) for st in reads if st and st[-1] not in (0, 1)}
     if len(axes) != 1 or (axis := axes.pop()) is None or axis == len(shape) - 1 or shape[axis] < w:

@@ -206,8 +206,13 @@ def _recombine(u: UOp) -> UOp | None:
             for j, (t2, k2) in enumerate(terms):
                 if j == i or t2 is None or k2 != k * c1:
                     continue
-                if t2.op is Ops.IDIV and t2.src[0] is y and t2.src[1].op is Ops.CONST and t2.src[1].arg == c1:
-                    merged = y
+                if (
+                    t2.op is Ops.IDIV
+                    and t2.src[1].op is Ops.CONST
+                    and t2.src[1].arg == c1
+                    and _congruent(t2.src[0], y, c1)
+                ):
+                    merged = t2.src[0]  # (y % c may have y's coefficients reduced mod c: _divmod_fold)
                 elif (
                     t2.op is Ops.MOD
                     and t2.src[1].op is Ops.CONST
@@ -226,6 +231,14 @@ def _recombine(u: UOp) -> UOp | None:
             if changed:
                 break
     return None if len(terms) == len(_terms(u)) else _build(terms, u.dtype)
+
+
+def _congruent(y2: UOp, y: UOp, c: int) -> bool:
+    """Is y the sum y2 with its coefficients reduced mod c (or y2 itself)? Then y % c == y2 % c."""
+    if y2 is y:
+        return True
+    terms = _terms(y2)
+    return any(k % c != k for _, k in terms) and _build([(t, k % c) for t, k in terms], y2.dtype) is y
 
 
 def _is_int(*us: UOp) -> bool:
