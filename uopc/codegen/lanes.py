@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from uopc.codegen.transpose import lane_step, transposed_tiles
-from uopc.codegen.vectorize import VECTOR_ALU, _split, buffer_of
+from uopc.codegen.transpose import transposed_tiles
+from uopc.codegen.vectorize import VECTOR_ALU, _split, buffer_of, index_step
 from uopc.uop import ALU, COMPARE, LOGIC, VECTOR_MATH, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
@@ -207,7 +207,7 @@ class _Widen:
         s = self.simplified.get(i) or simplify(i)
         if self._linear(s):
             return self._drop_lane(s)
-        if (step := lane_step(s, self.lane)) is not None and step != 1:
+        if (step := index_step(s, self.lane)) is not None and step != 1:
             return None  # lanes `step` elements apart (a transposing read's): not consecutive
         # not visibly linear (a reshape's div and mod over the lane): compare the lanes' indices one by one
         b0 = simplify(s.substitute({self.lane: UOp.const(0, self.lane.dtype)}))
@@ -288,7 +288,7 @@ class _Widen:
         else the LANE replaced by each lane's number; memoized."""
         if (hit := self.lane_values.get(i)) is None:
             dt = self.lane.dtype
-            if (step := lane_step(i, self.lane)) is not None:
+            if (step := index_step(i, self.lane)) is not None:
                 b, c = _split(i.substitute({self.lane: UOp.const(0, dt)}))
                 hit = [_plus(b, c + k * step, dt) for k in range(self.valid)]
             else:

@@ -23,10 +23,10 @@ vector initializers, 0.08 there transposed in registers, 0.11-0.12 as uopc's til
 
 from __future__ import annotations
 
-from uopc.codegen.vectorize import _split
+from uopc.codegen.vectorize import _split, index_step
 from uopc.uop import Ops, UOp
 
-__all__ = ["lane_step", "transpose_lanes", "transposed_tiles"]
+__all__ = ["transpose_lanes", "transposed_tiles"]
 
 
 def transpose_lanes(w: int) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]]:
@@ -45,20 +45,6 @@ def transpose_lanes(w: int) -> list[tuple[int, tuple[int, ...], tuple[int, ...]]
     return stages
 
 
-def lane_step(i: UOp, lane: UOp) -> int | None:
-    """c where index i = c*lane + (terms without lane), through ADDs and MULs by constants; else None."""
-    if i is lane:
-        return 1
-    if i.op is Ops.ADD:
-        a, b = (lane_step(s, lane) for s in i.src)
-        return None if a is None or b is None else a + b
-    if i.op is Ops.MUL and Ops.CONST in (i.src[0].op, i.src[1].op):
-        x, c = i.src if i.src[1].op is Ops.CONST else i.src[::-1]
-        a = lane_step(x, lane)
-        return None if a is None else a * c.arg
-    return 0 if lane not in i.toposort() else None
-
-
 def transposed_tiles(stores: list[UOp], lane: UOp, w: int, index_of) -> dict[UOp, UOp]:
     """{scalar load: its vector} for every tile of w loads among `stores` (the module docstring): load a's index
     is b + a + S*LANE (S != 1, b free of the LANE) for a = 0..w-1. `index_of(idx)` is an INDEX's index as the caller
@@ -72,7 +58,7 @@ def transposed_tiles(stores: list[UOp], lane: UOp, w: int, index_of) -> dict[UOp
         if u.op is not Ops.LOAD or len(u.src[0].src) != 2 or u.src[0].src[0].op is not Ops.BUFFER:
             continue  # (gated loads and local arrays are read lane by lane)
         i = index_of(u.src[0])
-        if (step := lane_step(i, lane)) in (None, 0, 1):
+        if (step := index_step(i, lane)) in (None, 0, 1):
             continue
         base, off = _split(i)
         if base is None:

@@ -19,7 +19,7 @@ from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 from uopc.uop.symbolic import simplify
 
-__all__ = ["VECTOR_ALU", "buffer_of", "vectorize"]
+__all__ = ["VECTOR_ALU", "buffer_of", "index_step", "vectorize"]
 
 # ALU ops whose C operators apply lane-wise to gcc vectors of floats
 VECTOR_ALU = frozenset({Ops.ADD, Ops.MUL, Ops.NEG})
@@ -38,6 +38,21 @@ def _split(idx: UOp) -> tuple[UOp | None, int]:
     if idx.op is Ops.ADD and idx.src[0].op is Ops.CONST:
         return idx.src[1], idx.src[0].arg
     return idx, 0
+
+
+def index_step(i: UOp, r: UOp) -> int | None:
+    """How far index `i` moves per step of `r` (a loop, a LANE): c where i = c*r + (terms without r), through ADDs
+    and MULs by constants; else None."""
+    if i is r:
+        return 1
+    if i.op is Ops.ADD:
+        a, b = (index_step(s, r) for s in i.src)
+        return None if a is None or b is None else a + b
+    if i.op is Ops.MUL and Ops.CONST in (i.src[0].op, i.src[1].op):
+        x, c = i.src if i.src[1].op is Ops.CONST else i.src[::-1]
+        a = index_step(x, r)
+        return None if a is None else a * c.arg
+    return 0 if r not in i.toposort() else None
 
 
 def _consecutive(idxs: tuple[UOp, ...], simp) -> bool:

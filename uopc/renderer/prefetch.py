@@ -10,7 +10,7 @@ ahead they read (uopc.renderer.c writes `__builtin_prefetch` after each such loa
 from __future__ import annotations
 
 from uopc.codegen.linearize import Loop
-from uopc.codegen.vectorize import buffer_of
+from uopc.codegen.vectorize import buffer_of, index_step
 from uopc.uop import Ops, UOp
 
 __all__ = ["PREFETCH_BYTES", "streamed_loads"]
@@ -40,22 +40,8 @@ def streamed_loads(lp: Loop) -> dict[UOp, tuple[int, int]]:
         idx = x.src[0]
         if len(idx.src) > 2 or idx.arg is not None or buffer_of(idx).op is not Ops.BUFFER:
             continue  # gated or partial vectors: their own code paths
-        step, size = _step(idx.src[1], lp.rng), x.dtype.scalar().itemsize
+        step, size = index_step(idx.src[1], lp.rng), x.dtype.scalar().itemsize
         if step is not None and step * size >= x.dtype.itemsize:
             near, far = (-(-d // (step * size)) * step for d in (PREFETCH_BYTES, lp.rng.arg.prefetch))
             out[x] = (near, far)
     return out
-
-
-def _step(i: UOp, r: UOp) -> int | None:
-    """How far index `i` moves per iteration of loop `r`: c where i = c*r + (terms without r), else None."""
-    if i is r:
-        return 1
-    if i.op is Ops.ADD:
-        a, b = (_step(s, r) for s in i.src)
-        return None if a is None or b is None else a + b
-    if i.op is Ops.MUL and Ops.CONST in (i.src[0].op, i.src[1].op):
-        x, c = i.src if i.src[1].op is Ops.CONST else i.src[::-1]
-        a = _step(x, r)
-        return None if a is None else a * c.arg
-    return 0 if r not in i.toposort() else None
