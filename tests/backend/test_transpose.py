@@ -82,7 +82,7 @@ def test_a_transposing_copy_is_transposed_in_registers(shape, perm, dtype, tiles
     # the (strided read's contiguous axis, last axis) tile of w x w, w vector loads and log2(w) stages of w shuffles
     assert k.opts.vec == w and sorted(k.opts.upcast.values()) == [w, w], k.opts
     if min(shape[perm[-1]], shape[-1]) >= w:  # (a tile's code in each region of whole tiles)
-        assert src.count("__builtin_shuffle(") >= w * (w.bit_length() - 1), src
+        assert src.count("= UOPC_SHUFFLE(") >= w * (w.bit_length() - 1), src
 
 
 def test_a_transposing_copy_shorter_than_the_tile_is_a_gather(tiles):
@@ -91,7 +91,7 @@ def test_a_transposing_copy_shorter_than_the_tile_is_a_gather(tiles):
     with Context(OPT=1):
         out, (k,) = _kernels(lambda: Tensor(a).permute(1, 0).realize())
     np.testing.assert_array_equal(out.numpy(), a.T)
-    assert "__builtin_shuffle(" not in render_c(k.ast, "k")
+    assert "= UOPC_SHUFFLE(" not in render_c(k.ast, "k")
 
 
 @pytest.mark.parametrize("check", [0, 1])
@@ -104,7 +104,7 @@ def test_a_channels_last_product_is_read_as_nchw_in_tiles(check, tiles):
         out, kernels = _kernels(lambda: Tensor(x).conv2d(Tensor(w), stride=2, padding=1).relu().realize())
     ref = F.relu(F.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=2, padding=1)).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
-    assert kernels[-1].name == "e_2_64_17_17" and "__builtin_shuffle(" in render_c(kernels[-1].ast, "k")
+    assert kernels[-1].name == "e_2_64_17_17" and "= UOPC_SHUFFLE(" in render_c(kernels[-1].ast, "k")
 
 
 def test_only_large_transposing_copies_take_the_tile():
@@ -116,4 +116,4 @@ def test_only_large_transposing_copies_take_the_tile():
         with Context(OPT=1):
             out, (k,) = _kernels(lambda a=a: Tensor(a).permute(1, 0).realize())
         np.testing.assert_array_equal(out.numpy(), a.T)
-        assert ("__builtin_shuffle(" in render_c(k.ast, "k")) == tiled, (shape, k.opts)
+        assert ("= UOPC_SHUFFLE(" in render_c(k.ast, "k")) == tiled, (shape, k.opts)

@@ -14,11 +14,12 @@ buffer whose indices step S != 1 with the LANE (I_l = I_0 + l*S) and differ only
 and each one's vector is the tile's; no lane of them is built alone (built as gathers and matched afterwards, the
 256 scalar loads and their indices of a 16 x 16 tile cost 20-50 ms of lowering).
 
-The transpose is log2(W) stages of two-input shuffles (SHUFFLE, gcc's __builtin_shuffle): each stage swaps the
-off-diagonal blocks of every 2h x 2h block of the tile (h = W/2, ..., 1), 4 x 8 x 2 shuffles for 16 x 16 floats
-where the gathers took a scalar load and an insert per element. The transposing read of a (12544, 64) tensor with a
-ReLU, 2 threads on the Xeon VM: 0.27-0.29 ms with scalar loads, 0.24 in hand-written C with gcc's own gathers from
-vector initializers, 0.08 there transposed in registers, 0.11-0.12 as uopc's tile.
+The transpose is log2(W) stages of two-input shuffles (SHUFFLE; renderer.c's UOPC_SHUFFLE: gcc's __builtin_shuffle,
+clang's __builtin_shufflevector): each stage swaps the off-diagonal blocks of every 2h x 2h block of the tile
+(h = W/2, ..., 1), 4 x 8 x 2 shuffles for 16 x 16 floats where the gathers took a scalar load and an insert per
+element. The transposing read of a (12544, 64) tensor with a ReLU, 2 threads on the Xeon VM: 0.27-0.29 ms with
+scalar loads, 0.24 in hand-written C with gcc's own gathers from vector initializers, 0.08 there transposed in
+registers, 0.11-0.12 as uopc's tile.
 """
 
 from __future__ import annotations

@@ -437,6 +437,21 @@ def _shuffle_mask(vt: DType) -> DType:
     return {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}[vt.scalar().itemsize].vec(vt.count)
 
 
+# two vectors' lanes picked by constant indices: gcc's __builtin_shuffle takes them as a vector of ints, clang's
+# __builtin_shufflevector as arguments
+_SHUFFLE = """#if defined(__clang__)
+#define UOPC_SHUFFLE(a, b, mask, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define UOPC_SHUFFLE(a, b, mask, ...) __builtin_shuffle(a, b, (mask){__VA_ARGS__})
+#endif"""
+
+
+def _shuffle(r: CRenderer, u: UOp) -> str:
+    r.use("UOPC_SHUFFLE", _SHUFFLE, Rank.SHARED)
+    lanes = ", ".join(map(str, u.arg))
+    return f"UOPC_SHUFFLE({r.expr(u.src[0])}, {r.expr(u.src[1])}, {_shuffle_mask(u.dtype).cname}, {lanes})"
+
+
 def _vector_typedefs(ast: UOp) -> dict[str, Helper]:
     """gcc vector types for every vector dtype the kernel uses: `f32x16` (64-byte aligned) and `f32x16_u` (aligned
     as its elements), keyed like the other helpers."""
@@ -478,10 +493,7 @@ code_for_op: dict[Ops, Callable[[CRenderer, UOp], str]] = {
     # SIMD (gcc vector extension): pack lanes, read one lane
     Ops.VECTORIZE: lambda r, u: f"(({u.dtype.cname}){{{', '.join(r.expr(s) for s in u.src)}}})",
     Ops.GEP: lambda r, u: f"({r.expr(u.src[0])}[{u.arg}])",
-    Ops.SHUFFLE: lambda r, u: (
-        f"__builtin_shuffle({r.expr(u.src[0])}, {r.expr(u.src[1])}, "
-        f"(({_shuffle_mask(u.dtype).cname}){{{', '.join(map(str, u.arg))}}}))"
-    ),
+    Ops.SHUFFLE: lambda r, u: _shuffle(r, u),
     Ops.DEFINE_VAR: lambda r, u: u.arg.cname,
 }
 CRenderer.code_for_op = code_for_op
