@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from uopc.codegen.transpose import transposed_tiles
-from uopc.codegen.vectorize import VECTOR_ALU, _split, buffer_of, index_step
+from uopc.codegen.vectorize import VECTOR_ALU, buffer_of, index_step, split_offset
 from uopc.uop import ALU, COMPARE, LOGIC, VECTOR_MATH, AxisType, Ops, RangeArg, UOp
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
@@ -269,9 +269,9 @@ class _Widen:
             # each lane's index: the lane's value of the index less its constant, memoized (a transposing read's W
             # copies differ only in that constant: a 16 x 16 tile's 256 simplifies took 0.17 s of a 0.2 s lowering),
             # plus the constant
-            base, off = _split(self.simplified.get(idx.src[1], idx.src[1]))
+            base, off = split_offset(self.simplified.get(idx.src[1], idx.src[1]))
             dt = self.lane.dtype
-            at = [_plus(b, c + off, dt) for b, c in map(_split, self._lanes(base))] if base is not None else []
+            at = [_plus(b, c + off, dt) for b, c in map(split_offset, self._lanes(base))] if base is not None else []
             return tuple(
                 UOp(Ops.LOAD, (idx.replace(src=(idx.src[0], at[k] if at else UOp.const(off, dt))),), u.arg, u.dtype)
                 if k < self.valid
@@ -289,7 +289,7 @@ class _Widen:
         if (hit := self.lane_values.get(i)) is None:
             dt = self.lane.dtype
             if (step := index_step(i, self.lane)) is not None:
-                b, c = _split(i.substitute({self.lane: UOp.const(0, dt)}))
+                b, c = split_offset(i.substitute({self.lane: UOp.const(0, dt)}))
                 hit = [_plus(b, c + k * step, dt) for k in range(self.valid)]
             else:
                 hit = [simplify(i.substitute({self.lane: UOp.const(k, dt)})) for k in range(self.valid)]

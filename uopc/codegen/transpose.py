@@ -24,7 +24,7 @@ registers, 0.11-0.12 as uopc's tile.
 
 from __future__ import annotations
 
-from uopc.codegen.vectorize import _split, index_step
+from uopc.codegen.vectorize import index_step, split_offset
 from uopc.uop import Ops, UOp
 
 __all__ = ["transpose_lanes", "transposed_tiles"]
@@ -61,7 +61,7 @@ def transposed_tiles(stores: list[UOp], lane: UOp, w: int, index_of) -> dict[UOp
         i = index_of(u.src[0])
         if (step := index_step(i, lane)) in (None, 0, 1):
             continue
-        base, off = _split(i)
+        base, off = split_offset(i)
         if base is None:
             continue
         if (b0 := bases.get(base)) is None:
@@ -74,7 +74,7 @@ def transposed_tiles(stores: list[UOp], lane: UOp, w: int, index_of) -> dict[UOp
             if any(x is None or x in out for x in run):
                 continue
             vt, idx = dt.vec(w), run[0].src[0]  # type: ignore[union-attr]
-            rb, rc = _split(b0)
+            rb, rc = split_offset(b0)
             rows = []
             for row in range(w):  # row l: the tile's elements b + l*S .. + w-1, one vector load
                 c = UOp.const(rc + start + row * step, lane.dtype)

@@ -19,7 +19,7 @@ from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 from uopc.uop.symbolic import simplify
 
-__all__ = ["VECTOR_ALU", "buffer_of", "index_step", "vectorize"]
+__all__ = ["VECTOR_ALU", "buffer_of", "index_step", "split_offset", "vectorize"]
 
 # ALU ops whose C operators apply lane-wise to gcc vectors of floats
 VECTOR_ALU = frozenset({Ops.ADD, Ops.MUL, Ops.NEG})
@@ -29,7 +29,7 @@ class _Scalar(Exception):
     """This group of lanes has no vector form: keep it scalar."""
 
 
-def _split(idx: UOp) -> tuple[UOp | None, int]:
+def split_offset(idx: UOp) -> tuple[UOp | None, int]:
     """An index as (symbolic part, constant offset): `r0*32+5` -> (r0*32, 5); a constant has no symbolic part."""
     if idx.op is Ops.CONST:
         return None, idx.arg
@@ -57,9 +57,9 @@ def index_step(i: UOp, r: UOp) -> int | None:
 
 def _consecutive(idxs: tuple[UOp, ...], simp) -> bool:
     """Are these indices i, i+1, ..., i+n-1?"""
-    b0, c0 = _split(simp(idxs[0]))
+    b0, c0 = split_offset(simp(idxs[0]))
     for lane, i in enumerate(idxs):
-        b, c = _split(simp(i))
+        b, c = split_offset(simp(i))
         if b is not b0 or c != c0 + lane:
             d = simplify(i - idxs[0])
             if d.op is not Ops.CONST or d.arg != lane:
@@ -178,7 +178,7 @@ def vectorize(ast: UOp, width: int) -> UOp:
     groups: dict[tuple, dict[int, UOp]] = {}
     for u in topo:
         if u.op is Ops.STORE and u.src[0].src[0].op is Ops.BUFFER and u.src[1].dtype.count == 1:
-            b, c = _split(simp(u.src[0].src[1]))
+            b, c = split_offset(simp(u.src[0].src[1]))
             groups.setdefault((u.src[0].src[0], b), {})[c] = u
     lanes = _Lanes(width, simp)
     mapping: dict[UOp, UOp] = {}

@@ -110,7 +110,7 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
         # N=1024: 4x4 tile 99 GFLOP/s, + 128x128 blocks 173)
         if len(shape) >= 2 and upcast and shape[-1] * rsize * body.dtype.itemsize > machine.l2_bytes:
             tile = _block(shape, rsize * body.dtype.itemsize, machine.l2_bytes)
-    elif len(shape) >= 2 and _strided_read(body):
+    elif len(shape) >= 2 and (min(shape[-2:]) >= 64 or prod(shape) >= TRANSPOSE_MIN_ELEMENTS) and _strided_read(body):
         if (axis := _transpose_axis(body, machine)) is not None:  # a W x W tile, transposed in registers
             w = machine.vector_bytes // body.dtype.itemsize
             upcast, vec = {axis: w, len(shape) - 1: w}, w

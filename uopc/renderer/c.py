@@ -456,8 +456,9 @@ def _vector_typedefs(ast: UOp) -> dict[str, Helper]:
     """gcc vector types for every vector dtype the kernel uses: `f32x16` (64-byte aligned) and `f32x16_u` (aligned
     as its elements), keyed like the other helpers."""
     out = {}
-    vts = {u.dtype for u in ast.toposort() if u.dtype is not None and u.dtype.count > 1}
-    for vt in vts | {_shuffle_mask(u.dtype) for u in ast.toposort() if u.op is Ops.SHUFFLE}:
+    nodes = ast.toposort()
+    vts = {u.dtype for u in nodes if u.dtype is not None and u.dtype.count > 1}
+    for vt in vts | {_shuffle_mask(u.dtype) for u in nodes if u.op is Ops.SHUFFLE}:
         sc, size = vt.scalar(), vt.itemsize
         code = (
             f"typedef {sc.cname} {vt.cname} __attribute__((vector_size({size})));\n"
