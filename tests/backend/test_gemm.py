@@ -324,7 +324,17 @@ def test_wide_products_share_columns_among_threads():
     need = SPLITK_MAX_OUT // uneven + 1
     rows = max(rows, -(-need // MR) * MR)
     threads.append(gemm_opts(layout_pass([gemm_graph(rows, uneven, k)], big_l3)[0], big_l3).thread)
-    assert threads == ([1, 1, 0, 0, 0] if MACHINE.cores > 1 else [None] * 5)
+    # and rows too few for blocks of tiles (two register tiles a thread: MobileNetV2's 24-channel projections at
+    # batch 1) against a B larger than half of L2: shared out a tile at a time, each tile would stream all of B
+    k = 64
+    while k * 64 * NR * 4 <= MACHINE.l2_bytes // 2:
+        k *= 2
+    few = gemm_opts(layout_pass([gemm_graph(2 * MACHINE.cores * MR, 64 * NR, k)], big_l3)[0], big_l3)
+    threads.append(few.thread)
+    assert threads == ([1, 1, 0, 0, 0, 1] if MACHINE.cores > 1 else [None] * 6)
+    # threads over columns with K in one chunk take NR-column tiles, no blocks of NC columns (each B panel is read
+    # by every row's tile while it is in L1; 7 blocks on 2 threads left one idle a seventh of the time)
+    assert few.ktile or 1 not in few.tile
     # and the column-threaded kernel computes the product
     a = rng.standard_normal((8 * MR, 256)).astype(np.float32)
     w = rng.standard_normal((64 * NR, 256)).astype(np.float32)

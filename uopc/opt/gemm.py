@@ -428,7 +428,9 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
         few_rows = shape[am] * kc * size <= machine.l2_bytes // 2 or shape[an] >= WIDE_N * shape[am]
         mc = _row_block(shape[am] - shape[am] % mr, mr, 4 * cores) if thread == am else 0
-        row_blocks = (shape[am] - shape[am] % mr) // mc if mc else cores  # (each streams all of B)
+        # the row blocks, each streaming all of B; rows too few for blocks of tiles (_row_block) are shared out a
+        # register tile at a time, and then each tile streams all of B
+        row_blocks = (shape[am] - shape[am] % mr) // (mc or mr)
         streamed = b_bytes > machine.l3_bytes // 2 or (row_blocks > cores and b_bytes > machine.l2_bytes // 2)
         # (and only where the columns share out evenly: the busiest thread's NR-column tiles within 1/8 of an even
         # share. A stride-2 convolution's 196 output positions make 3 tiles and 4 columns, 2 tiles against 1 on 2
@@ -445,7 +447,9 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
             # rows make 21 blocks of one 6-row tile, 512 rows 17 of 30), B comes from L3 once per row block, and on
             # a Xeon whose L3 streams at ~28 GB/s (Sapphire Rapids class, a VM) GPT-2's 128-token projections
             # (128x768 @ 768x768..3072 and 128x3072 @ 3072x768) ran at 121-145 GFLOP/s over rows against 215-219
-            # over columns, its 512-token ones at 266-298 against 313-357 (the tuner's timer)
+            # over columns, its 512-token ones at 266-298 against 313-357 (the tuner's timer). So do rows shared out a
+            # tile at a time: MobileNetV2's 1x1 projections at batch 1 (24 x 144 @ 144 x 3136, 4 tiles of 6 rows
+            # each streaming all 1.8 MB of B) 0.213 -> 0.109 ms, its stem (32 x 27 @ 27 x 12544) 0.170 -> 0.130
             thread = an
         if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
             tile = {am: mc} if mc else {}
@@ -454,7 +458,10 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     # (a skinny product's register tile holds all its rows: each B panel is read once, so no block of B is kept in
     # L2 for more rows, and blocks of columns would only be coarser work for the threads: 768 columns of a decode
     # step's GEMV in 3 blocks of 256 left one of 2 threads idle a third of the time, at 35 GB/s against 43)
-    if whole_n > nc_max and shape[am] >= SKINNY_ROWS:
+    # (nor where threads take columns and K is not chunked: every row's tile then runs over each B panel while it is
+    # in L1, and blocks of NC columns would only share out unevenly: MobileNetV2's 24 x 144 @ 144 x 3136 projection
+    # at batch 1 in 7 blocks of 448 columns on 2 threads took 0.130-0.137 ms against 0.106-0.124 in 64-column tiles)
+    if whole_n > nc_max and shape[am] >= SKINNY_ROWS and (thread != an or ktile):
         nc = next((c for c in range(nc_max, nr - 1, -nr) if whole_n % c == 0), 0)
         if nc > nr:
             tile[an] = nc
