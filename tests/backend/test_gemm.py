@@ -329,9 +329,11 @@ def test_wide_products_share_columns_among_threads():
     k = 64
     while k * 64 * NR * 4 <= MACHINE.l2_bytes // 2:
         k *= 2
+    # (and one tile a thread: MobileNetV2's first 16-channel projection)
     few = gemm_opts(layout_pass([gemm_graph(2 * MACHINE.cores * MR, 64 * NR, k)], big_l3)[0], big_l3)
-    threads.append(few.thread)
-    assert threads == ([1, 1, 0, 0, 0, 1] if MACHINE.cores > 1 else [None] * 6)
+    one = gemm_opts(layout_pass([gemm_graph(MACHINE.cores * MR, 64 * NR, k)], big_l3)[0], big_l3)
+    threads += [few.thread, one.thread]
+    assert threads == ([1, 1, 0, 0, 0, 1, 1] if MACHINE.cores > 1 else [None] * 7)
     # threads over columns with K in one chunk take NR-column tiles, no blocks of NC columns (each B panel is read
     # by every row's tile while it is in L1; 7 blocks on 2 threads left one idle a seventh of the time)
     assert few.ktile or 1 not in few.tile

@@ -431,7 +431,7 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         # the row blocks, each streaming all of B; rows too few for blocks of tiles (_row_block) are shared out a
         # register tile at a time, and then each tile streams all of B
         row_blocks = (shape[am] - shape[am] % mr) // (mc or mr)
-        streamed = b_bytes > machine.l3_bytes // 2 or (row_blocks > cores and b_bytes > machine.l2_bytes // 2)
+        streamed = b_bytes > machine.l3_bytes // 2 or (row_blocks >= cores and b_bytes > machine.l2_bytes // 2)
         # (and only where the columns share out evenly: the busiest thread's NR-column tiles within 1/8 of an even
         # share. A stride-2 convolution's 196 output positions make 3 tiles and 4 columns, 2 tiles against 1 on 2
         # threads: its GEMM (256 x 1152 @ 1152 x 196) took 0.79-0.83 ms over columns against 0.61-0.67 over rows
@@ -443,13 +443,14 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
             # over blocks of columns, each running every row over its block of B while that stays in L2. Over rows,
             # every block of MR rows streamed all of B from memory again (GPT-2's LM head, 154 MB of B: 48 GFLOP/s
             # against 94, measured interleaved). Where B fits in L3, rows measured 0-14% faster (128 x 768..3072)
-            # on a Zen 4; but where B outgrows L2 and there are more row blocks than threads (load balance: 128
-            # rows make 21 blocks of one 6-row tile, 512 rows 17 of 30), B comes from L3 once per row block, and on
+            # on a Zen 4; but where B outgrows L2, B comes from L3 once per row block (at least one a thread; for
+            # load balance more: 128 rows make 21 blocks of one 6-row tile, 512 rows 17 of 30), and on
             # a Xeon whose L3 streams at ~28 GB/s (Sapphire Rapids class, a VM) GPT-2's 128-token projections
             # (128x768 @ 768x768..3072 and 128x3072 @ 3072x768) ran at 121-145 GFLOP/s over rows against 215-219
             # over columns, its 512-token ones at 266-298 against 313-357 (the tuner's timer). So do rows shared out a
-            # tile at a time: MobileNetV2's 1x1 projections at batch 1 (24 x 144 @ 144 x 3136, 4 tiles of 6 rows
-            # each streaming all 1.8 MB of B) 0.213 -> 0.109 ms, its stem (32 x 27 @ 27 x 12544) 0.170 -> 0.130
+            # tile at a time, or one block a thread: MobileNetV2's 1x1 projections at batch 1 (24 x 144 @ 144 x 3136,
+            # 4 tiles of 6 rows each streaming all 1.8 MB of B) 0.213 -> 0.109 ms, its stem (32 x 27 @ 27 x 12544)
+            # 0.170 -> 0.130, its first projection (16 x 32 @ 32 x 12544, one 6-row tile a thread) 0.176 -> 0.085
             thread = an
         if thread == am:  # threads over blocks of rows: one parallel region, each thread runs its own K and N loops
             tile = {am: mc} if mc else {}
