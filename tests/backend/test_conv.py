@@ -177,6 +177,37 @@ def test_a_depthwise_convolution_is_a_direct_loop_at_stride_1(width, check_oob):
     np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("check_oob", [0, 1])
+@pytest.mark.parametrize("width,stride", [(7, 1), (28, 1), (28, 2), (15, 2)])
+def test_a_window_reduce_takes_its_batchnorm_and_activation_as_an_epilogue(width, stride, check_oob):
+    # MobileNetV2's depthwise 3x3 with BatchNorm (eval) and ReLU6: the kernel that sums each window applies the
+    # per-channel scale and shift and the clamp to the sum before its one store (no elementwise kernel after it
+    # writing the output again); so does a max pool with a per-channel affine and a ReLU after it
+    from uopc.renderer.plan import kernel_unit
+
+    x, w = Tensor(r(2, 24, width, width)), Tensor(r(24, 1, 3, 3))
+    mean, var, gamma, beta = r(24), np.abs(r(24)) + 0.5, r(24), r(24)
+    bn = [Tensor(a).reshape(1, 24, 1, 1) for a in (mean, var, gamma, beta)]
+    with Context(OPT=1, CHECK_OOB=check_oob):
+        with capture() as calls:
+            y = x.conv2d(w, padding=1, stride=stride, groups=24)
+            out = (((y - bn[0]) / (bn[1] + 1e-5).sqrt()) * bn[2] + bn[3]).relu6().realize()
+        conv = [k for c in calls for k in c.cp.plan.kernels]
+        with capture() as calls:  # (at stride 1 the pool reads a padded copy of its input, a kernel before it)
+            pooled = (x.max_pool2d(3, stride, 1) * bn[2] + bn[3]).relu().realize()
+        pool = [k for c in calls for k in c.cp.plan.kernels]
+        srcs = [kernel_unit(k.ast, k.name).fn.body for k in (conv[-1], pool[-1])]
+    assert len(conv) == 1 and conv[0].name.startswith("r_"), [k.name for k in conv]
+    assert pool[-1].name.startswith("r_"), [k.name for k in pool]
+    assert "6.0f" in srcs[0] and "0.0f" in srcs[1]  # the clamps, in the kernels that reduce
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), padding=1, stride=stride, groups=24)
+    ref = F.relu6(F.batch_norm(ref, *(torch.tensor(a) for a in (mean, var, gamma, beta)), eps=1e-5)).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+    ref = F.max_pool2d(torch.tensor(x.numpy()), 3, stride, 1) * torch.tensor(gamma).reshape(1, 24, 1, 1)
+    ref = F.relu(ref + torch.tensor(beta).reshape(1, 24, 1, 1)).numpy()
+    np.testing.assert_allclose(pooled.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("l2_share", [0.75, 1.5])
 def test_a_strided_convolutions_im2col_is_read_in_place_where_it_fits_in_l2(l2_share):
     # with few output channels the windows are copied (im2col), and the GEMM's B is that copy (K = C*3*3 rows of

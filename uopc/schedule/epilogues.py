@@ -43,7 +43,8 @@ def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> froze
     The cost rule: fusing saves writing r and reading it back (2 x its bytes) and recomputes nothing, when exactly
     one kernel reads r, only through elementwise ops at r's own index, and that kernel computes no other fused
     reduce. `accepts(r, reader_body)` is the optimizer's say (it fuses only what its kernels keep fast: the GEMM
-    microkernel takes an epilogue); without an optimizer nothing is fused, so OPT=0 keeps Chapter 7's kernels."""
+    microkernel and a window's reduce take an epilogue); without an optimizer nothing is fused, so OPT=0 keeps
+    Chapter 7's kernels."""
     if accepts is None:
         return frozenset()
     rootset = set(roots)
