@@ -208,6 +208,24 @@ def test_a_window_reduce_takes_its_batchnorm_and_activation_as_an_epilogue(width
     np.testing.assert_allclose(pooled.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("width", [28, 14, 9])
+def test_a_1x1_convolution_is_a_gemm_over_its_input_in_place(width):
+    # a 1x1 kernel at stride 1 without padding: the GEMM reads the stored input where it lies and computes exactly
+    # its positions (at 28x28, 784 of them, rounding up to whole tiles made the input a copy of its own, 832 per
+    # channel, and left the BatchNorm and ReLU6 to a kernel after the product): one kernel, its epilogue included
+    x, w = Tensor(r(2, 32, width, width)).realize(), Tensor(r(48, 32, 1, 1)).realize()
+    mean, var, gamma, beta = r(48), np.abs(r(48)) + 0.5, r(48), r(48)
+    bn = [Tensor(a).reshape(1, 48, 1, 1).realize() for a in (mean, var, gamma, beta)]
+    with Context(OPT=1), capture() as calls:
+        y = x.conv2d(w)
+        out = (((y - bn[0]) / (bn[1] + 1e-5).sqrt()) * bn[2] + bn[3]).relu6().realize()
+    kernels = [k for c in calls for k in c.cp.plan.kernels]
+    assert [k.name for k in kernels] == [f"r_2_1_48_{width * width}"], [k.name for k in kernels]
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()))
+    ref = F.relu6(F.batch_norm(ref, *(torch.tensor(a) for a in (mean, var, gamma, beta)), eps=1e-5)).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("l2_share", [0.75, 1.5])
 def test_a_strided_convolutions_im2col_is_read_in_place_where_it_fits_in_l2(l2_share):
     # with few output channels the windows are copied (im2col), and the GEMM's B is that copy (K = C*3*3 rows of
