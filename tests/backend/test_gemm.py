@@ -26,6 +26,7 @@ from uopc.opt.gemm import (
     GEMM_MIN_WORK,
     KC_MIN,
     SPLITK_MAX_OUT,
+    _row_block,
     gemm_opts,
     microkernel,
 )
@@ -343,6 +344,24 @@ def test_wide_products_share_columns_among_threads():
     _check_matmul(a, w.T, run(wide, [a, w], gemm_opts(wide, small_l3)))
 
 
+def test_row_blocks_are_the_fewest_that_share_out_evenly():
+    # each row block streams all of B, and OpenMP's static schedule gives each thread a run of whole blocks: so the
+    # fewest blocks that are a multiple of the threads and whose chunk of A fits (here 48 tiles of 6 rows on 2 threads:
+    # 2 blocks of 144, a conv weight gradient's 288 rows), more where A would not fit, and where no multiple of the
+    # threads divides the tiles (85 of them, 512 rows) at least 4 blocks a thread, not 5 shared 3 to 2
+    assert _row_block(288, 6, 2, 1000) == 144
+    assert _row_block(288, 6, 2, 100) == 72  # 4 blocks: 144 rows would not fit
+    assert _row_block(288, 6, 4, 1000) == 72
+    assert _row_block(510, 6, 2, 1000) == 30  # 17 blocks
+    assert _row_block(12, 6, 2, 1000) == 0  # one tile a thread: no blocks
+    # and the heuristic's blocks for a weight gradient's shape on this machine share out evenly among its threads
+    if MACHINE.cores > 1:
+        rows = 48 * MR
+        o = gemm_opts(layout_pass([gemm_graph(rows, NR, 8192, bt=True)], MACHINE)[0], MACHINE)
+        if o.thread == 0 and 0 in o.tile:
+            assert (rows // o.tile[0]) % MACHINE.cores == 0, o
+
+
 # ------------------------------------------------------------------ correctness of every path against NumPy
 
 SHAPES = [
@@ -653,10 +672,11 @@ def test_conv_epilogue_batchnorm_relu_residual(context, oob, k, stride, size):
 @pytest.mark.parametrize("k,dilation,size", [(5, 1, 13), (3, 2, 12), (1, 1, 28)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_conv_epilogue_through_padded_positions(context, k, dilation, size, residual):
-    # a stride-1 convolution's GEMM computes every position of the padded width (and a 1x1's positions rounded up to
-    # whole tiles), cut to the output by a SHRINK: its BatchNorm and ReLU, constant along the cut positions, are
-    # its epilogue, stored at the GEMM's shape and read through the cut; a residual add, which varies there, keeps
-    # them in a kernel of their own. The values either way against torch
+    # a stride-1 convolution's GEMM computes every position of the padded width, cut to the output by a SHRINK: its
+    # BatchNorm and ReLU, constant along the cut positions, are its epilogue, stored at the GEMM's shape and read
+    # through the cut; a residual add, which varies there, keeps them in a kernel of their own. A 1x1 convolution's
+    # GEMM computes the output's positions only (no cut): the residual add is its epilogue too. The values either
+    # way against torch
     torch = pytest.importorskip("torch")
     from uopc.nn import BatchNorm2d, Conv2d
 
@@ -672,7 +692,7 @@ def test_conv_epilogue_through_padded_positions(context, k, dilation, size, resi
     y = ((y + Tensor(res)) if residual else y).relu().contiguous() * 2.0
     ks = _kernels(y, HandOpt(MACHINE))
     (gemm,) = [kk for kk in ks if kk.op.startswith("matmul")]
-    assert ("cmplt" in gemm.op) != residual, [kk.op for kk in ks]
+    assert ("cmplt" in gemm.op) == (not residual or k == 1), [kk.op for kk in ks]
     tc = torch.nn.Conv2d(cin, cout, k, 1, pad, dilation=dilation, bias=False)
     tc.weight.data = torch.from_numpy(conv.weight.numpy())
     tb = torch.nn.BatchNorm2d(cout).eval()
