@@ -53,7 +53,9 @@ CONV2D = [
     ((2, 3, 11, 9), (4, 3, 2, 3), {"stride": (2, 3), "dilation": (3, 1), "padding": (1, 2)}),
     ((2, 3, 9, 11), (4, 3, 4, 3), {"padding": "same"}),  # even kernel: the odd pad goes after
     ((2, 3, 9, 11), (4, 3, 3, 3), {"padding": "valid", "stride": 3}),
-    ((1, 2, 7, 7), (3, 2, 1, 1), {}),  # 1x1
+    ((1, 2, 7, 7), (3, 2, 1, 1), {}),  # 1x1: a GEMM over the input where it lies
+    ((2, 6, 9, 11), (6, 2, 1, 1), {"groups": 3}),  # grouped 1x1 (a ShuffleNet's)
+    ((2, 2, 7, 7), (3, 2, 1, 1), {"padding": 1}),  # padded 1x1: the padded copy
     ((2, 2, 8, 8), (3, 2, 2, 2), {"stride": 2}),  # non-overlapping windows
     # the input's phases (a stride-1 convolution over each phase's taps): a ResNet stem's 7x7 stride 2, odd sizes
     ((2, 3, 23, 18), (4, 3, 7, 7), {"stride": 2, "padding": 3}),
