@@ -496,10 +496,10 @@ def _row_block(whole: int, mr: int, cores: int, max_rows: int) -> int:
     """The rows of each block that threads share out over `whole` rows in MR-row register tiles, in one parallel
     region (0: no blocks, a tile at a time). Each block streams all of B, so the fewest blocks that share out evenly
     (a multiple of the threads: OpenMP's static schedule gives each thread a run of whole blocks) whose chunk of A
-    (rows x KC) stays in half of L2 (`max_rows`); where no such count divides the tiles, at least 4 blocks a thread,
-    the uneven share's excess a quarter of a block. Measured on the Xeon VM: the conv benchmark's weight gradient
-    (288 x 50176 @ 50176 x 64) in 2 blocks of 144 rows 5.5 ms against 6.2 in 8 of 36 (the model 0.95-0.99x,
-    interleaved); 512^3 (85 tiles) in 5 blocks, unevenly shared, 1.13x slower than in 17.
+    (rows x KC) stays in half of L2 (`max_rows`); where no such count divides the tiles, at least 4 blocks a thread
+    (a thread given one block more then does at most a quarter more). Measured on the Xeon VM: the weight gradient
+    of the conv benchmark (288 x 50176 @ 50176 x 64) in 2 blocks of 144 rows 5.5 ms against 6.2 in 8 of 36 (the
+    forward + backward 0.95-0.99x, interleaved); 512^3 (85 tiles) in 5 blocks, unevenly shared, 1.13x slower than in 17.
     (Earlier, under load at 1024^3: 33 GFLOP/s with blocks of 60 rows against 18 with a region per K chunk.)"""
     n = whole // mr
     for b in range(cores, n, cores):

@@ -283,9 +283,10 @@ def _strided_read(body: UOp) -> bool:
 
 
 def takes_epilogue(r: UOp, reader: UOp, machine: Machine) -> bool:
-    """HandOpt.epilogue's answer (SearchOpt's too): a matmul the microkernel runs, or a window's reduce (a depthwise
-    convolution's, a pool's: each output's sum or max is computed whole before its store), whose reader keeps the
-    reduce's dtype and has a vector form for what varies along the output's last axis (vector_epilogue)."""
+    """HandOpt.epilogue's answer (SearchOpt's too): a matmul the microkernel runs, or a reduce over several axes (a
+    depthwise convolution's or a pool's window, a mean over H and W: each output's value is computed whole before
+    its store), whose reader keeps the reduce's dtype and has a vector form for what varies along the output's last
+    axis (vector_epilogue)."""
     if reader.dtype is not r.dtype or not (uses_microkernel(r, machine) or r.arg[1] > 1):
         return False
     return vector_epilogue(r, reader)
