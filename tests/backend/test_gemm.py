@@ -32,7 +32,7 @@ from uopc.opt.gemm import (
 )
 from uopc.renderer.c import render_c
 from uopc.renderer.flags import unit_cflags
-from uopc.renderer.prefetch import PREFETCH_BYTES, streamed_loads
+from uopc.renderer.prefetch import PREFETCH_BYTES, PREFETCH_MIN_STEPS, streamed_loads
 from uopc.runtime import compiler as runtime
 from uopc.runtime.buffer import aligned_empty
 from uopc.runtime.compiler import Program
@@ -159,14 +159,16 @@ def test_gemm_inner_loop_uses_packed_fma_and_does_not_spill():
 
 def test_microkernel_prefetches_the_operand_it_streams():
     # each vector load of B in the k loop (a panel, or B in place: NR or n floats a step) prefetches the element
-    # PREFETCH_BYTES ahead, rounded up to whole steps; A's broadcasts (scalar loads) and the stores do not (with index
-    # checks, the loads' indices are checked and the prefetches' are not: they read nothing)
+    # PREFETCH_BYTES ahead, rounded up to whole steps, or PREFETCH_MIN_STEPS steps ahead if that is further (here K =
+    # 256: a quarter of it is more); A's broadcasts (scalar loads) and the stores do not (with index checks, the
+    # loads' indices are checked and the prefetches' are not: they read nothing)
     src = _gemm_kernel(4 * MR, 2 * NR, 256)
     b_loads = re.findall(r"\(\*\(f32x\d+(?:_u)?\*\)\(data1\+", src)
     pf = re.findall(r"__builtin_prefetch\(data(\d+)\+\(?(\w+(?:\+\d+)?)\)?\+(\d+)\);", src)
     assert pf and len(pf) == len(b_loads) and {b for b, _, _ in pf} == {"1"}
     ahead = {int(d) for _, _, d in pf}
-    assert len(ahead) == 1 and ahead.pop() * 4 in {-(-PREFETCH_BYTES // (s * 4)) * s * 4 for s in (NR, 2 * NR)}
+    steps = [(max(-(-PREFETCH_BYTES // (s * 4)), PREFETCH_MIN_STEPS), s) for s in (NR, 2 * NR)]
+    assert len(ahead) == 1 and ahead.pop() in {n * s for n, s in steps}
     if not helpers.settings().CHECK_OOB:  # each right after its load, at its address
         loads = re.findall(r"\(\*\(f32x\d+(?:_u)?\*\)\(data1\+\(?(\w+(?:\+\d+)?)\)?\)\);", src)
         assert [e for _, e, _ in pf] == loads
@@ -175,7 +177,10 @@ def test_microkernel_prefetches_the_operand_it_streams():
 
 def test_streamed_loads_step_through_memory():
     # only vector loads that move a vector or more per iteration of their own reduce loop prefetch: PREFETCH_BYTES
-    # ahead, and where the loop carries a distance of its own (Opts.prefetch) that far too, in whole steps
+    # ahead, or PREFETCH_MIN_STEPS iterations if that is further (at most a quarter of the loop's: a load that jumps
+    # 16 KiB an iteration prefetches 16 iterations ahead in a loop of 64, 8 in a loop of 32, not the one iteration
+    # its bytes would give), and where the loop carries a distance of its own (Opts.prefetch) that far too, in whole
+    # steps
     ctx, far = Ctx(), Ctx(Opts(prefetch=5000))
     r, inner, rf = ctx.rng(64, AxisType.REDUCE), ctx.rng(4, AxisType.REDUCE), far.rng(64, AxisType.REDUCE)
     assert rf.arg.prefetch == 5000 and far.rng(8).arg.prefetch == 0  # (reduce loops only)
@@ -187,11 +192,17 @@ def test_streamed_loads_step_through_memory():
     panel, slow, scalar = load(r * 64 + 32), load(r * 4), load(r * 64, dtypes.float32)
     nested = load(inner * 64 + r)
     body = [panel, slow, scalar, Loop(inner, [nested])]
-    near = -(-PREFETCH_BYTES // 256) * 64
+    near = max(-(-PREFETCH_BYTES // 256), min(PREFETCH_MIN_STEPS, 64 // 4)) * 64
     assert streamed_loads(Loop(r, body)) == {panel: (near, 0)}
-    assert streamed_loads(Loop(inner, [nested])) == {nested: (near, 0)}
+    assert streamed_loads(Loop(inner, [nested])) == {nested: (-(-PREFETCH_BYTES // 256) * 64, 0)}  # 4 iterations
     streamed = load(rf * 64)
     assert streamed_loads(Loop(rf, [streamed])) == {streamed: (near, -(-5000 // 256) * 64)}
+    # a row of 4096 floats an iteration (B read in place, one row of an activation per k)
+    short = ctx.rng(32, AxisType.REDUCE)
+    rows, rows_short = load(r * 4096), load(short * 4096)
+    assert PREFETCH_BYTES <= 4096 * 4 and PREFETCH_MIN_STEPS >= 8
+    assert streamed_loads(Loop(r, [rows])) == {rows: (min(PREFETCH_MIN_STEPS, 16) * 4096, 0)}
+    assert streamed_loads(Loop(short, [rows_short])) == {rows_short: (8 * 4096, 0)}
 
 
 def test_few_tiles_over_a_large_b_prefetch_it_far_ahead(context):
