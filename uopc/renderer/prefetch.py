@@ -41,8 +41,8 @@ PREFETCH_MIN_STEPS = 16
 
 def streamed_loads(lp: Loop) -> dict[UOp, tuple[int, int]]:
     """The vector loads of plain buffer memory in reduce loop `lp`'s own body whose index advances by a vector or
-    more per iteration: {load: the elements ahead its prefetches read, PREFETCH_BYTES and the loop's own distance
-    (0: none), rounded up to whole steps}."""
+    more per iteration: {load: the elements ahead its prefetches read, PREFETCH_BYTES (or _min_steps iterations,
+    if further) and the loop's own distance (0: none), rounded up to whole steps}."""
     out = {}
     for x in lp.body:
         if isinstance(x, Loop) or x.op is not Ops.LOAD or x.dtype.count == 1:
