@@ -282,8 +282,10 @@ def test_weight_transform_is_kept_until_the_weight_changes():
 
 
 def test_cost_rule_on_resnet18_shapes():
-    """F(4,3) at 56, 28 and 14 pixels; F(2,3) at 7 (F(4,3) would have 4 tiles: too few columns for the GEMM); the
-    direct GEMM for a 1-channel input, a tiny image, strides, dilation, groups, other kernels and half floats."""
+    """F(4,3) at 56 and 28 pixels; F(2,3) at 14 and 7 at batch 1 (at 7, F(4,3) would have 4 tiles: too few
+    columns for the GEMM; at 14, its transformed weight, 36 x 256 x 256 floats read every call, outweighs the
+    multiply-adds it saves over F(2,3)'s 16 x 256 x 256), F(4,3) at 14 and 7 at batch 8; the direct GEMM for a
+    1-channel input, a tiny image, strides, dilation, groups, other kernels and half floats."""
 
     def pick(n, c, k, size, **kw):
         x, w = (
@@ -295,8 +297,9 @@ def test_cost_rule_on_resnet18_shapes():
         return _winograd_tile(x, w, st, dl, [(1, 1), (1, 1)], kw.get("groups", 1), outs)
 
     with Context(WINOGRAD=1):
-        assert [pick(1, c, c, s) for c, s in ((64, 56), (128, 28), (256, 14), (512, 7))] == [4, 4, 4, 2]
+        assert [pick(1, c, c, s) for c, s in ((64, 56), (128, 28), (256, 14), (512, 7))] == [4, 4, 2, 2]
         assert pick(8, 512, 512, 7) == 4  # at batch 8 the 7x7 layers have 32 tiles
+        assert pick(8, 256, 256, 14) == 4  # ...and the transformed weight is read once for 8 images
         # the direct GEMM computes every column of the padded width (896 positions for 28x28's 784 outputs): the
         # conv benchmark's forward takes F(4,3) though its 32 input channels make short products
         assert pick(64, 32, 64, 28) == 4

@@ -144,12 +144,14 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     """The m of the Winograd F(m x m, 3 x 3) a convolution runs by (uopc.uop.winograd), or None for the direct
     GEMM: a 2-D 3x3 float32 convolution of stride 1, no dilation or groups, where the cost rule says it pays.
 
-    The rule compares multiply-adds, the transforms' traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P (P
-    the positions the in-place GEMM computes) against alpha^2 K max(C, WINOGRAD_MIN_K) max(T, WINOGRAD_MIN_COLS)
-    for T tiles, plus 4 bytes per transformed element written and read (and the weight's transform, when the
-    weight is trained: it changes every step).
-    ResNet-18 at batch 1 picks F(4,3) at 56, 28 and 14 pixels, F(2,3) at 7; a 1-channel input, few channels or a
-    small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
+    The rule compares multiply-adds, memory traffic counted at WINOGRAD_FMA_PER_BYTE: direct 9 K C P (P the
+    positions the in-place GEMM computes) and its weight's 9 K C floats against alpha^2 K max(C, WINOGRAD_MIN_K)
+    max(T, WINOGRAD_MIN_COLS) for T tiles, the transformed weight's alpha^2 K C floats (each product reads its
+    weight once a call, from memory in a model whose weights outgrow the caches), 4 bytes per transformed element
+    written and read (and the weight's transform, when the weight is trained: it changes every step).
+    ResNet-18 at batch 1 picks F(4,3) at 56 and 28 pixels, F(2,3) at 14 and 7 (at 14, F(4,3)'s 9.4 MB of
+    transformed weight against F(2,3)'s 4.2: the model 0.98x the time), F(4,3) at 14 and 7 at batch 8; a 1-channel
+    input, few channels or a small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
     rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
     mode = helpers.settings().WINOGRAD
     if mode not in (0, 1, *MATRICES):
@@ -165,10 +167,11 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     N, C, K = x.shape[0], x.shape[1], w.shape[0]
     # the direct GEMM's multiply-adds at the positions it computes: every column of the padded width, rounded up
     # (_conv_in_place), not only the outputs (28x28 at padding 1: 896 positions for 784 outputs)
-    best, cost = None, 9 * K * C * N * _round_positions(outs[0] * (x.shape[3] + pads[1][0] + pads[1][1]))
+    cost = 9 * K * C * N * _round_positions(outs[0] * (x.shape[3] + pads[1][0] + pads[1][1]))
+    best, cost = None, cost + WINOGRAD_FMA_PER_BYTE * 4 * 9 * K * C
     for m in (2, 4):
         a, T = m + 2, N * -(-outs[0] // m) * -(-outs[1] // m)
-        moved = 4 * 2 * (a * a * T * (C + K) + N * prod(outs) * K + N * C * prod(x.shape[2:]))
+        moved = 4 * 2 * (a * a * T * (C + K) + N * prod(outs) * K + N * C * prod(x.shape[2:])) + 4 * a * a * K * C
         if w.requires_grad and not type(x).no_grad:  # a trained weight changes every step: so does its transform
             moved += 4 * (a * a + 9) * K * C
         c = a * a * K * max(C, WINOGRAD_MIN_K) * max(T, WINOGRAD_MIN_COLS) + WINOGRAD_FMA_PER_BYTE * moved
