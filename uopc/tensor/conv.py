@@ -151,8 +151,8 @@ def _winograd_tile(x: Any, w: Any, st, dl, pads, groups: int, outs: Sequence[int
     written and read (and the weight's transform, when the weight is trained: it changes every step).
     ResNet-18 at batch 1 picks F(4,3) at 56 and 28 pixels, F(2,3) at 14 and 7 (at 14, F(4,3)'s 9.4 MB of
     transformed weight against F(2,3)'s 4.2: the model 0.98x the time), F(4,3) at 14 and 7 at batch 8; a 1-channel
-    input, few channels or a small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is built: 0 never, 1 by this
-    rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
+    input, few channels or a small image keep the direct GEMM. The WINOGRAD setting, read when the convolution is
+    built: 0 never, 1 by this rule, 2 or 4 F(2,3) or F(4,3) for every convolution it can take."""
     mode = helpers.settings().WINOGRAD
     if mode not in (0, 1, *MATRICES):
         raise ValueError(f"WINOGRAD must be 0 (never), 1 (by the cost rule), 2 or 4 (F(m,3) always), got {mode!r}")
