@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -84,6 +84,17 @@ def invariant_kernels(plan: Plan) -> dict[int, tuple[int, ...]]:
     return kept
 
 
+class _Steady(NamedTuple):
+    """Kept kernels skipped at once: while `pick(inputs)` (all but its last item) are the same BUFFERs at the same
+    versions as `state` records, the kernels not in `rest` keep their temps (`fill`: the bufs entries of their temps
+    and run flags); the kernels in `rest` (indices into Kept.kernels) are checked one by one."""
+
+    pick: Any
+    state: tuple
+    fill: tuple[tuple[int, int | None], ...]
+    rest: tuple[int, ...]
+
+
 class Kept:
     """The kept kernels of one compiled plan and their temps. `first_flag` is the index in `bufs` of the first run
     flag (the others follow, one per kept kernel); `where(ref)` the index in `bufs` of a kernel parameter."""
@@ -94,13 +105,9 @@ class Kept:
         self.temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input slots and versions, its temp)
         self.lock = threading.Lock()
         self.inputs = tuple(sorted({j for r in self.roots.values() for j in r}))  # every kept kernel's plan inputs
-        # the steady state: when the last bind found every kept temp valid, the buffers and versions of `inputs` it saw
-        # and the bufs entries it set; a call that sees the same skips them all without a key per kernel
-        self.valid: tuple | None = None
-        self.fill: tuple[tuple[int, int | None], ...] = ()
-        # (read each call: a MobileNetV2 with its BatchNorms folded keeps 107 kernels on 262 inputs, whose check took
-        # 0.34 ms of a 6 ms call as a loop building a tuple per input, 0.08-0.09 ms so)
-        self.pick = operator.itemgetter(*self.inputs, *self.inputs[:1]) if self.inputs else None
+        # the steady state (see _Steady): the kept kernels the last full check found valid, skipped by the next calls
+        # that see their inputs unchanged in one comparison
+        self.steady: _Steady | None = None
 
     def __len__(self) -> int:
         return len(self.kernels)
@@ -122,16 +129,18 @@ class Kept:
             for n in range(len(self.kernels)):
                 ptrs[self.flag(n)] = 1
             return None
-        bufs = self.pick(inputs)[:-1] if self.pick is not None else ()  # (a tuple even for one input)
-        state = (bufs, tuple(map(version, bufs)))
-        if state == self.valid:
-            for at, value in self.fill:
-                ptrs[at] = value
-            ptrs[self.first_flag : self.first_flag + len(self.kernels)] = (None,) * len(self.kernels)  # skip them all
-            return []
-        self.valid = None
+        todo: Any = range(len(self.kernels))
+        if (st := self.steady) is not None:
+            bufs = st.pick(inputs)[:-1] if st.pick is not None else ()  # (a tuple even for one input)
+            if (bufs, tuple(map(version, bufs))) == st.state:
+                for at, value in st.fill:
+                    ptrs[at] = value
+                todo = st.rest
+            else:
+                self.steady = None
         computed = []
-        for n, i in enumerate(self.kernels):
+        for n in todo:
+            i = self.kernels[n]
             k = self.plan.kernels[i]
             ins = [inputs[j] for j in self.roots[i]]
             versions = [version(b) for b in ins]
@@ -148,10 +157,21 @@ class Kept:
             else:
                 ptrs[self.flag(n)] = 1
                 computed.append((i, key, rec[1]))
-        if not computed and None not in state[1]:  # every temp valid: the next call may skip all
-            at = [where(self.plan.kernels[i].refs[-1]) for i in self.kernels]
-            self.valid, self.fill = state, tuple((a, ptrs[a]) for a in at)
+        if self.steady is None or len(computed) < len(todo):  # (kernels found valid that the steady state checks)
+            self.steady = self._steady(inputs, ptrs, where, {i for i, _, _ in computed})
         return computed
+
+    def _steady(self, inputs: list[UOp], ptrs: Any, where: Any, computed: set[int]) -> _Steady:
+        """The steady state after a full check: the kept kernels it found valid (none of their inputs handed out) and
+        the buffers and versions of their inputs, so that a call seeing the same ones skips those kernels at once and
+        checks only the rest (the kernels of an input that is new each call, as a model's own input is)."""
+        skip = [n for n, i in enumerate(self.kernels) if i not in computed]
+        ins = sorted({j for n in skip for j in self.roots[self.kernels[n]]})
+        pick = operator.itemgetter(*ins, *ins[:1]) if ins else None
+        bufs = pick(inputs)[:-1] if pick is not None else ()
+        at = [a for n in skip for a in (where(self.plan.kernels[self.kernels[n]].refs[-1]), self.flag(n))]
+        rest = tuple(n for n, i in enumerate(self.kernels) if i in computed)
+        return _Steady(pick, (bufs, tuple(map(version, bufs))), tuple((a, ptrs[a]) for a in at), rest)
 
     def release(self) -> None:
         self.lock.release()
