@@ -1,4 +1,5 @@
-"""The plan-cache miss explainer (DEBUG=1): a new structure key against the cached ones, in words.
+"""What DEBUG prints about plans: the plan-cache miss explainer (DEBUG=1: a new structure key against the cached ones,
+in words) and the line per kernel of a plan's run (DEBUG>=2).
 
 realize: plan cache miss; the closest cached plan differs first at CONST 0.00099 (was 0.001) at node 12 of 40
 (1 node differs): a Python float that changes every step: pass it as a Tensor
@@ -6,11 +7,13 @@ realize: plan cache miss; the closest cached plan differs first at CONST 0.00099
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
+from uopc.codegen.error_record import ERROR_RECORD
 from uopc.uop import Ops
 
-__all__ = ["closest_difference"]
+__all__ = ["closest_difference", "print_kernels"]
 
 
 def _arg(arg: Any) -> str:
@@ -59,3 +62,29 @@ def closest_difference(key: tuple, recent: list[tuple]) -> str | None:
     else:
         what = f"{_describe(new)} (was {_describe(old)}) {where}: a different computation"
     return f"realize: plan cache miss; the closest cached plan differs first at {what}"
+
+
+def print_kernels(cp: Any, ptrs: Any, ns: Any, debug: int, writes_given: bool) -> None:
+    """DEBUG>=2: one line per kernel of a run of `cp` (a realize.CompiledPlan) from the plan's own timers; DEBUG>=3
+    runs the plan again (warm caches, no first-touch page faults) unless it writes into one of its inputs or into
+    storage the caller gave it."""
+    again = None
+    in_place = writes_given or cp.writes_input
+    if debug >= 3 and not in_place:
+        again = (ctypes.c_longlong * len(cp.kernels))()
+        cp.fn(ptrs, again, (ctypes.c_longlong * ERROR_RECORD)())
+    skipped = cp.kept.skipped(ptrs)
+    for i, k in enumerate(cp.kernels):
+        if i in skipped:
+            print(f"  {k.name:24s}     kept  (its inputs unchanged since it last ran: not run)  {k.op}")
+            continue
+        dt = max(ns[i] * 1e-9, 1e-9)
+        extra = ""
+        if again is not None:
+            extra = f"  (again: {again[i] * 1e-6:.3f} ms)"
+            if k.opts is not None:
+                extra += f"  {k.opts}"
+        print(
+            f"  {k.name:24s} {dt * 1e3:8.3f} ms  {k.flops / dt / 1e9:7.2f} GFLOP/s  {k.nbytes / dt / 1e9:7.2f} GB/s  "
+            f"{k.op}{extra}"
+        )

@@ -31,6 +31,7 @@ in place (as the same step would without the JIT); captures are per thread.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import sys
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from uopc.engine import realize
-from uopc.runtime.buffer import is_shared
+from uopc.runtime.buffer import buffer_ptr, is_shared
 from uopc.tensor import Tensor
 from uopc.uop import Ops, UOp, base_buffer, read_only_by, readers_epoch
 from uopc.uop.variable import Bound, Variable, merge_vars, symbolic
@@ -99,11 +100,20 @@ class _Update(NamedTuple):
 
 @dataclass
 class _Call:
-    """One captured realize, with its buffers turned into bindings."""
+    """One captured realize, with its buffers turned into bindings. A replay binds the constants as they are (`fixed`,
+    None where another binding goes; `fixed_ptrs` their addresses, which stay while their BUFFERs live) and looks up
+    only the rest (`moving`): after a model's kernels ran through tens of MB, every Python object a call touches
+    comes from memory (ResNet-18 at batch 1 binds ~100 weights, MobileNetV2 ~260)."""
 
     cp: realize.CompiledPlan
     inputs: list[_Binding]
     updates: list[_Update]
+
+    def __post_init__(self) -> None:
+        self.fixed: list[UOp | None] = [b.buf if type(b) is _Const else None for b in self.inputs]
+        self.moving = tuple((k, b) for k, b in enumerate(self.inputs) if type(b) is not _Const)
+        self.fixed_ptrs = (ctypes.c_void_p * self.cp.n_in)(*[0 if u is None else buffer_ptr(u) for u in self.fixed])
+        self.moving_slots = tuple(k for k, _ in self.moving)
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[Tensor], dict[str, Any]]:
@@ -327,8 +337,11 @@ class TinyJit:
                 if outs[r] is None and sys.getrefcount(u) == _UNHELD and not is_shared(u):
                     outs[r] = u
                 del u
-            binds = [b.get(args, results) for b in call.inputs]
-            res = realize.run_plan(call.cp, binds, outs, tracked=fresh, var_vals=var_vals)
+            binds = call.fixed.copy()
+            for k, b in call.moving:
+                binds[k] = b.get(args, results)
+            prefilled = (call.fixed_ptrs, call.moving_slots)
+            res = realize.run_plan(call.cp, binds, outs, tracked=fresh, var_vals=var_vals, prefilled=prefilled)
             if call.cp.fresh:
                 updated = {up.root for up in call.updates}
                 spare.update((r, res[r]) for r in call.cp.fresh if r not in updated)

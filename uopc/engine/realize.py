@@ -25,7 +25,7 @@ import numpy as np
 from uopc import helpers
 from uopc.codegen.error_record import ERROR_RECORD, ErrorField, check_error, oob_error
 from uopc.engine import plan_store
-from uopc.engine.explain import closest_difference
+from uopc.engine.explain import closest_difference, print_kernels
 from uopc.engine.kept import Kept
 from uopc.engine.lower import make_plan
 from uopc.engine.tune import KernelTimer
@@ -419,19 +419,26 @@ def run_plan(
     debug: int | None = None,
     tracked: tuple[int, ...] = (),
     var_vals: dict[Variable, int] | None = None,
+    prefilled: tuple[Any, tuple[int, ...]] | None = None,
 ) -> list[UOp]:
     """Run a compiled plan on `inputs` (BUFFERs bound by position) and `var_vals`, a value for each of its
     Variables. Returns a BUFFER per root: fresh ones from the
     pool, or the given `outs[r]` where not None (the plan writes into that storage); the fresh buffers of the roots
     in `tracked` are tracked from birth (uopc.uop.track). `debug` is the DEBUG level (default: the current setting);
-    whether index checks are read is what the plan was built with."""
+    whether index checks are read is what the plan was built with. `prefilled`: the addresses of the inputs that are
+    the same BUFFERs call after call (a TinyJit replay's constants; 0 for the others), and the others' positions."""
     if debug is None:
         debug = helpers.settings().DEBUG
     plan = cp.plan
     n_in = cp.n_in
     values = _var_values(plan.vars, var_vals) if plan.vars else None  # checked before anything is allocated
     ptrs = cp.ptr_array()
-    ptrs[:n_in] = list(map(buffer_ptr, inputs))  # (one slice assignment: a decode step binds ~200 inputs)
+    if prefilled is None:
+        ptrs[:n_in] = list(map(buffer_ptr, inputs))  # (one slice assignment: a decode step binds ~200 inputs)
+    else:
+        ctypes.memmove(ptrs, prefilled[0], ctypes.sizeof(prefilled[0]))
+        for k in prefilled[1]:
+            ptrs[k] = buffer_ptr(inputs[k])
     res: list[Any] = [None] * len(plan.outs)
     for r in cp.fresh:
         # fresh outputs are fully written by their kernel: uninitialized, not zeros
@@ -486,7 +493,7 @@ def run_plan(
         if ns is not None and debug >= 2:
             # a plan that writes into storage it was given (TinyJit's in-place updates) must not run twice
             writes_given = outs is not None and any(o is not None for o in outs)
-            _print_kernels(cp, ptrs, ns, debug, writes_given)
+            print_kernels(cp, ptrs, ns, debug, writes_given)
     finally:
         if arena is not None:
             pool.free(arena)
@@ -565,31 +572,6 @@ def _raise_index_errors(cp: CompiledPlan, records: np.ndarray) -> None:
     for k, i in cp.checked:
         if records[i, ErrorField.FAILED]:
             raise check_error(records[i], k.name, k.checks)
-
-
-def _print_kernels(cp: CompiledPlan, ptrs: Any, ns: Any, debug: int, writes_given: bool) -> None:
-    """DEBUG>=2: one line per kernel from the plan's own timers; DEBUG>=3 runs the plan again (warm caches, no
-    first-touch page faults) unless it writes into one of its inputs or into storage the caller gave it."""
-    again = None
-    in_place = writes_given or cp.writes_input
-    if debug >= 3 and not in_place:
-        again = (ctypes.c_longlong * len(cp.kernels))()
-        cp.fn(ptrs, again, (ctypes.c_longlong * ERROR_RECORD)())
-    skipped = cp.kept.skipped(ptrs)
-    for i, k in enumerate(cp.kernels):
-        if i in skipped:
-            print(f"  {k.name:24s}     kept  (its inputs unchanged since it last ran: not run)  {k.op}")
-            continue
-        dt = max(ns[i] * 1e-9, 1e-9)
-        extra = ""
-        if again is not None:
-            extra = f"  (again: {again[i] * 1e-6:.3f} ms)"
-            if k.opts is not None:
-                extra += f"  {k.opts}"
-        print(
-            f"  {k.name:24s} {dt * 1e3:8.3f} ms  {k.flops / dt / 1e9:7.2f} GFLOP/s  {k.nbytes / dt / 1e9:7.2f} GB/s  "
-            f"{k.op}{extra}"
-        )
 
 
 def explain_miss(key: tuple, limit: int = 256) -> str | None:
