@@ -210,6 +210,27 @@ def test_a_window_reduce_takes_its_batchnorm_and_activation_as_an_epilogue(width
     np.testing.assert_allclose(pooled.numpy(), ref, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("check_oob", [False, True])
+def test_a_stem_takes_its_batchnorm_and_the_max_pool_reads_the_product(check_oob):
+    # ResNet's stem: a 7x7 stride-2 convolution, BatchNorm (eval), ReLU, a 3x3 stride-2 max pool padded with -inf.
+    # The pool's windows read each activation 2.25 times, so it is stored once: unpadded, as the product's epilogue
+    # (its positions cut and the padding are the pool's index arithmetic), not as a padded copy of its own (an
+    # elementwise kernel that read the product and wrote 4 MB again): three kernels, the input's phases, the product
+    # with its BatchNorm and ReLU, the pool
+    x, w = Tensor(r(2, 3, 40, 38)), Tensor(r(16, 3, 7, 7))
+    mean, var, gamma, beta = r(16), np.abs(r(16)) + 0.5, r(16), r(16)
+    bn = [Tensor(a).reshape(1, 16, 1, 1) for a in (mean, var, gamma, beta)]
+    with Context(OPT=1, CHECK_OOB=check_oob), capture() as calls:
+        y = x.conv2d(w, padding=3, stride=2)
+        out = (((y - bn[0]) / (bn[1] + 1e-5).sqrt()) * bn[2] + bn[3]).relu().max_pool2d(3, 2, 1).realize()
+    kernels = [k for c in calls for k in c.cp.plan.kernels]
+    ops = [k.op for k in kernels]
+    assert len(kernels) == 3 and ops[1].startswith("matmul") and "sqrt" in ops[1] and ops[2].startswith("max"), ops
+    ref = F.conv2d(torch.tensor(x.numpy()), torch.tensor(w.numpy()), padding=3, stride=2)
+    ref = F.relu(F.batch_norm(ref, *(torch.tensor(a) for a in (mean, var, gamma, beta)), eps=1e-5))
+    np.testing.assert_allclose(out.numpy(), F.max_pool2d(ref, 3, 2, 1).numpy(), rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("width", [28, 14, 9])
 def test_a_1x1_convolution_is_a_gemm_over_its_input_in_place(width):
     # a 1x1 kernel at stride 1 without padding: the GEMM reads the stored input where it lies and computes exactly

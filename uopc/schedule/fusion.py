@@ -266,8 +266,8 @@ def stage_broadcast_compute(roots: list[UOp], factor: int = 4, min_work: int = 4
         if u.op is not Ops.EXPAND or prod(u.shape) < factor * prod(u.src[0].shape):
             continue
         src = u.src[0]
-        while src.op in MOVEMENT:
-            src = src.src[0]
+        while src.op in MOVEMENT or _value_pad(src):
+            src = src.src[1] if src.op is Ops.WHERE else src.src[0]
         if src.op in ALU and src.op is not Ops.CAST and src.shape and _fused_work(src) >= min_work:
             found.setdefault(src, []).append(u)
     # a per-row value (LayerNorm's 1/std) copied along the row's trailing axes into values read per row is computed
@@ -277,6 +277,17 @@ def stage_broadcast_compute(roots: list[UOp], factor: int = 4, min_work: int = 4
     stops = staged | set(roots)
     todo = {v for v, es in found.items() if v in staged or not all(_read_per_row(e, parents, stops) for e in es)}
     return UOp.wrap(roots, todo, lambda n: UOp(Ops.STAGE, (n,))) if todo else roots
+
+
+def _value_pad(u: UOp) -> bool:
+    """Is `u` a pad with a value other than zero (Tensor.pad: where(pad(True), pad(x), value), a max-pool's -inf):
+    a select on its index whose reader computes it as index arithmetic, so what a copy must keep is x, unpadded."""
+    if u.op is not Ops.WHERE or u.src[2].op is not Ops.CONST or u.src[1].op is not Ops.PAD:
+        return False
+    mask = u.src[0]
+    while mask.op in MOVEMENT:
+        mask = mask.src[0]
+    return mask.op is Ops.CONST
 
 
 def _trailing(e: UOp) -> bool:
