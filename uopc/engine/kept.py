@@ -104,7 +104,6 @@ class Kept:
         self.plan, self.kernels, self.first_flag = plan, tuple(self.roots), first_flag
         self.temps: dict[int, tuple[tuple, np.ndarray]] = {}  # kernel index -> (input slots and versions, its temp)
         self.lock = threading.Lock()
-        self.inputs = tuple(sorted({j for r in self.roots.values() for j in r}))  # every kept kernel's plan inputs
         # the steady state (see _Steady): the kept kernels the last full check found valid, skipped by the next calls
         # that see their inputs unchanged in one comparison
         self.steady: _Steady | None = None

@@ -190,7 +190,8 @@ def _flattened_readers(points: list[UOp]) -> set[UOp]:
     GEMM's operand packed into panels, (C, H, W) read as (C, H*W) in 64-wide blocks). A max reduce (a max pool) is
     no such reader: its window's taps, permuted last and merged, are loops it takes apart again, and a position is
     an index without a division through a cut too (ResNet's stem: its BatchNorm and ReLU as the product's
-    epilogue, the pool reading the product through the cut and the padding, 0.34 -> 0.23-0.28 ms for the two)."""
+    epilogue, the pool reading the product through the cut and the padding: in ResNet-18 at batch 1 the copy and the
+    pool took 0.37 ms, the pool alone now 0.22-0.24)."""
     out = set()
     for p in points:
         if p.op is Ops.REDUCE and p.arg[0] is Ops.MAX:
