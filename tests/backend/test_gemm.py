@@ -264,6 +264,47 @@ def test_a_tile_three_vectors_wide_where_whole_tiles_then_cover_more_columns(con
         _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
 
 
+def test_one_masked_tile_covers_a_narrow_output_whose_a_outgrows_l2(context):
+    """An output narrower than 4 vectors (ResNet-50's 1x1 convolutions at 7x7: 2048 x 512 @ 512 x 49) whose whole
+    tiles leave a remainder of columns: the remainder's pass streams A again, from memory where A outgrows L2. There
+    one tile covers every column, its last vector masked (6x64 on AVX-512 for 49 columns); with A in L2 the 3-vector
+    tile and its one-column remainder stay (MobileNetV2's 1280 x 320 @ 320 x 49). A machine with 16 vector registers
+    has no 4-vector tile of 6 rows and keeps 2 vectors. The product is right either way."""
+    for vector_bytes, registers in [(64, 32), (32, 16)]:
+        m = replace(MACHINE, vector_bytes=vector_bytes, vector_registers=registers)
+        w, budget = vector_bytes // 4, registers * 3 // 4
+        big_k = 2 * m.l2_bytes // (512 * 4)  # A of 512 rows: twice L2
+        narrow = microkernel(512, 3 * w + 1, 4, m)
+        assert microkernel(512, 3 * w + 1, 4, m, k=8) == narrow  # A in L2: as without k
+        one = (min(12, budget // 4), 4 * w, w) if budget // 4 >= 6 else narrow
+        assert microkernel(512, 3 * w + 1, 4, m, k=big_k) == one
+        assert microkernel(512, 4 * w, 4, m, k=big_k) == microkernel(512, 4 * w, 4, m)  # no remainder: unchanged
+    rows = MACHINE.l2_bytes // (4 * 300) + 7  # A (rows x 300) past L2, rows no multiple of the tile's
+    for opt in (0, 1):
+        context(OPT=opt)
+        a = rng.standard_normal((rows, 300)).astype(np.float32)
+        b = rng.standard_normal((300, 3 * W + 1)).astype(np.float32)
+        _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
+
+
+def test_a_tile_wider_than_the_output_shares_its_rows_without_blocks():
+    """Under the one masked tile (above) the tile reads A once, so the threads share its row tiles with no row blocks
+    (blocks keep A's chunk in L2 for the next column tile: there is none); a weight gradient's output (64 columns,
+    one whole tile) keeps its blocks."""
+    if MACHINE.cores < 2:
+        pytest.skip("row blocks are for threads")
+    w = MACHINE.vector_bytes // 4
+    for m_, n_, k_ in [(2048, 3 * w + 1, 2 * MACHINE.l2_bytes // (2048 * 4) + 64), (288, 4 * w, 50176)]:
+        o = gemm_opts(layout_pass([gemm_graph(m_, n_, k_)], MACHINE)[0], MACHINE)
+        mr, nr, _ = microkernel(m_, n_, 4, MACHINE, k_)
+        assert o is not None and list(o.upcast.values()) == [mr, nr], o
+        am = min(o.upcast)
+        if nr > n_:  # (the one masked tile: 16-register machines have none)
+            assert o.thread == am and am not in o.tile, o
+        elif o.thread == am:
+            assert am in o.tile, o  # the weight gradient's blocks
+
+
 @pytest.mark.parametrize("m", [1, 2, 5])
 def test_skinny_tiles_use_packed_fma_and_do_not_spill(m):
     """Fewer than 6 rows (a decode step's products) take all their rows and more vectors per row

@@ -116,9 +116,9 @@ def _stored_bytes(r: UOp) -> int:
     return sum(prod(base.shape) * base.dtype.itemsize for _, base in operand_views(ops[1]))
 
 
-def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, int, int]:
-    """(MR, NR, W): the register tile of an (m, n) output, and the vector width in elements, for `machine`'s
-    vector registers.
+def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0) -> tuple[int, int, int]:
+    """(MR, NR, W): the register tile of an (m, n) output over a reduction of `k` (0: not known), and the vector width
+    in elements, for `machine`'s vector registers.
 
     3/4 of the vector registers hold accumulators, the rest the NR/W operand vectors, the broadcast and gcc's
     temporaries: 24 of AVX-512's 32 zmm as 6x64 floats (4 vectors wide), 12 of AVX2's 16 ymm as 6x16. Wider
@@ -137,6 +137,16 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine) -> tuple[int, i
     if 0 < m < SKINNY_ROWS:  # the m x nv accumulators, the nv operand vectors and the broadcast in the registers
         nv = max(1, min(SKINNY_VECTORS, budget // m, (machine.vector_registers - 1) // (m + 1), n // w))
         return m, nv * w, w
+    # an output narrower than 4 vectors whose whole tiles would leave columns to the remainder region (below), with
+    # an A (m x k) past L2: that region's pass reads A from memory a second time, so one tile covers every column, its
+    # last vector masked. ResNet-50's 1x1 convolutions at 7x7 (2048 x 512 @ 512 x 49 and the like, A 4-8 MB) at
+    # batch 1: 4.70 -> 3.84 ms for the four kernels as 6x64 against 8x48 and a one-column pass, the model 0.976x (at
+    # batch 8 1.003x; interleaved, one process); MobileNetV2's (A 0.6-1.6 MB, in L2) ran 1.03x slower so, and keep
+    # the remainder
+    if all(type(v) is int for v in (m, n, k)) and n % w and m * k * itemsize > machine.l2_bytes:
+        nv = -(-n // w)
+        if nv <= 4 and budget // nv >= 6:
+            return min(12, budget // nv, m), nv * w, w
     # 4 vectors wide, or 3 where their whole tiles cover more of the columns by over n/16 (or 4 do not fit), else 2:
     # the columns past the whole tiles run in a remainder region (uopc.codegen.loops.regions) at a fraction of the
     # FMA rate. ResNet-18's 7x7 outputs (n = 49) in 12x32 tiles left 17 columns to it, in 8x48 tiles one: its last
@@ -306,7 +316,7 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         if ops is None:  # its operands were rewritten into something else: leave it
             return r
         a, b = ops
-        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine)
+        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine, r.src[0].shape[-1])
         # A is read one broadcast element at a time: a plain view of memory is read where it is (measured at
         # 256^3 and the MLP shapes: the packing copy cost 10-15% and gained nothing); a computed A is packed so
         # it is computed once, not once per column block. B is packed unless its rows are contiguous along N and
@@ -407,7 +417,7 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         return None
     shape, k = body.shape, r.src[0].shape[-1]
     am, an = len(shape) - 2, len(shape) - 1
-    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine)
+    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine, k)
     upcast = {am: mr, an: nr}
     # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
     # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
@@ -427,9 +437,13 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
         thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
         few_rows = shape[am] * kc * size <= machine.l2_bytes // 2 or shape[an] >= WIDE_N * shape[am]
+        # (not under a tile wider than the output, microkernel's one masked tile over an A past L2: that one tile
+        # reads A once, from memory, and blocks would only share the row tiles out unevenly: ResNet-50's 2048 x 1024
+        # @ 1024 x 49 in 11 blocks of 31 tiles took 1.24x the time of no blocks. Elsewhere blocks keep A's chunk in
+        # L2 for the next column tile: a weight gradient's 288 x 50176 @ 50176 x 64 took 1.47x without them)
         mc = (
             _row_block(shape[am] - shape[am] % mr, mr, cores, machine.l2_bytes // 2 // (kc * size))
-            if thread == am
+            if thread == am and shape[an] >= nr
             else 0
         )
         # the row blocks, each streaming all of B; rows too few for blocks of tiles (_row_block) are shared out a
