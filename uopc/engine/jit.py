@@ -101,9 +101,10 @@ class _Update(NamedTuple):
 @dataclass
 class _Call:
     """One captured realize, with its buffers turned into bindings. A replay binds the constants as they are (`fixed`,
-    None where another binding goes; `fixed_ptrs` their addresses, which stay while their BUFFERs live) and looks up
-    only the rest (`moving`): after a model's kernels ran through tens of MB, every Python object a call touches
-    comes from memory (ResNet-18 at batch 1 binds ~100 weights, MobileNetV2 ~260)."""
+    None where another binding goes; their addresses, which stay while their BUFFERs live, and the other bindings'
+    positions are run_plan's `prefilled`) and looks up only the rest (`moving`): after a model's kernels ran through
+    tens of MB, every Python object a call touches comes from memory (ResNet-18 at batch 1 binds ~100 weights,
+    MobileNetV2 ~260)."""
 
     cp: realize.CompiledPlan
     inputs: list[_Binding]
@@ -112,8 +113,8 @@ class _Call:
     def __post_init__(self) -> None:
         self.fixed: list[UOp | None] = [b.buf if type(b) is _Const else None for b in self.inputs]
         self.moving = tuple((k, b) for k, b in enumerate(self.inputs) if type(b) is not _Const)
-        self.fixed_ptrs = (ctypes.c_void_p * self.cp.n_in)(*[0 if u is None else buffer_ptr(u) for u in self.fixed])
-        self.moving_slots = tuple(k for k, _ in self.moving)
+        ptrs = (ctypes.c_void_p * self.cp.n_in)(*[0 if u is None else buffer_ptr(u) for u in self.fixed])
+        self.prefilled = (ptrs, tuple(k for k, _ in self.moving))
 
 
 def _signature(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[Tensor], dict[str, Any]]:
@@ -340,8 +341,7 @@ class TinyJit:
             binds = call.fixed.copy()
             for k, b in call.moving:
                 binds[k] = b.get(args, results)
-            prefilled = (call.fixed_ptrs, call.moving_slots)
-            res = realize.run_plan(call.cp, binds, outs, tracked=fresh, var_vals=var_vals, prefilled=prefilled)
+            res = realize.run_plan(call.cp, binds, outs, tracked=fresh, var_vals=var_vals, prefilled=call.prefilled)
             if call.cp.fresh:
                 updated = {up.root for up in call.updates}
                 spare.update((r, res[r]) for r in call.cp.fresh if r not in updated)
