@@ -288,6 +288,44 @@ def test_one_masked_tile_covers_a_narrow_output_whose_a_outgrows_l2(context):
         _check_matmul(a, b, (Tensor(a) @ Tensor(b)).numpy())
 
 
+def test_few_rows_over_a_long_k_and_a_large_b_take_one_tile(context):
+    """At most FEW_ROWS rows that the usual tiles split (16 as 6 + 6 + 4 on AVX-512), over a long K and a B of a
+    quarter of L2 or more per product (ResNet-18's 7x7 Winograd products at batch 1, a 16-token prompt's
+    projections): one tile of every row, as many vectors wide as the register file has accumulators for, so B streams
+    once. Not over a short K (MobileNetV2's 16 x 32 @ 32 x 12544), a small B, or more rows. The product is right."""
+    for vector_bytes, registers in [(64, 32), (32, 16)]:
+        m = replace(MACHINE, vector_bytes=vector_bytes, vector_registers=registers)
+        w, big = vector_bytes // 4, m.l2_bytes // 4
+        for rows in (8, 12, 16):
+            usual = microkernel(rows, 512, 4, m, 512)
+            one = (rows, max(1, registers // rows) * w, w) if usual[0] < rows else usual
+            assert microkernel(rows, 512, 4, m, 512, big) == one
+            assert microkernel(rows, 512, 4, m, 32, big) == microkernel(rows, 512, 4, m, 32)  # a short K
+            assert microkernel(rows, 512, 4, m, 512, big // 2) == usual  # a small B
+        assert microkernel(16, 512, 4, m, 512, big)[0] == 16  # (16 rows are split in the usual tiles of both)
+        assert microkernel(17, 512, 4, m, 512, big) == microkernel(17, 512, 4, m, 512)
+    k = 512
+    n = max(256, -(-MACHINE.l2_bytes // (4 * k * 4) // (4 * W)) * 4 * W)  # B (k x n) a quarter of L2 or more
+    o = gemm_opts(layout_pass([gemm_graph(16, n, k)], MACHINE)[0], MACHINE)
+    mr, nr, _ = microkernel(16, n, 4, MACHINE, k, k * n * 4)
+    assert o is not None and o.upcast == {0: mr, 1: nr} and mr == 16, o
+    g = np.random.default_rng(12)
+    b = g.standard_normal((k, n)).astype(np.float32)
+    bt = Tensor(b).realize()
+    for opt in (0, 1):
+        context(OPT=opt)
+        a = g.standard_normal((16, k)).astype(np.float32)
+        _check_matmul(a, b, (Tensor(a) @ bt).numpy())
+        a3 = g.standard_normal((4, 16, k)).astype(np.float32)  # a batch of products, B shared
+        _check_matmul(a3, b, (Tensor(a3) @ bt).numpy())
+    b3 = g.standard_normal((3, k, n)).astype(np.float32)  # a batch of products, a B each (Winograd's points)
+    b3t = Tensor(b3).realize()
+    for opt in (0, 1):
+        context(OPT=opt)
+        a3 = g.standard_normal((3, 16, k)).astype(np.float32)
+        _check_matmul(a3, b3, (Tensor(a3) @ b3t).numpy())
+
+
 def test_a_tile_wider_than_the_output_shares_its_rows_without_blocks():
     """Under the one masked tile (above) the tile reads A once, so the threads share its row tiles with no row blocks
     (blocks keep A's chunk in L2 for the next column tile: there is none; a weight gradient's keep theirs:

@@ -12,6 +12,8 @@ import pytest
 from uopc import Tensor, no_grad
 from uopc.engine import realize
 from uopc.helpers import Context
+from uopc.opt.gemm import microkernel
+from uopc.runtime.compiler import machine
 from uopc.tensor.conv import _winograd_tile
 from uopc.uop import UOp
 from uopc.uop.winograd import MATRICES, winograd_in, winograd_out, winograd_weight
@@ -224,6 +226,25 @@ def test_input_transform_streams_panels_larger_than_the_last_level_cache(monkeyp
         assert wi[0].ast.src[0].arg.op.stream is streams and streams is (l3 == 1 << 20)
         c = kernel_unit(wi[0].ast, wi[0].name).fn.body
         assert ("uopc_stream_floats(" in c) is streams and ("uopc_stream_fence()" in c) is streams
+
+
+def test_the_7x7_layers_products_take_their_16_tiles_in_one_register_tile():
+    """ResNet-18's 7x7 layers at batch 1: F(2,3) makes 16 tiles, the rows of products (16, 16, 512) over 512
+    channels whose B, the transformed weight, is 1 MiB a point. The microkernel takes the 16 rows in one register
+    tile (uopc.opt.gemm.microkernel: B streams once), and the input transform writes A as one 16-row panel
+    (wi_16_1_...). Values against torch."""
+    c = 512
+    mr, _, _ = microkernel(16, c, 4, machine(), c, c * c * 4)
+    x = rng.standard_normal((1, c, 7, 7)).astype(np.float32)
+    w = rng.standard_normal((c, c, 3, 3)).astype(np.float32) * 0.03
+    names = _names()
+    with Context(OPT=1), no_grad():
+        out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+    realize.set_kernel_hook(None)
+    _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())
+    wi = [k for k in names if k.startswith("wi_16_")]
+    assert len(wi) == 1 and wi[0].endswith(f"_{mr}") and wi[0].startswith(f"wi_16_{-(-16 // mr)}_"), names
+    assert "r_16_16_512" in names, names
 
 
 def test_weight_transform_writes_the_packed_panels_of_few_tile_products():

@@ -38,6 +38,8 @@ KC_MIN, KC_MAX = 96, 384
 SKINNY_ROWS = 6
 # the most vectors of accumulators per row of a skinny output
 SKINNY_VECTORS = 8
+# a product with at most this many rows over a long K and a large B takes them all in one register tile (microkernel)
+FEW_ROWS = 16
 # where B outgrows the last-level cache, an output this many times wider than tall (or one whose A fits in L2)
 # shares its columns among threads, not its rows (gemm_opts)
 WIDE_N = 8
@@ -116,9 +118,39 @@ def _stored_bytes(r: UOp) -> int:
     return sum(prod(base.shape) * base.dtype.itemsize for _, base in operand_views(ops[1]))
 
 
-def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0) -> tuple[int, int, int]:
-    """(MR, NR, W): the register tile of an (m, n) output over a reduction of `k` (0: not known), and the vector width
-    in elements, for `machine`'s vector registers.
+def _b_bytes(r: UOp) -> int:
+    """The bytes of memory one product of matmul `r` (..., M, N, K) reads for B: its buffers' over the batch's
+    products (0 for a symbolic batch)."""
+    batch = r.src[0].shape[:-3]
+    return _stored_bytes(r) // prod(batch) if all(type(v) is int for v in batch) else 0
+
+
+def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0, b_bytes: int = 0) -> tuple[int, int, int]:
+    """(MR, NR, W): the register tile of an (m, n) output over a reduction of `k` (0: not known) whose B operand reads
+    `b_bytes` of memory per product (0: not known; _b_bytes), and the vector width in elements, for `machine`'s
+    vector registers (_tile).
+
+    Few rows (at most FEW_ROWS) that _tile would split into row tiles, over a long K (KC_MIN or more) and a B of a
+    quarter of L2 or more per product, take one tile of every row instead, as many vectors wide as the register file
+    has accumulators for. B then streams once, at m FMAs a load; in MR-row tiles the first tile read each panel from
+    memory at MR FMAs a load (its loads waiting on memory while the FMAs idle) and the others from L2 after it (the
+    FMAs running while memory idles). ResNet-18's 7x7 Winograd products at batch 1 (16 tiles x 512 @ 512 x 512 at
+    16 points, 1 MiB of transformed weights each): in 6x64 tiles (rows 6 + 6 + 4) 2.81-2.99 ms for the three, 16x16
+    2.71, 16x32 2.54-2.61 (32 accumulators, 3 of them kept on the stack), 16x48 2.80; their input transforms, which
+    write A in MR-row panels, 0.21 -> 0.09 ms; the model 0.967x; GPT-2's forward over a 16-token prompt 0.960x, 12
+    tokens 0.990x; built for AVX2 (16 registers: 16x8 tiles, against 6x16), ResNet-18 0.981x and GPT-2 over 16 tokens
+    0.728x (interleaved, one process; no other model's products change). Not where K is short or B small, in L1,
+    where the tile's stores are what it waits on: MobileNetV2's first projection at batch 8 (16 x 32 @ 32 x 12544,
+    1.6 MB of B an image) 0.76 -> 1.09 ms, the CNN step's 16-filter convolution (16 x 288 @ 288 x 224 over 128
+    images, read in place from 37 KB an image) 0.82 -> 0.94 ms so."""
+    mr, nr, w = _tile(m, n, itemsize, machine, k)
+    if type(m) is int and mr < m <= FEW_ROWS and k >= KC_MIN and b_bytes >= machine.l2_bytes // 4:
+        return m, max(1, min(machine.vector_registers // m, n // w)) * w, w
+    return mr, nr, w
+
+
+def _tile(m: int, n: int, itemsize: int, machine: Machine, k: int) -> tuple[int, int, int]:
+    """microkernel's tile for an (m, n) output over a reduction of `k`, not knowing its B.
 
     3/4 of the vector registers hold accumulators, the rest the NR/W operand vectors, the broadcast and gcc's
     temporaries: 24 of AVX-512's 32 zmm as 6x64 floats (4 vectors wide), 12 of AVX2's 16 ymm as 6x16. Wider
@@ -316,7 +348,7 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         if ops is None:  # its operands were rewritten into something else: leave it
             return r
         a, b = ops
-        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine, r.src[0].shape[-1])
+        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine, r.src[0].shape[-1], _b_bytes(r))
         # A is read one broadcast element at a time: a plain view of memory is read where it is (measured at
         # 256^3 and the MLP shapes: the packing copy cost 10-15% and gained nothing); a computed A is packed so
         # it is computed once, not once per column block. B is packed unless its rows are contiguous along N and
@@ -415,9 +447,9 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     r = epilogue_reduce(body)
     if r is None or not uses_microkernel(r, machine):
         return None
-    shape, k = body.shape, r.src[0].shape[-1]
+    shape, k, b_bytes = body.shape, r.src[0].shape[-1], _stored_bytes(r)
     am, an = len(shape) - 2, len(shape) - 1
-    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine, k)
+    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine, k, _b_bytes(r))
     upcast = {am: mr, an: nr}
     # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
     # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
@@ -432,7 +464,7 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
     ktile = whole[0] if whole and k > KC_MAX * 3 // 2 else 0
     kc, size = ktile or k, body.dtype.itemsize
     thread, tile = None, {}
-    cores, b_bytes = machine.cores, _stored_bytes(r)
+    cores = machine.cores
     if cores > 1:
         blocks = [-(-s // upcast.get(a, 1)) for a, s in enumerate(shape)]
         thread = next((a for a, nb in enumerate(blocks) if nb >= cores), None)
