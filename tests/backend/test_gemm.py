@@ -326,6 +326,40 @@ def test_few_rows_over_a_long_k_and_a_large_b_take_one_tile(context):
         _check_matmul(a3, b3, (Tensor(a3) @ b3t).numpy())
 
 
+def test_few_row_tiles_over_a_large_b_take_rows_that_divide_the_output(context):
+    """A few row tiles (at most FEW_TILES) that would leave a remainder of rows, over a B past L2: the remainder's
+    region streams B again from memory for each of its rows, so the tile takes rows that divide m (ResNet's stride-2
+    products over 7x7 outputs, 49 x 2304 @ 2304 x 512: 7x48 on AVX-512, not 6x64 and a one-row pass). Not with B in
+    L2, nor over many tiles. The product is right."""
+    for vector_bytes, registers in [(64, 32), (32, 16)]:
+        m = replace(MACHINE, vector_bytes=vector_bytes, vector_registers=registers)
+        w, budget, big = vector_bytes // 4, registers * 3 // 4, 2 * m.l2_bytes
+        for rows in (49, 50, 20):
+            usual = microkernel(rows, 512, 4, m, 2304)
+            mr, nr, _ = microkernel(rows, 512, 4, m, 2304, big)
+            assert microkernel(rows, 512, 4, m, 2304, m.l2_bytes // 2) == usual  # B in L2
+            if rows % usual[0] == 0:
+                assert (mr, nr) == usual[:2]
+            elif (mr, nr) != usual[:2]:  # (where no tile's rows divide m, the usual one)
+                assert rows % mr == 0 and mr * (nr // w) <= budget and mr >= budget // (nr // w) * 2 // 3
+        assert microkernel(392, 512, 4, m, 2304, big) == microkernel(392, 512, 4, m, 2304)  # 65 tiles
+    wide = replace(MACHINE, vector_bytes=64, vector_registers=32)
+    assert microkernel(49, 512, 4, wide, 2304, 2 * wide.l2_bytes)[:2] == (7, 48)
+    assert microkernel(50, 512, 4, wide, 2304, 2 * wide.l2_bytes)[:2] == (5, 64)
+    n = 16 * W
+    assert 49 * n > SPLITK_MAX_OUT  # (so K is not split)
+    k = 2 * MACHINE.l2_bytes // (4 * n) // 16 * 16  # B (k x n) twice L2
+    mr, nr, _ = microkernel(49, n, 4, MACHINE, k, k * n * 4)
+    o = gemm_opts(layout_pass([gemm_graph(49, n, k)], MACHINE)[0], MACHINE)
+    assert o is not None and o.upcast == {0: mr, 1: nr}, o
+    g = np.random.default_rng(13)
+    b = Tensor(g.standard_normal((k, n)).astype(np.float32)).realize()
+    for opt in (0, 1):
+        context(OPT=opt)
+        a = g.standard_normal((49, k)).astype(np.float32)
+        _check_matmul(a, b.numpy(), (Tensor(a) @ b).numpy())
+
+
 def test_a_tile_wider_than_the_output_shares_its_rows_without_blocks():
     """Under the one masked tile (above) the tile reads A once, so the threads share its row tiles with no row blocks
     (blocks keep A's chunk in L2 for the next column tile: there is none; a weight gradient's keep theirs:

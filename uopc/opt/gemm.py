@@ -40,6 +40,8 @@ SKINNY_ROWS = 6
 SKINNY_VECTORS = 8
 # a product with at most this many rows over a long K and a large B takes them all in one register tile (microkernel)
 FEW_ROWS = 16
+# ... and one of at most this many row tiles over such a B takes rows that divide it rather than leave a remainder
+FEW_TILES = 8
 # where B outgrows the last-level cache, an output this many times wider than tall (or one whose A fits in L2)
 # shares its columns among threads, not its rows (gemm_opts)
 WIDE_N = 8
@@ -146,6 +148,27 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0, b_b
     mr, nr, w = _tile(m, n, itemsize, machine, k)
     if type(m) is int and mr < m <= FEW_ROWS and k >= KC_MIN and b_bytes >= machine.l2_bytes // 4:
         return m, max(1, min(machine.vector_registers // m, n // w)) * w, w
+    if type(m) is int and m % mr and m // mr <= FEW_TILES and b_bytes > machine.l2_bytes:
+        # rows past the tiles' multiple run in a region of their own, one at a time, each streaming all of B again,
+        # from memory where B outgrows L2, at one FMA a load: against a few tiles, a large part of the time. So a
+        # tile whose rows divide m instead, as many accumulators as the budget holds, down to 2/3 of a full tile's
+        # rows (fewer columns, where a column remainder reads only A again). ResNet's stride-2 products over 7x7
+        # outputs at batch 1 (49 positions x 9C @ 9C x 512, 4.7 and 9.4 MB of weights): 6x64 tiles and a one-row pass
+        # 0.59-0.60 and 1.33-1.43 ms, 7x48 0.56 and 1.13, 7x64 (4 of its accumulators spilled) 0.53 and 1.06-1.08
+        # (interleaved, in ResNet-18 and ResNet-50); GPT-2's forward over a prompt of 20, 40 and 50 tokens 0.764x,
+        # 0.964x and 0.862x (0.932x at 50 built for AVX2). Against more tiles it did not pay: 196 x 2304 @ 2304 x 256
+        # as 7x48 0.93 -> 1.11 ms, 392 x 2304 @ 2304 x 512 as 8x48 3.53 -> 3.67
+        budget = machine.vector_registers * 3 // 4
+        even = [
+            (r * v, v, r)
+            for v in (4, 3, 2, 1)
+            if budget // v >= 6 and n >= v * w
+            for r in range(min(12, budget // v), budget // v * 2 // 3 - 1, -1)
+            if m % r == 0
+        ]
+        if even:
+            _, v, r = max(even)
+            return r, v * w, w
     return mr, nr, w
 
 
