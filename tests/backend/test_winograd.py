@@ -302,6 +302,21 @@ def test_weight_transform_is_kept_until_the_weight_changes():
     assert not any(n.startswith("ww_") for n in run())
 
 
+def test_weight_transform_with_a_partial_last_panel_is_kept():
+    """40 output channels make the few-tile products' B, the transformed weight, NR-column panels with a partial
+    last one (NR = 32 on AVX-512, 16 on AVX2): the transform is still kept, not run again every call."""
+    w = Tensor(rng.standard_normal((40, 16, 3, 3)).astype(np.float32) * 0.1).realize()
+    names = _names()
+    for call in range(3):
+        names.clear()
+        x = rng.standard_normal((1, 16, 28, 28)).astype(np.float32)
+        with Context(WINOGRAD=4, OPT=1), no_grad():
+            out = Tensor(x).conv2d(w, padding=1).numpy()
+        _close(out, F.conv2d(torch.tensor(x), torch.tensor(w.numpy()), padding=1).numpy())
+        assert any(n.startswith("wi_") for n in names), names
+        assert any(n.startswith("ww_") for n in names) == (call == 0), (call, names)
+
+
 def test_cost_rule_on_resnet18_shapes():
     """F(4,3) at 56 and 28 pixels; F(2,3) at 14 and 7 at batch 1 (at 7, F(4,3) would have 4 tiles: too few
     columns for the GEMM; at 14, its transformed weight, 36 x 256 x 256 floats read every call, outweighs the

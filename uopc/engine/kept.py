@@ -30,8 +30,10 @@ __all__ = ["Kept", "invariant_kernels"]
 
 
 # a kept temp may be this many times the bytes its kernel reads: a copy in another layout (1x), a Winograd weight
-# transform (F(4,3): 36 values per 9 taps, 4x), not a broadcast of a small input over a large shape
-KEPT_EXPANSION = 4
+# transform (F(4,3): 36 values per 9 taps, 4x, written in the product's NR-column panels, whose last one is padded
+# with zeros: 40 filters in two 32-column panels make 6.4x), not a broadcast of a small input over a large shape.
+# (At 4, a transform with a partial panel ran every call: 160 channels' at 28x28, in 48-column panels, 4.3x.)
+KEPT_EXPANSION = 8
 
 
 # ...and reduces at most this many elements per value: a reorder, a fold or a transform of a weight is kept, a
