@@ -137,14 +137,16 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0, b_b
     has accumulators for. B then streams once, at m FMAs a load; in MR-row tiles the first tile read each panel from
     memory at MR FMAs a load (its loads waiting on memory while the FMAs idle) and the others from L2 after it (the
     FMAs running while memory idles). ResNet-18's 7x7 Winograd products at batch 1 (16 tiles x 512 @ 512 x 512 at
-    16 points, 1 MiB of transformed weights each): in 6x64 tiles (rows 6 + 6 + 4) 2.81-2.99 ms for the three, 16x16
-    2.71, 16x32 2.54-2.61 (32 accumulators, 3 of them kept on the stack), 16x48 2.80; their input transforms, which
-    write A in MR-row panels, 0.21 -> 0.09 ms; the model 0.967x; GPT-2's forward over a 16-token prompt 0.960x, 12
-    tokens 0.990x; built for AVX2 (16 registers: 16x8 tiles, against 6x16), ResNet-18 0.981x and GPT-2 over 16 tokens
-    0.728x (interleaved, one process; no other model's products change). Not where K is short or B small, in L1,
-    where the tile's stores are what it waits on: MobileNetV2's first projection at batch 8 (16 x 32 @ 32 x 12544,
-    1.6 MB of B an image) 0.76 -> 1.09 ms, the CNN step's 16-filter convolution (16 x 288 @ 288 x 224 over 128
-    images, read in place from 37 KB an image) 0.82 -> 0.94 ms so."""
+    16 points, 1 MiB of transformed weights each), 6x64 tiles (rows 6 + 6 + 4) against 16x32 (32 accumulators, 3 of
+    them kept on the stack), the three in separate processes: 2.13-2.21 against 1.71-2.08 ms, their input transforms
+    (which write A in MR-row panels) 0.17-0.19 against 0.08; in ResNet-50 1.75-1.93 against 1.58-1.63 (in one
+    process, interleaved: 16x16 2.71 ms, 16x48 2.80, both slower). GPT-2's forward over a 16-token prompt the same
+    (28.2-29.5 ms against 28.5-28.9); built for AVX2 (16 registers: 16x8 tiles, against 6x16) 49.4-51.4 against
+    36.8-37.4 ms. (In one process two variants' weights share the caches: there the 7x7 products looked 0.967x of
+    ResNet-18's time, GPT-2 over 16 tokens 0.960x.) Not where K is short or B small, in L1, where the tile's stores are
+    what it waits on: MobileNetV2's first projection at batch 8 (16 x 32 @ 32 x 12544, 1.6 MB of B an image) 0.76 ->
+    1.09 ms, the CNN step's 16-filter convolution (16 x 288 @ 288 x 224 over 128 images, read in place from 37 KB an
+    image) 0.82 -> 0.94 ms so."""
     mr, nr, w = _tile(m, n, itemsize, machine, k)
     if type(m) is int and mr < m <= FEW_ROWS and k >= KC_MIN and b_bytes >= machine.l2_bytes // 4:
         return m, max(1, min(machine.vector_registers // m, n // w)) * w, w
@@ -152,12 +154,13 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0, b_b
         # rows past the tiles' multiple run in a region of their own, one at a time, each streaming all of B again,
         # from memory where B outgrows L2, at one FMA a load: against a few tiles, a large part of the time. So a
         # tile whose rows divide m instead, as many accumulators as the budget holds, down to 2/3 of a full tile's
-        # rows (fewer columns, where a column remainder reads only A again). ResNet's stride-2 products over 7x7
-        # outputs at batch 1 (49 positions x 9C @ 9C x 512, 4.7 and 9.4 MB of weights): 6x64 tiles and a one-row pass
-        # 0.59-0.60 and 1.33-1.43 ms, 7x48 0.56 and 1.13, 7x64 (4 of its accumulators spilled) 0.53 and 1.06-1.08
-        # (interleaved, in ResNet-18 and ResNet-50); GPT-2's forward over a prompt of 20, 40 and 50 tokens 0.764x,
-        # 0.964x and 0.862x (0.932x at 50 built for AVX2). Against more tiles it did not pay: 196 x 2304 @ 2304 x 256
-        # as 7x48 0.93 -> 1.11 ms, 392 x 2304 @ 2304 x 512 as 8x48 3.53 -> 3.67
+        # rows (fewer columns, where a column remainder reads only A again). ResNet-50's stride-2 product over 7x7
+        # outputs at batch 1 (49 positions x 4608 @ 4608 x 512, 9.4 MB of weights) as 6x64 tiles and a one-row pass
+        # against 7x48, in separate processes: 1.26-1.33 against 1.04-1.09 ms; ResNet-18's (x 2304, 4.7 MB) 0.50-0.53
+        # against 0.49-0.55; GPT-2's forward over a 20- and a 50-token prompt 46.9-48.2 against 36.4-36.9 ms and
+        # 73.5-75.6 against 64.9. (7x64, 4 of its 28 accumulators spilled, ran 0.99-1.11 ms in ResNet-50.) Against
+        # more tiles it did not pay (in one process): 196 x 2304 @ 2304 x 256 as 7x48 0.93 -> 1.11 ms, 392 x 2304 @
+        # 2304 x 512 as 8x48 3.53 -> 3.67
         budget = machine.vector_registers * 3 // 4
         even = [
             (r * v, v, r)
