@@ -153,8 +153,9 @@ def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0, b_b
     if type(m) is int and m % mr and m // mr <= FEW_TILES and b_bytes > machine.l2_bytes:
         # the rows past the tiles' multiple run in a remainder region of their own (one tile of those rows), which
         # streams all of B again, from memory where B outgrows L2, for a few rows' FMAs a load: against a few tiles,
-        # a large part of the time (49 rows: 8 tiles and a pass for one row). So a tile whose rows divide m instead, as many accumulators as the budget holds, down to 2/3 of a full tile's
-        # rows (fewer columns, where a column remainder reads only A again). ResNet-50's stride-2 product over 7x7
+        # a large part of the time (49 rows: 8 tiles and a pass for one row). So a tile whose rows divide m instead,
+        # as many accumulators as the budget holds, down to 2/3 of a full tile's rows (fewer columns, where a column
+        # remainder reads only A again). ResNet-50's stride-2 product over 7x7
         # outputs at batch 1 (49 positions x 4608 @ 4608 x 512, 9.4 MB of weights) as 6x64 tiles and a one-row pass
         # against 7x48, in separate processes: 1.26-1.33 against 1.04-1.09 ms; ResNet-18's (x 2304, 4.7 MB) 0.50-0.53
         # against 0.49-0.55; GPT-2's forward over a 20- and a 50-token prompt 46.9-48.2 against 36.4-36.9 ms and
