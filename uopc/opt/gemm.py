@@ -120,11 +120,11 @@ def _stored_bytes(r: UOp) -> int:
     return sum(prod(base.shape) * base.dtype.itemsize for _, base in operand_views(ops[1]))
 
 
-def _b_bytes(r: UOp) -> int:
-    """The bytes of memory one product of matmul `r` (..., M, N, K) reads for B: its buffers' over the batch's
-    products (0 for a symbolic batch)."""
+def _b_bytes(r: UOp, stored: int) -> int:
+    """The bytes of memory one product of matmul `r` (..., M, N, K) reads for B: its buffers' (`stored`,
+    _stored_bytes) over the batch's products (0 for a symbolic batch)."""
     batch = r.src[0].shape[:-3]
-    return _stored_bytes(r) // prod(batch) if all(type(v) is int for v in batch) else 0
+    return stored // prod(batch) if all(type(v) is int for v in batch) else 0
 
 
 def microkernel(m: int, n: int, itemsize: int, machine: Machine, k: int = 0, b_bytes: int = 0) -> tuple[int, int, int]:
@@ -375,7 +375,8 @@ def pack_matmuls(roots: list[UOp], machine: Machine) -> list[UOp]:
         if ops is None:  # its operands were rewritten into something else: leave it
             return r
         a, b = ops
-        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine, r.src[0].shape[-1], _b_bytes(r))
+        k, per = r.src[0].shape[-1], _b_bytes(r, _stored_bytes(r))
+        mr, nr, _ = microkernel(r.shape[-2], r.shape[-1], r.dtype.itemsize, machine, k, per)
         # A is read one broadcast element at a time: a plain view of memory is read where it is (measured at
         # 256^3 and the MLP shapes: the packing copy cost 10-15% and gained nothing); a computed A is packed so
         # it is computed once, not once per column block. B is packed unless its rows are contiguous along N and
@@ -476,7 +477,7 @@ def gemm_opts(body: UOp, machine: Machine) -> Opts | None:
         return None
     shape, k, b_bytes = body.shape, r.src[0].shape[-1], _stored_bytes(r)
     am, an = len(shape) - 2, len(shape) - 1
-    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine, k, _b_bytes(r))
+    mr, nr, w = microkernel(shape[am], shape[an], body.dtype.itemsize, machine, k, _b_bytes(r, b_bytes))
     upcast = {am: mr, an: nr}
     # k-blocking (BLIS's KC): per chunk of K, a thread's MR-row panel of A (MR x KC) stays in L1 while it runs
     # along a block of NC columns whose B panels (KC x NC) stay in L2; the accumulators start from the partial
