@@ -197,6 +197,30 @@ def test_input_transform_panels_space_their_points_apart_in_the_cache():
     assert sum(k.startswith("wi_") for k in names) == 1, names
 
 
+def test_panel_slots_are_found_or_left_for_every_stride():
+    """Where no channel slot count can move the points apart (one slot's stride, blocks x panel floats, a multiple
+    of 512 bytes: ResNet-18 at batch 32, whose 64-tile panels come in even numbers of blocks), the slots stay the
+    channels; elsewhere the fewest slots from the channels on that spread them. (The search looped forever on the
+    first kind, and ResNet-18's first call at batch 32 never returned.)"""
+    from math import gcd
+
+    from uopc.uop.winograd import ALIAS_BYTES, SPREAD_BYTES, _spread_slots
+
+    def spread(blocks: int, slots: int, panel: int) -> bool:
+        return gcd(blocks * slots * panel * 4 % ALIAS_BYTES, ALIAS_BYTES) <= SPREAD_BYTES
+
+    for blocks in range(1, 40):
+        for panel in (6, 16, 48, 64):
+            for c in (3, 64, 250, 256):
+                slots = _spread_slots(blocks, c, panel)
+                possible = any(spread(blocks, s, panel) for s in range(c, c + ALIAS_BYTES))
+                if possible:
+                    assert slots >= c and spread(blocks, slots, panel), (blocks, c, panel, slots)
+                    assert not any(spread(blocks, s, panel) for s in range(c, slots)), (blocks, c, panel, slots)
+                else:
+                    assert slots == c, (blocks, c, panel, slots)
+
+
 def test_input_transform_streams_panels_larger_than_the_last_level_cache(monkeypatch):
     """Panels larger than STREAM_FRACTION of the last-level cache are written with non-temporal stores (they would
     not stay in it for the products). This machine with 64 KiB of L2 (so 60 images of 16 channels at 12x12 write
