@@ -197,14 +197,15 @@ def test_input_transform_panels_space_their_points_apart_in_the_cache():
     assert sum(k.startswith("wi_") for k in names) == 1, names
 
 
-def test_panel_slots_are_found_or_left_for_every_stride():
+def test_panel_layouts_spread_the_points_for_every_stride():
     """Where no channel slot count can move the points apart (one slot's stride, blocks x panel floats, a multiple
-    of 512 bytes: ResNet-18 at batch 32, whose 64-tile panels come in even numbers of blocks), the slots stay the
-    channels; elsewhere the fewest slots from the channels on that spread them. (The search looped forever on the
-    first kind, and ResNet-18's first call at batch 32 never returned.)"""
+    of 512 bytes: ResNet-18 at batch 32, whose 64-tile panels came in 98 blocks), a block more does; the fewest slots
+    from the channels on that spread them, the fewest blocks from the tiles' on. (The slot search looped forever on
+    the first kind, and ResNet-18's first call at batch 32 never returned; then its transforms took 3.5x their time
+    with every point on a few L1 sets.)"""
     from math import gcd
 
-    from uopc.uop.winograd import ALIAS_BYTES, SPREAD_BYTES, _spread_slots
+    from uopc.uop.winograd import ALIAS_BYTES, SPREAD_BLOCKS, SPREAD_BYTES, _spread_panels, _spread_slots
 
     def spread(blocks: int, slots: int, panel: int) -> bool:
         return gcd(blocks * slots * panel * 4 % ALIAS_BYTES, ALIAS_BYTES) <= SPREAD_BYTES
@@ -213,12 +214,44 @@ def test_panel_slots_are_found_or_left_for_every_stride():
         for panel in (6, 16, 48, 64):
             for c in (3, 64, 250, 256):
                 slots = _spread_slots(blocks, c, panel)
-                possible = any(spread(blocks, s, panel) for s in range(c, c + ALIAS_BYTES))
-                if possible:
+                if any(spread(blocks, s, panel) for s in range(c, c + ALIAS_BYTES)):
                     assert slots >= c and spread(blocks, slots, panel), (blocks, c, panel, slots)
                     assert not any(spread(blocks, s, panel) for s in range(c, slots)), (blocks, c, panel, slots)
                 else:
-                    assert slots == c, (blocks, c, panel, slots)
+                    assert slots is None, (blocks, c, panel, slots)
+                b, s = _spread_panels(blocks, c, panel)
+                fits = [e for e in range(SPREAD_BLOCKS + 1) if _spread_slots(blocks + e, c, panel) is not None]
+                assert (b, s) == (
+                    (blocks + fits[0], _spread_slots(blocks + fits[0], c, panel)) if fits else (blocks, c)
+                )
+    assert _spread_panels(98, 64, 64) == (99, 65)  # ResNet-18's 56x56 layers at batch 32 (AVX-512's 64 columns)
+
+
+def test_input_transform_panels_with_a_block_past_the_tiles():
+    """An input transform whose panels take a block more than its tiles fill (_spread_panels: an even number of
+    64-tile blocks of 16 channels) writes the tiles' panels and zeros the last one's tail, not the block past them;
+    against PyTorch, with the sizes found from this machine's panel width and L2."""
+    from math import gcd
+
+    from uopc.runtime.compiler import machine
+    from uopc.uop.winograd import ALIAS_BYTES, SPREAD_BYTES
+
+    w = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    n = machine().l2_bytes // (16 * 9 * 4) + 3  # images of 3 x 3 tiles, 16 channels: C*T floats past L2/2
+    for _ in range(2):  # the first run finds the panel width; the second takes a count of images that needs a block
+        x = rng.standard_normal((n, 16, 12, 12)).astype(np.float32)
+        names = _names()
+        with Context(WINOGRAD=4, OPT=1), no_grad():
+            out = Tensor(x).conv2d(Tensor(w), padding=1).numpy()
+        realize.set_kernel_hook(None)
+        _close(out, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy())
+        (wi,) = [k for k in names if k.startswith("wi_")]
+        blocks, slots, nr = map(int, wi.split("_")[2:])
+        assert blocks >= -(-9 * n // nr) and gcd(blocks * slots * nr * 4 % ALIAS_BYTES, ALIAS_BYTES) <= SPREAD_BYTES
+        # blocks of a width whose slots alone cannot spread them (its blocks x nr x 4 bytes a multiple of 512), and
+        # whose tiles leave the last panel partly filled
+        n = next(i for i in range(n, n + 4096) if -(-9 * i // nr) * nr * 4 % 512 == 0 and 9 * i % nr)
+    assert blocks == -(-9 * n // nr) + 1, (wi, n)
 
 
 def test_input_transform_streams_panels_larger_than_the_last_level_cache(monkeypatch):

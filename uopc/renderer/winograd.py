@@ -220,7 +220,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
     if nr:  # OUT_CHUNK tiles (whole runs) into st, then their runs of tiles into the panels
         rows = R * max(1, min(-(-th // R), OUT_CHUNK // tw // R))
         stores = [f"        st[i * {a} + {j}][(ty0 % {rows}) * {tw} + t] = {v[j]};" for j in range(a)]
-        out = _panel_stores(a * a, k.op.shape[2], T, tw, th, rows, nr, o, "ty0 + nrow - 1", k.op.stream)
+        out = _panel_stores(a * a, *k.op.shape[1:3], T, tw, th, rows, nr, o, "ty0 + nrow - 1", k.op.stream)
         head, dst = [f"  float st[{a * a}][{rows * tw}];"], []
     else:  # straight into V: a run's tiles are consecutive in each of its alpha^2 rows
         stores = [f"        vi[{j * T}LL + t] = {v[j]};" for j in range(a)]
@@ -249,7 +249,7 @@ def _input(k, a: int, m: int, th: int, tw: int, BT, x: str, o: str) -> list[str]
         "    }",
         *out,
         "  }",
-        *_panel_tail(a * a, k.op.shape[2] if nr else C, T, nr, N, o),
+        *(_panel_tail(a * a, *k.op.shape[1:3], T, nr, N, o) if nr else []),
         *(
             ["  uopc_stream_fence();  // the plane's streamed stores done before the products read them"]
             if k.op.stream
@@ -319,12 +319,14 @@ def _columns(a: int, BT, dst: str, lo: int, hi: int, pl: int, W: int, sW: int) -
     return out
 
 
-def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str, stream: bool):
-    """C copying the chunk of tile rows in st[point][tile] into the panels (points, ceil(T/nr), C, nr) (C: their
-    channel slots, uopc.uop.winograd.winograd_panels), after the chunk's last tile row: tile t of channel c goes to
-    [point][t / nr][c][t % nr], in runs that end at a panel's end (runs of a whole chunk, not of one tile row: a tile
-    row's 7 tiles at 28x28 made the copy cost more than the packing copy it replaces)."""
-    ps = -(-T // nr) * C * nr  # one point's panels
+def _panel_stores(
+    points: int, blocks: int, C: int, T: int, tw: int, th: int, rows: int, nr: int, o: str, ty: str, stream: bool
+):
+    """C copying the chunk of tile rows in st[point][tile] into the panels (points, blocks, C, nr) (blocks: ceil(T/nr)
+    or a few more, C: their channel slots, uopc.uop.winograd.winograd_panels), after the chunk's last tile row: tile t
+    of channel c goes to [point][t / nr][c][t % nr], in runs that end at a panel's end (runs of a whole chunk, not of
+    one tile row: a tile row's 7 tiles at 28x28 made the copy cost more than the packing copy it replaces)."""
+    ps = blocks * C * nr  # one point's panels
     return [
         f"    if (({ty}) % {rows} == {rows - 1} || ({ty}) == {th - 1}) {{",
         f"      const int first = ({ty}) - ({ty}) % {rows}, count = (({ty}) - first + 1) * {tw};",
@@ -342,12 +344,12 @@ def _panel_stores(points: int, C: int, T: int, tw: int, th: int, rows: int, nr: 
     ]
 
 
-def _panel_tail(points: int, C: int, T: int, nr: int, N: int, o: str) -> list[str]:
+def _panel_tail(points: int, blocks: int, C: int, T: int, nr: int, N: int, o: str) -> list[str]:
     """C zeroing, once per channel, the last panel's columns past tile T (the products read whole panels; C: the
-    channel slots)."""
+    channel slots; blocks past it are not read)."""
     if not nr or T % nr == 0:
         return []
-    ps, last = -(-T // nr) * C * nr, (T // nr) * C * nr
+    ps, last = blocks * C * nr, (T // nr) * C * nr
     return [
         f"  if (n == {N - 1})",
         f"    for (int p = 0; p < {points}; p++)",

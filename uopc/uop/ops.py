@@ -171,9 +171,10 @@ class Winograd(NamedTuple):
                   out as the products' packed B instead: (alpha^2, ceil(K/p), C, p), the filters past K zeros
       kind "in":  the input (N, C, H, W), zero-padded by `pads` (top, left) and as far past its end as the tiles
                   reach -> (C, alpha^2, N*th*tw), B^T d B of every tile d; with `panel` p > 0 laid out as the
-                  products' packed B instead (uopc.opt.gemm): (alpha^2, ceil(T/p), C', p), panels of p consecutive
-                  tiles for all channels, the tiles past T zeros; C' >= C channel slots, a few more where that
-                  spaces the points apart in the cache (uopc.uop.winograd.winograd_panels), never read
+                  products' packed B instead (uopc.opt.gemm): (alpha^2, B, C', p), panels of p consecutive
+                  tiles for all channels, the tiles past T zeros; B >= ceil(T/p) blocks and C' >= C channel
+                  slots, a few more where that spaces the points apart in the cache
+                  (uopc.uop.winograd.winograd_panels), never read
       kind "out": the products (alpha^2, K, N*th*tw) -> `shape` (N, K, OH, OW), A^T y A of every tile y, cut to
                   OH x OW
     `shape` is the node's shape. `stream`: an input transform's panels are written past the caches (non-temporal

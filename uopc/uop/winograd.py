@@ -84,9 +84,10 @@ def winograd_in(x: UOp, m: int, pads: tuple[int, int], out: tuple[int, int]) -> 
 
 def winograd_panels(v: UOp, panel: int, stream: bool = False) -> UOp:
     """A transform writing its result as a GEMM's packed operand, (alpha^2, ceil(R/panel), C, panel): panels of
-    `panel` consecutive rows R for every channel C, the rows past R zeros. For the input transform `v`
-    (winograd_in's node, (C, alpha^2, T)) the rows are its tiles: the packed B of products (alpha^2, K, T). For the
-    weight transform (winograd_weight's, (alpha^2, K, C)) they are its filters: the packed B of products
+    `panel` consecutive rows R for every channel C, the rows past R zeros (an input transform's: a few more blocks
+    and channel slots, never read, where they space its points apart in the cache: _spread_panels). For the input
+    transform `v` (winograd_in's node, (C, alpha^2, T)) the rows are its tiles: the packed B of products (alpha^2,
+    K, T). For the weight transform (winograd_weight's, (alpha^2, K, C)) they are its filters: the packed B of products
     (alpha^2, T, K), the few-tile form (uopc.tensor.conv). `stream`: the input transform writes them with
     non-temporal stores (Winograd.stream)."""
     if v.op is not Ops.WINOGRAD or v.arg.kind not in ("in", "w") or v.arg.panel or panel < 1:
@@ -97,8 +98,9 @@ def winograd_panels(v: UOp, panel: int, stream: bool = False) -> UOp:
         a2, R, C = v.shape
     if stream and v.arg.kind != "in":
         raise ValueError("winograd: only an input transform's panels are streamed")
-    blocks = -(-R // panel)
-    slots = _spread_slots(blocks, C, panel) if v.arg.kind == "in" else C
+    blocks, slots = -(-R // panel), C
+    if v.arg.kind == "in":
+        blocks, slots = _spread_panels(blocks, C, panel)
     arg = v.arg._replace(shape=(a2, blocks, slots, panel), panel=panel, stream=stream)
     return UOp(Ops.WINOGRAD, v.src, arg, v.dtype)
 
@@ -108,19 +110,37 @@ def winograd_panels(v: UOp, panel: int, stream: bool = False) -> UOp:
 ALIAS_BYTES, SPREAD_BYTES = 4096, 256
 
 
-def _spread_slots(blocks: int, C: int, panel: int) -> int:
+def _spread_slots(blocks: int, C: int, panel: int) -> int | None:
     """The channel slots of an input transform's panels, C or a few more: a tile is written to all alpha^2 points,
     blocks * slots * panel floats apart, and where that stride is a multiple of more than SPREAD_BYTES modulo 4 KiB
     the points' stores share a few L1 sets and evict each other before their lines fill (ResNet-18's 14x14 layers at
     batch 1: 3 * 256 * 6 floats, 2 KiB modulo 4 KiB; its 7x7 ones 0). A slot more per panel block moves the points
     a little apart; the products never read it (uopc.opt.gemm shrinks it away). In a C harness, the 14x14
-    transform (256 channels, 16 tiles) took 0.052 ms with the points 64 bytes off that stride, 0.125 on it. Where
-    no count does (a slot's own stride, blocks * panel floats, a multiple of 2 * SPREAD_BYTES modulo 4 KiB: every
-    count's is too), C: the strides modulo 4 KiB repeat within ALIAS_BYTES counts, so the search stops there."""
+    transform (256 channels, 16 tiles) took 0.052 ms with the points 64 bytes off that stride, 0.125 on it. None
+    where no count does (a slot's own stride, blocks * panel floats, a multiple of 2 * SPREAD_BYTES modulo 4 KiB:
+    every count's is too); the strides modulo 4 KiB repeat within ALIAS_BYTES counts, so the search stops there."""
     for slots in range(C, C + ALIAS_BYTES):
         if math.gcd(blocks * slots * panel * 4 % ALIAS_BYTES, ALIAS_BYTES) <= SPREAD_BYTES:
             return slots
-    return C
+    return None
+
+
+# ...and at most this many panel blocks more than the tiles fill, where no slot count spreads the points
+SPREAD_BLOCKS = 3
+
+
+def _spread_panels(blocks: int, C: int, panel: int) -> tuple[int, int]:
+    """(blocks, slots) of an input transform's panels: the tiles' blocks, or up to SPREAD_BLOCKS more where no slot
+    count spreads the points with those (_spread_slots), and the fewest slots that do; (blocks, C) where none does.
+    The blocks past the tiles are never written or read (the products read ceil(T/panel) of them). ResNet-18 at batch
+    32: its 56x56 layers' 6272 tiles make 98 panels of 64, one slot 98 * 64 floats (512 bytes modulo 4 KiB) apart,
+    so every count of slots put the 36 points within 8 L1 sets: 14-15 ms for each input transform, where the same
+    layers took 0.8-1.2 ms at batch 8 (a quarter of the tiles, written as V, not as panels). With 99 blocks
+    and 65 slots 9.9-12.9 ms (the four: 57.8 -> 43.9 ms, of the model's ~340)."""
+    for extra in range(SPREAD_BLOCKS + 1):
+        if (slots := _spread_slots(blocks + extra, C, panel)) is not None:
+            return blocks + extra, slots
+    return blocks, C
 
 
 def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, int, int]) -> UOp:
