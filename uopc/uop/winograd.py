@@ -118,8 +118,10 @@ def _spread_slots(blocks: int, C: int, panel: int) -> int | None:
     a little apart; the products never read it (uopc.opt.gemm shrinks it away). In a C harness, the 14x14
     transform (256 channels, 16 tiles) took 0.052 ms with the points 64 bytes off that stride, 0.125 on it. None
     where no count does (a slot's own stride, blocks * panel floats, a multiple of 2 * SPREAD_BYTES modulo 4 KiB:
-    every count's is too); the strides modulo 4 KiB repeat within ALIAS_BYTES counts, so the search stops there."""
-    for slots in range(C, C + ALIAS_BYTES):
+    every count's is too); the strides modulo 4 KiB repeat every 4 KiB / gcd(that stride, 4 KiB) counts, so the
+    search stops there."""
+    step = blocks * panel * 4  # bytes between two counts' strides
+    for slots in range(C, C + ALIAS_BYTES // math.gcd(step, ALIAS_BYTES)):
         if math.gcd(blocks * slots * panel * 4 % ALIAS_BYTES, ALIAS_BYTES) <= SPREAD_BYTES:
             return slots
     return None
