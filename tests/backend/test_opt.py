@@ -156,6 +156,22 @@ def test_a_transposing_elementwise_kernel_gets_blocks_also_when_its_loops_merge(
     assert hand_opt_choice(buf(0, 64 * 128).reshape((128, 64)).alu(Ops.NEG), ZEN4).tile == {}  # read in order
 
 
+def test_a_transposing_copy_runs_on_threads_from_fewer_elements():
+    # a read at a stride along the innermost axis costs several times a contiguous one: a transposing copy takes
+    # threads from THREAD_MIN_WORK / STRIDED_WORK elements, a copy that reads in order only from THREAD_MIN_WORK
+    from uopc.opt import heuristic
+
+    n = heuristic.THREAD_MIN_WORK // heuristic.STRIDED_WORK
+
+    def transposing(size: int) -> UOp:
+        return buf(0, size).reshape((size // 64, 64)).permute((1, 0)).alu(Ops.NEG)
+
+    assert hand_opt_choice(transposing(n), ZEN4).thread == 0
+    assert hand_opt_choice(transposing(n // 2), ZEN4).thread is None
+    assert hand_opt_choice(transposing(n), replace(ZEN4, cores=1)).thread is None
+    assert hand_opt_choice(buf(0, n).reshape((64, n // 64)).alu(Ops.NEG), ZEN4).thread is None
+
+
 def test_dedup_key_keeps_cache_blocks(monkeypatch):
     # regression: a key of (upcast, thread, unroll) silently dropped every cache-blocked candidate
     monkeypatch.setattr(gemm, "GEMM_MIN_WORK", 1 << 62)  # the plain heuristic's candidate (no cache blocks)

@@ -109,7 +109,7 @@ def test_a_channels_last_product_is_read_as_nchw_in_tiles(check, tiles):
 
 def test_only_large_transposing_copies_take_the_tile():
     # lowering a tile costs more than it saves a small copy (heuristic.TRANSPOSE_MIN_ELEMENTS): 64 x 1000 stays a
-    # scalar loop, 2048 x 1024 (8 MiB of float32) takes the tile
+    # scalar loop, 2048 x (TRANSPOSE_MIN_ELEMENTS / 2048) takes the tile
     g = np.random.default_rng(3)
     for shape, tiled in (((1000, 64), False), ((2048, heuristic.TRANSPOSE_MIN_ELEMENTS // 2048), True)):
         a = g.standard_normal(shape).astype(np.float32)

@@ -22,6 +22,12 @@ from uopc.uop.variable import Variable, symbolic
 # below this much work (output elements x reduce size) waking OpenMP threads costs more than it saves;
 # measured on a 2-core Zen 4: an elementwise kernel of 2^15 floats runs in ~5 us, a parallel region ~3 us
 THREAD_MIN_WORK = 1 << 16
+# ...counting each element of a kernel that reads some buffer at a stride along its innermost axis (a transposing
+# copy: a strided convolution's channels-last product read as NCHW) this many times: such a read costs ~1 ns an
+# element where a contiguous one costs ~0.15. ResNet-18 at batch 1 on the Xeon VM: its BatchNorm + ReLU over the
+# (196, 256) product read as (256, 14, 14) 0.062 -> 0.037 ms, over (49, 512) 0.037 -> 0.021, a 1x1 stride-2
+# convolution's strided copy of (64, 28, 28) 0.038 -> 0.022 (per-kernel medians, alternating processes)
+STRIDED_WORK = 8
 # unroll only reductions shorter than this (and untiled): longer ones are vectorized by gcc, and unrolled
 # copies in front of a register tile defeat its vectorizer (measured slower)
 UNROLL_MAX_REDUCE = 64
@@ -86,7 +92,7 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
     if (vector := _symbolic_reduce_vectors(body, machine)) is not None:
         return vector
     upcast: dict[int, int] = {}
-    unroll, thread, tile, vec = 1, None, {}, 0
+    unroll, thread, tile, vec, strided = 1, None, {}, 0, False
     max_only = _max_only(body)
     if 1 < rsize < UNROLL_MAX_REDUCE and (max_only or not _tile_reuse(body)):
         unroll = rsize  # a max pool's window, or a window no tile would reuse, whole (_max_only, _tile_reuse)
@@ -110,7 +116,8 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
         # N=1024: 4x4 tile 99 GFLOP/s, + 128x128 blocks 173)
         if len(shape) >= 2 and upcast and shape[-1] * rsize * body.dtype.itemsize > machine.l2_bytes:
             tile = _block(shape, rsize * body.dtype.itemsize, machine.l2_bytes)
-    elif len(shape) >= 2 and (min(shape[-2:]) >= 64 or prod(shape) >= TRANSPOSE_MIN_ELEMENTS) and _strided_read(body):
+    elif len(shape) >= 2 and _strided_read(body):
+        strided = True
         if (axis := _transpose_axis(body, machine)) is not None:  # a W x W tile, transposed in registers
             w = machine.vector_bytes // body.dtype.itemsize
             upcast, vec = {axis: w, len(shape) - 1: w}, w
@@ -118,7 +125,7 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
             # a transposing copy: 32x32 blocks keep the strided side's cache lines in L1 until all 16 floats of
             # each are used (measured: a 1024x1024 transpose 3.6 ms -> 0.57 ms)
             tile = {len(shape) - 2: 32, len(shape) - 1: 32}
-    work = prod(shape or (1,)) * rsize
+    work = prod(shape or (1,)) * rsize * (STRIDED_WORK if strided else 1)
     if work >= THREAD_MIN_WORK and machine.cores > 1:
         for axis, s in enumerate(shape):
             if s // upcast.get(axis, 1) >= 2:
@@ -128,11 +135,13 @@ def hand_opt_choice(body: UOp, machine: Machine) -> Opts:
 
 
 # a transposing copy of at least this many elements is read in W x W tiles transposed in registers (_transpose_axis):
-# lowering a tile's W copies costs 20-50 ms a kernel where the scalar copy costs 1-6 (ResNet-18's six transposes,
-# most of them weight packs that run once, made its first call 0.13 s slower, the CNN step's 0.25 s), while the
-# tile saves ~0.2 ns an element of each call (a (12544, 64) float32 read as (64, 12544): 0.28 -> 0.11 ms). From 2M
-# elements on, a call saves at least 0.4 ms.
-TRANSPOSE_MIN_ELEMENTS = 1 << 21
+# lowering a tile's W copies costs 15-30 ms a kernel where the scalar copy costs 1-2, and gcc 0-40 ms more, while
+# the tile saves 0.3-0.4 ns an element of each call. ResNet-18's BatchNorm + ReLU over its strided convolutions'
+# channels-last products: (784, 128) at batch 1 0.073 -> 0.032 ms, 8 x (784, 128) at batch 8 0.43 -> 0.17 ms,
+# 8 x (49, 512) 0.13 -> 0.05 (alternating processes, the Xeon VM); its empty-cache first call (three tiles more, two of
+# them weight packs that run once) 1.89 -> 1.83 s, within the noise, and the CNN step's 1.94 -> 1.90 s. From 2M
+# elements, as before, the smaller copies ran scalar at 4-13 GB/s.
+TRANSPOSE_MIN_ELEMENTS = 1 << 16
 
 
 def _transpose_axis(body: UOp, machine: Machine) -> int | None:
