@@ -17,6 +17,7 @@ import pytest
 from tests.helpers import buf, gemm_graph, run
 from uopc import helpers
 from uopc.codegen.linearize import Loop
+from uopc.codegen.loops import REGION_THREAD_MIN
 from uopc.codegen.rangeify import Ctx, Opts, lower
 from uopc.kernelize import make_plan
 from uopc.opt import HandOpt, hand_opt_choice, layout_pass
@@ -923,6 +924,26 @@ def test_a_batch_of_products_runs_its_remainder_rows_as_one_tile_inside_the_batc
     got = (Tensor(a) * Tensor(b)).sum(-1).numpy()
     ref = np.einsum("prk,pjk->prj", a[:, :, 0].astype(np.float64), b[:, 0].astype(np.float64))
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("big", [True, False])
+def test_a_remainder_of_the_threaded_rows_runs_on_threads_over_the_columns(big):
+    # rows on threads in 6-row tiles: 28 rows leave a 4-row remainder, whose nest loops once over the rows. With
+    # enough work (loops.REGION_THREAD_MIN) it takes the columns on threads instead (its own parallel loop, of 4
+    # column tiles), not one thread while the others wait (ResNet-18's stem: 64 rows of 6-row tiles); with little it
+    # stays one serial pass (a parallel region would cost more). The product's values either way
+    rows, n = 28, 8 * W
+    k = -(-REGION_THREAD_MIN // (4 * n)) if big else 40
+    a = _aligned(rng.standard_normal((rows, k)).astype(np.float32))
+    b = _aligned(rng.standard_normal((k, n)).astype(np.float32))
+    c = aligned_empty(rows * n, dtypes.float32)
+    opts = Opts(upcast={0: 6, 1: 2 * W}, thread=0, vec=W)
+    src = render_c(lower(gemm_graph(rows, n, k), buf(2, rows * n), Ctx(opts=opts)), "k")
+    Program(src, "k")(a, b, c)
+    _check_matmul(a.reshape(rows, k), b.reshape(k, n), c.reshape(rows, n))
+    lines = src.splitlines()
+    trips = [int(re.search(r"< (\d+);", lines[i + 1]).group(1)) for i, ln in enumerate(lines) if "omp parallel" in ln]
+    assert trips == ([4, 4] if big else [4]), trips  # the whole tiles' 4 row tiles (then the remainder's 4 columns)
 
 
 def test_epilogue_exp2_matches_the_scalar_function(context):

@@ -30,7 +30,7 @@ from uopc.uop import ALU, COMPARE, LOGIC, VECTOR_MATH, AxisType, Ops, RangeArg, 
 from uopc.uop.dtype import DType, dtypes
 from uopc.uop.symbolic import simplify
 
-__all__ = ["NoLanes", "copies", "lane_of", "lane_stats", "widen"]
+__all__ = ["NoLanes", "copies", "lane_of", "lane_stats", "partial_width", "widen"]
 
 # a float select on a float compare widens to a select on gcc's vector mask, lanes of this integer type
 _MASK = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
@@ -320,3 +320,10 @@ def widen(
     if w.valid == w.width:  # tiles of loads a row apart: vector loads transposed in registers (codegen.transpose)
         w.memo.update(transposed_tiles(stores, lane, w.width, lambda idx: w.simplified.get(idx.src[1], idx.src[1])))
     return [w.vec(s) for s in stores]
+
+
+def partial_width(valid: int, w: int) -> int:
+    """The lanes of a partial vector with `valid` (2 or more) lanes, in a tile of `w`-lane vectors: the fewest, a
+    power of two of at least 4 (a 128-bit vector). On Zen 4 a 512-bit FMA takes both 256-bit FMA slots, so a masked
+    16-lane vector of 2 valid lanes costs twice a 4-lane one. (One valid lane is a scalar column.)"""
+    return min(w, max(4, 1 << (valid - 1).bit_length()))

@@ -20,7 +20,7 @@ from typing import NamedTuple
 from uopc import helpers
 from uopc.codegen import loops as loop_shapes
 from uopc.codegen.error_record import ERROR_RECORD, error_slot
-from uopc.codegen.lanes import NoLanes, copies, lane_of, lane_stats, widen
+from uopc.codegen.lanes import NoLanes, copies, lane_of, lane_stats, partial_width, widen
 from uopc.codegen.loops import (
     LEAF,
     LEVEL,
@@ -31,6 +31,7 @@ from uopc.codegen.loops import (
     combos,
     merge_ends,
     output_parts,
+    region_opts,
     regions,
     shared_loops,
     split_loops,
@@ -401,6 +402,7 @@ def lower(root: UOp, out: UOp, ctx: Ctx | None = None, more: tuple[tuple[UOp, UO
 
 
 def _lower(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx) -> UOp:
+    opts = ctx.opts
     if ctx.opts.vec > 1:  # SIMD: one expression per vector of the tile's last axis, widened (codegen.lanes)
         try:
             ast = _lower_nests(pairs, ctx, lanes=True)
@@ -408,7 +410,7 @@ def _lower(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx) -> UOp:
             return ast
         except NoLanes:  # some value has no vector form: lower element by element, regroup what vectorizes
             lane_stats["elements"] += 1
-            ctx = Ctx(ctx.opts)
+            ctx = Ctx(opts)
     return _lower_nests(pairs, ctx, lanes=False)
 
 
@@ -426,8 +428,11 @@ def _lower_nests(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx, lanes: bool) -> U
     # no chunked reduce keeps partial sums there
     ctx.row_out = out if len(parts) == 1 and not ctx.opts.tile and not ktile else None
     shared = shared_loops(ctx, root.shape, len(parts), bool(ktile))
+    opts, red = ctx.opts, epilogue_reduce(root)
+    rsize = prod(s for s in red.src[0].shape[len(red.shape) :] if type(s) is int) if red is not None else 1
     # each region (whole tiles, the remainders) is a loop nest of its own, inside the loops they share
     for offs, sizes, ups, last_valid in parts:
+        ctx.opts = region_opts(opts, sizes, ups, shared, rsize)
         blocks = block_loops(ctx, sizes, ups, chunked=bool(ktile), shared=shared)
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
         chunk = KChunk(ctx.rng(epilogue_reduce(root).src[0].shape[-1] // ktile), ktile, out) if ktile else None
@@ -454,6 +459,7 @@ def _lower_nests(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx, lanes: bool) -> U
         loops = ranges_in(*(b for b, _ in plist), *([chunk.loop] if chunk is not None else []))
         loops = [r for r in loops if r not in shared.values()]
         nests.append((stores[0] if len(stores) == 1 else UOp(Ops.SINK, tuple(stores))).end(*loops))
+    ctx.opts = opts
     ast = sink(sink(*nests).end(*shared.values())) if shared else sink(*nests)
     if ctx.opts.vec > 1 and not lanes:  # copies of an upcast axis whose index is contiguous become vector ops
         ast = vectorize(ast, ctx.opts.vec)
@@ -475,16 +481,9 @@ def _widened(stores: list[UOp], lane: UOp, last_valid: int | None, sizes: tuple[
         zero = {lane: UOp.const(0, lane.dtype)}
         tail = list(simplify(UOp(Ops.SINK, tuple(x.substitute(zero) for x in tail))).src)
     else:
-        tail = widen(tail, lane, _loops_of, valid, _partial_width(valid, w))
+        tail = widen(tail, lane, _loops_of, valid, partial_width(valid, w))
     rest = iter(tail)
     return [next(rest) if p else next(whole) for p in part]
-
-
-def _partial_width(valid: int, w: int) -> int:
-    """The lanes of a partial vector with `valid` (2 or more) lanes, in a tile of `w`-lane vectors: the fewest, a
-    power of two of at least 4 (a 128-bit vector). On Zen 4 a 512-bit FMA takes both 256-bit FMA slots, so a masked
-    16-lane vector of 2 valid lanes costs twice a 4-lane one. (One valid lane is a scalar column.)"""
-    return min(w, max(4, 1 << (valid - 1).bit_length()))
 
 
 def _elementwise(root: UOp) -> bool:
