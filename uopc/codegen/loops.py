@@ -278,7 +278,7 @@ def region_opts(o: Opts, shape: tuple, ups: dict[int, int], shared: dict[int, UO
     it threads: a GEMM's last 4 rows past whole 6-row tiles), which would run on one thread while the others wait;
     there, given REGION_THREAD_MIN work (`rsize` a reduce's length per output), the first other axis that loops at
     least twice is the region's THREAD axis. ResNet-18's stem (64 x 147 @ 147 x 12928, row blocks on threads) ran
-    its last 4 rows over every column on one thread: the kernel took 0.96-1.03 ms at batch 1, now 0.91-0.93."""
+    its last 4 rows over every column on one thread: the kernel took 0.96-1.03 ms at batch 1, now 0.90-0.97."""
 
     def trips(k: int) -> int:  # how often the region's outermost loop over axis k runs (0: a symbolic size)
         if type(shape[k]) is Variable:
