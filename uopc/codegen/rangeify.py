@@ -435,7 +435,7 @@ def _lower_nests(pairs: tuple[tuple[UOp, UOp], ...], ctx: Ctx, lanes: bool) -> U
         ctx.opts = region_opts(opts, sizes, ups, shared, rsize)
         blocks = block_loops(ctx, sizes, ups, chunked=bool(ktile), shared=shared)
         # ktile: the reduce-chunk loop sits between the block loops and the loops within a block
-        chunk = KChunk(ctx.rng(epilogue_reduce(root).src[0].shape[-1] // ktile), ktile, out) if ktile else None
+        chunk = KChunk(ctx.rng(red.src[0].shape[-1] // ktile), ktile, out) if ktile else None
         plist = output_parts(ctx, sizes, ups, blocks, shared)
         if not ups and chunk is None and _elementwise(root):  # output loops the loads take apart again are split
             probe = tuple(i + o if o else i for (i, _), o in zip(plist, offs))
