@@ -434,3 +434,17 @@ def test_divmod_drops_a_remainder_below_a_common_factor_of_the_divisor():
             assert (v // 784, v % 784) == ((av * 196) // 784, (av * 196) % 784 + s)
     # a remainder that can reach the factor keeps the division
     assert simplify((a * 196 + rng(3, 197)) // 784).op is Ops.IDIV
+
+
+def test_divmod_whose_bounds_lie_in_one_quotient_folds():
+    # a GEMM's remainder region of 32 columns starting at column 480 of weight panels 48 wide: the second vector's
+    # lanes are columns 496 + lane, all in panel 10 ((496 + lane) // 48), at 16 + lane in it: one vector load, not
+    # 16 scalar loads packed
+    lane = rng(0, 16)
+    assert simplify((lane + 496) // 48) is C(10)
+    assert simplify((lane + 496) % 48) is simplify(lane + 16)
+    assert simplify((lane * 2 - 90) // 48) is C(-2) and simplify((lane * 2 - 90) % 48) is simplify(lane * 2 + 6)
+    for v in range(16):  # exact, as floor division
+        assert ((v + 496) // 48, (v + 496) % 48, (v * 2 - 90) // 48, (v * 2 - 90) % 48) == (10, v + 16, -2, v * 2 + 6)
+    # bounds across a multiple keep the division
+    assert simplify((lane + 40) // 48).op is Ops.IDIV and simplify((lane + 40) % 48).op is Ops.MOD
