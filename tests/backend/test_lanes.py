@@ -105,6 +105,16 @@ def test_an_index_that_is_the_lane_alone():
     np.testing.assert_array_equal(got, np.maximum(np.maximum(x[0, :-1], x[0, 1:]), np.maximum(x[1, :-1], x[1, 1:])))
 
 
+def test_a_tile_of_bool_loads_a_row_apart_is_read_lane_by_lane():
+    # a cumsum over rows of 16 reads its triangular mask (bool) a row apart in each lane: gcc has no vectors of
+    # _Bool, so those loads are not transposed in registers (the C did not compile; found by uopc.tools.fuzz_opts,
+    # seed 5005)
+    x = np.random.default_rng(5).standard_normal((33, 16)).astype(np.float32)
+    item, inputs = fuzz_opts.one_kernel(Tensor(x).cumsum(-1).uop)
+    got = fuzz_opts.run_kernel(item, inputs, Opts(upcast={1: 8}, unroll=4, vec=4))
+    np.testing.assert_allclose(got.reshape(33, 16), np.cumsum(x, -1), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("rows", [12, 13])
 @pytest.mark.parametrize("extra", [1, 3, W - 1, W + 2, W + 1])
 def test_a_partial_vector_ends_a_remainder_in_one_masked_nest(rows: int, extra: int):

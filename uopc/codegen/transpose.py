@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from uopc.codegen.vectorize import index_step, split_offset
 from uopc.uop import Ops, UOp
+from uopc.uop.dtype import dtypes
 
 __all__ = ["transpose_lanes", "transposed_tiles"]
 
@@ -58,6 +59,8 @@ def transposed_tiles(stores: list[UOp], lane: UOp, w: int, index_of) -> dict[UOp
     for u in UOp(Ops.SINK, tuple(stores)).toposort():
         if u.op is not Ops.LOAD or len(u.src[0].src) != 2 or u.src[0].src[0].op is not Ops.BUFFER:
             continue  # (gated loads and local arrays are read lane by lane)
+        if u.dtype is dtypes.bool:
+            continue  # gcc has no vectors of _Bool (a cumsum's triangular mask): read lane by lane
         i = index_of(u.src[0])
         if (step := index_step(i, lane)) in (None, 0, 1):
             continue
