@@ -115,13 +115,35 @@ def test_a_tile_of_bool_loads_a_row_apart_is_read_lane_by_lane():
     np.testing.assert_allclose(got.reshape(33, 16), np.cumsum(x, -1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("valid", [1, 4])
+def test_a_partial_vector_shares_its_rows_broadcast_with_the_whole_vectors(valid: int):
+    # a tile of 3 whole vectors and a partial one (a 1x1 convolution over 7x7 positions: 49 columns): each row's A
+    # element is broadcast once, to the whole vectors' width, and the partial vector takes that broadcast's first
+    # lanes (gcc then loads it as a broadcast from memory; a broadcast of its own, or a scalar FMA, made it load the
+    # scalar and shuffle it on an FMA port)
+    if W < 8:
+        pytest.skip("a partial vector needs vectors wider than 4 floats")
+    N = 3 * W + valid
+    graph = gemm_graph(8, N, K)
+    c = render_c(lower_graph(graph, 2, _tile(4, 4)), "k")
+    low = re.findall(rf"f32x4 (alu\d+) = uopc_low_f32x4_f32x{W}\((alu\d+)\);", c)
+    assert len(low) == 4, c  # one per row of the tile
+    for _, full in low:  # the rows' whole-width broadcasts, which the whole vectors' FMAs read too
+        assert re.search(rf"f32x{W} {full} = \(\(f32x{W}\)\{{val\d+,", c) and len(re.findall(rf"\b{full}\b", c)) > 2
+    assert not re.search(r"\bfloat acc\d+;", c), c  # no scalar column
+    ins = _inputs(graph, 2, np.random.default_rng(4))
+    with Context(CHECK_OOB=1):
+        got = run(graph, ins, _tile(4, 4))
+    np.testing.assert_allclose(got, ins[0].reshape(8, K) @ ins[1].reshape(K, N), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.parametrize("rows", [12, 13])
 @pytest.mark.parametrize("extra", [1, 3, W - 1, W + 2, W + 1])
 def test_a_partial_vector_ends_a_remainder_in_one_masked_nest(rows: int, extra: int):
     # the columns past the whole tiles are one tile of vectors, the last masked to the columns that exist (in the
-    # narrowest vector of 4, 8 or 16 floats that holds them; a single column stays scalar): per row region, one nest
-    # for the tiles and one for the remainder, every value as NumPy's, and no load or store outside a buffer
-    # (UOPC_CHECK_OOB checks the valid lanes)
+    # narrowest vector of 4, 8 or 16 floats that holds them; a single column too, unless it is the remainder's only
+    # vector: then a scalar): per row region, one nest for the tiles and one for the remainder, every value as
+    # NumPy's, and no load or store outside a buffer (UOPC_CHECK_OOB checks the valid lanes)
     N = 4 * W + extra
     graph = gemm_graph(rows, N, K) + buf(2, N).reshape((1, N)).expand((rows, N))
     opts = _tile(4, 4)
@@ -130,7 +152,8 @@ def test_a_partial_vector_ends_a_remainder_in_one_masked_nest(rows: int, extra: 
     width = min(W, next(n for n in (4, 8, 16) if n >= valid))
     masked = re.findall(rf"uopc_mstore_f32x{width}\(data3\+[^;]*, {valid}\);", c)
     scalar = re.findall(r"data3\[[^]]*\] = ", c)
-    assert (bool(masked), bool(scalar)) == (valid != 1, valid == 1), c
+    alone = valid == 1 and extra < W
+    assert (bool(masked), bool(scalar)) == (not alone, alone), c
     assert len(loop_shapes.regions((rows, N), opts.upcast, W, masked=True)) == (2 if rows % 4 == 0 else 4)
     ins = _inputs(graph, 3, np.random.default_rng(2))
     a, b, bias = ins[0].reshape(rows, K), ins[1].reshape(K, N), ins[2]

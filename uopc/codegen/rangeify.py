@@ -477,11 +477,11 @@ def _widened(stores: list[UOp], lane: UOp, last_valid: int | None, sizes: tuple[
     valid = last_valid - (nv - 1) * w
     whole = iter(widen([x for x, p in zip(stores, part) if not p], lane, _loops_of))
     tail = [x for x, p in zip(stores, part) if p]
-    if valid == 1:  # one column: scalar (simplified together, their shared parts once)
+    if valid == 1 and nv == 1:  # one column alone: scalar (simplified together, their shared parts once)
         zero = {lane: UOp.const(0, lane.dtype)}
         tail = list(simplify(UOp(Ops.SINK, tuple(x.substitute(zero) for x in tail))).src)
-    else:
-        tail = widen(tail, lane, _loops_of, valid, partial_width(valid, w))
+    else:  # beside whole vectors even one column is a vector: it shares their broadcasts (codegen.lanes)
+        tail = widen(tail, lane, _loops_of, valid, partial_width(valid, w), share=nv > 1)
     rest = iter(tail)
     return [next(rest) if p else next(whole) for p in part]
 

@@ -447,6 +447,11 @@ _SHUFFLE = """#if defined(__clang__)
 
 
 def _shuffle(r: CRenderer, u: UOp) -> str:
+    if len(u.src) == 1:  # the first lanes of one vector: its low bytes, which gcc reads as the narrower register
+        src, dst = u.src[0].dtype.cname, u.dtype.cname
+        name = f"uopc_low_{dst}_{src}"
+        r.use(name, f"static inline {dst} {name}({src} v) {{ {dst} x; __builtin_memcpy(&x, &v, sizeof x); return x; }}")
+        return f"{name}({r.expr(u.src[0])})"
     r.use("UOPC_SHUFFLE", _SHUFFLE, Rank.SHARED)
     lanes = ", ".join(map(str, u.arg))
     return f"UOPC_SHUFFLE({r.expr(u.src[0])}, {r.expr(u.src[1])}, {_shuffle_mask(u.dtype).cname}, {lanes})"

@@ -98,7 +98,8 @@ class Ops(IntEnum):  # IntEnum: hashing is int's (C), not Enum's Python __hash__
     VECTORIZE = auto()
     GEP = auto()
     # two vectors' lanes picked into one of their type (arg: the lane of each, into the two concatenated): the stages
-    # of a transpose in registers (uopc.codegen.transpose)
+    # of a transpose in registers (uopc.codegen.transpose); of one vector, its first lanes as a narrower one (arg:
+    # 0..n-1, the broadcast of a partial vector, uopc.codegen.lanes)
     SHUFFLE = auto()
     # a symbolic size (arg: its uopc.uop.variable.Variable) as a kernel argument: the end of a loop over a symbolic axis
     DEFINE_VAR = auto()
