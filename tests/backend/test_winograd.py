@@ -114,6 +114,118 @@ def test_gradients_match_torch(m):
     _close(wu.grad.numpy(), wt.grad.numpy(), 1e-4)
 
 
+def _bn_relu(conv, mean, var, gamma, beta, residual, relu, ones):
+    """A BatchNorm in eval mode, a residual add and an activation: ResNet's block tail, in uopc or in torch."""
+    sh = (1, -1, 1, 1)
+    y = (conv - mean.reshape(sh)) * (var.reshape(sh) + 1e-5).rsqrt() * gamma.reshape(sh) + beta.reshape(sh)
+    return relu(y + residual) if residual is not None else relu(y)
+
+
+EPILOGUE_ACTS = {
+    "relu": (lambda t: t.relu(), lambda t: t.relu()),
+    "relu6": (lambda t: t.relu6(), lambda t: F.relu6(t)),
+    "hardswish": (lambda t: t.hardswish(), lambda t: F.hardswish(t)),
+    "silu": (lambda t: t.silu(), lambda t: F.silu(t)),  # (reads the transform's value twice)
+}
+
+
+@pytest.mark.parametrize("act", sorted(EPILOGUE_ACTS))
+@pytest.mark.parametrize(
+    "m,shape,cout",
+    [
+        (2, (2, 8, 18, 17), 6),  # many tiles: the row-by-row output transform, the last tiles cut
+        (4, (1, 4, 13, 11), 32),  # few tiles: the products channel-minor, two blocks of 16 channels
+        (4, (1, 3, 6, 9), 5),  # few tiles, channels no multiple of the block: row by row
+    ],
+)
+@pytest.mark.parametrize("residual", [False, True])
+def test_output_transform_computes_its_readers_elementwise_ops(m, shape, cout, act, residual):
+    """The one kernel reading a Winograd output transform only at its own index (a BatchNorm in eval mode, a
+    residual add, an activation) is its epilogue (uopc.schedule.epilogues.winograd_epilogues): no elementwise
+    kernel runs after the transform, and the values are PyTorch's."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((cout, shape[1], 3, 3)).astype(np.float32)
+    stats = [rng.standard_normal(cout).astype(np.float32) for _ in range(4)]
+    stats[1] = np.abs(stats[1]) + 0.5  # the variance
+    res = rng.standard_normal((shape[0], cout, *shape[2:])).astype(np.float32) if residual else None
+    ours, theirs = EPILOGUE_ACTS[act]
+    with Context(WINOGRAD=m), no_grad():
+        alone = _names()
+        Tensor(x).conv2d(Tensor(w), padding=1).realize()
+        names = _names()
+        conv = Tensor(x).conv2d(Tensor(w), padding=1)
+        out = _bn_relu(conv, *map(Tensor, stats), None if res is None else Tensor(res), ours, None).numpy()
+    realize.set_kernel_hook(None)
+    assert names == alone and names[-1].startswith("wo_"), (names, alone)  # the same kernels as the conv alone
+    ct = F.conv2d(torch.tensor(x), torch.tensor(w), padding=1)
+    ref = _bn_relu(ct, *map(torch.tensor, stats), None if res is None else torch.tensor(res), theirs, None)
+    _close(out, ref.numpy())
+
+
+@pytest.mark.parametrize("opt", [0, 1, 2])
+def test_epilogue_at_every_opt_level_and_under_index_checks(opt):
+    """Without an optimizer (OPT=0) nothing is fused: the transform and the elementwise kernel run apart; with one
+    the transform takes the ops. Under UOPC_CHECK_OOB the epilogue's reads are checked as any kernel's."""
+    x = rng.standard_normal((2, 6, 10, 9)).astype(np.float32)
+    w = rng.standard_normal((16, 6, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    r = rng.standard_normal((2, 16, 10, 9)).astype(np.float32)
+    ref = (F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), padding=1) + torch.tensor(r)).relu().numpy()
+    for m in MATRICES:
+        names = _names()
+        with Context(WINOGRAD=m, OPT=opt, CHECK_OOB=1), no_grad():
+            out = (Tensor(x).conv2d(Tensor(w), Tensor(b), padding=1) + Tensor(r)).relu().numpy()
+        realize.set_kernel_hook(None)
+        _close(out, ref)
+        assert any(n.startswith("e_2_16_10_9") for n in names) == (opt == 0), names
+
+
+def test_epilogue_reads_views_and_padded_values():
+    """The epilogue's other reads go through views read along the output's rows: a slice of a larger buffer (its
+    rows further apart), a padded one (its border reads are gated, never outside the buffer) and a per-row scale
+    broadcast along the columns."""
+    x = rng.standard_normal((1, 5, 12, 10)).astype(np.float32)
+    w = rng.standard_normal((7, 5, 3, 3)).astype(np.float32)
+    rs = rng.standard_normal((2, 9, 14, 13)).astype(np.float32)  # sliced
+    rp = rng.standard_normal((1, 7, 10, 8)).astype(np.float32)  # padded by one on every side
+    s = rng.standard_normal((12, 1)).astype(np.float32)
+    names = _names()
+    with Context(WINOGRAD=2), no_grad():
+        conv = Tensor(x).conv2d(Tensor(w), padding=1)
+        out = (conv * Tensor(s) + Tensor(rs)[1:, 2:, 1:13, 3:] - Tensor(rp).pad((1, 1, 1, 1))).numpy()
+    realize.set_kernel_hook(None)
+    assert names[-1].startswith("wo_") and not any(n.startswith("e_1_7") for n in names), names
+    ct = F.conv2d(torch.tensor(x), torch.tensor(w), padding=1)
+    ref = ct * torch.tensor(s) + torch.tensor(rs)[1:, 2:, 1:13, 3:] - F.pad(torch.tensor(rp), (1, 1, 1, 1))
+    _close(out, ref.numpy())
+
+
+def test_transform_read_otherwise_keeps_its_own_kernel():
+    """What the epilogue rule leaves alone: the transform also an output of the plan, read by two kernels, read at
+    another index than its own (transposed), or read beside a value read across the output's rows (a transposed
+    residual). Each runs the transform and an elementwise kernel after it."""
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    r = rng.standard_normal((1, 6, 9, 9)).astype(np.float32)
+    ct = F.conv2d(torch.tensor(x), torch.tensor(w), padding=1)
+    rt = torch.tensor(r).permute(0, 1, 3, 2)
+    cases = {
+        "an output too": (lambda c: [c, c.relu()], lambda c: [c, c.relu()]),
+        "two readers": (lambda c: [c.relu(), c.sum((2, 3))], lambda c: [c.relu(), c.sum((2, 3))]),
+        "transposed": (lambda c: [c.permute(0, 1, 3, 2) + c], lambda c: [c.permute(0, 1, 3, 2) + c]),
+        "a transposed residual": (lambda c: [c + Tensor(r).permute(0, 1, 3, 2)], lambda c: [c + rt]),
+    }
+    for what, (ours, theirs) in cases.items():
+        names = _names()
+        with Context(WINOGRAD=2), no_grad():
+            outs = ours(Tensor(x).conv2d(Tensor(w), padding=1))
+            Tensor.realize_all(*outs)
+        realize.set_kernel_hook(None)
+        assert any(n.startswith("e_1_6_9_9") for n in names), (what, names)
+        for o, ref in zip(outs, theirs(ct), strict=True):
+            _close(o.numpy(), ref.numpy())
+
+
 @pytest.mark.parametrize("size,tiles,gemm", [(26, 49, "r_36_49_32"), (38, 100, "r_36_32_100")])
 def test_few_tiles_are_the_products_rows(size, tiles, gemm):
     """Fewer tiles than WINOGRAD_WIDE_T: the batched products have the tiles as rows, (36, T, K), where the

@@ -26,6 +26,7 @@ from uopc.opt.strides import merged_shape
 from uopc.schedule import Kernel, Plan, Schedule, ScheduleItem, moved_bytes, plan_memory, schedule
 from uopc.uop import Ops, UOp
 from uopc.uop.variable import Variable
+from uopc.uop.winograd import winograd_of
 
 __all__ = ["clear_lowered", "lower_schedule", "lowered", "lowered_stats", "make_plan"]
 
@@ -63,8 +64,8 @@ def _kernel(item: ScheduleItem, opt: Any) -> Kernel:
         machine = getattr(opt, "machine", None)
         width, cores = (machine.vector_bytes // 4, machine.cores) if machine else (8, 1)
         ast, opts = lower_attention(item.body, item.out, width, cores), None
-    elif item.body.op is Ops.WINOGRAD:  # a Winograd transform: fixed loops, sized and strided (codegen.winograd)
-        ast, opts = lower_winograd(item.body, item.out), None
+    elif winograd_of(item.body) is not None:  # a Winograd transform (and its epilogue): fixed loops, sized and
+        ast, opts = lower_winograd(item.body, item.out), None  # strided (codegen.winograd)
     elif item.body.op is Ops.SETITEM:  # the region write: its loops cover the region alone
         ast, opts = lower_setitem(item.body, item.out, _region_thread(item.body, opt)), None
     else:

@@ -295,7 +295,10 @@ def takes_epilogue(r: UOp, reader: UOp, machine: Machine) -> bool:
     """HandOpt.epilogue's answer (SearchOpt's too): a matmul the microkernel runs, or a reduce over several axes (a
     depthwise convolution's or a pool's window, a mean over H and W: each output's value is computed whole before
     its store), whose reader keeps the reduce's dtype and has a vector form for what varies along the output's last
-    axis (vector_epilogue)."""
+    axis (vector_epilogue). A Winograd output transform takes any elementwise reader of its dtype: it applies the
+    ops over the outputs it has just stored, in one loop that gcc vectorizes (uopc.renderer.winograd)."""
+    if r.op is Ops.WINOGRAD:
+        return reader.dtype is r.dtype
     if reader.dtype is not r.dtype or not (uses_microkernel(r, machine) or r.arg[1] > 1):
         return False
     return vector_epilogue(r, reader)
@@ -316,11 +319,12 @@ class HandOpt:
         return fit_symbolic(hand_opt_choice(body, self.machine), body)
 
     def epilogue(self, r: UOp, reader: UOp) -> bool:
-        """May REDUCE `r` take the elementwise ops of `reader` (the kernel body that reads it) as an epilogue
-        (uopc.schedule.epilogues.epilogue_fusions)? Yes for a matmul the microkernel runs, its tile in registers when
-        the epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K chunks: a bfloat16
-        output of a float32 sum would round them), and if each op that varies along the tile's vectors has a vector
-        form (vector_epilogue: a scalar op per lane made the GEMM slower than the GEMM and a kernel after it)."""
+        """May REDUCE `r` (or a Winograd output transform) take the elementwise ops of `reader` (the kernel body that
+        reads it) as an epilogue (uopc.schedule.epilogues)? Yes for a matmul the microkernel runs, its tile in
+        registers when the epilogue applies, if the output has the reduce's dtype (it holds the partial sums of K
+        chunks: a bfloat16 output of a float32 sum would round them), and if each op that varies along the tile's
+        vectors has a vector form (vector_epilogue: a scalar op per lane made the GEMM slower than the GEMM and a
+        kernel after it). Yes for a Winograd output transform read in its own dtype (takes_epilogue)."""
         return takes_epilogue(r, reader, self.machine)
 
     def row_fusion(self, r: UOp, reader: UOp) -> bool:

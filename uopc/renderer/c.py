@@ -19,6 +19,7 @@ import math
 import re
 from collections.abc import Callable
 from enum import IntEnum
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -29,7 +30,7 @@ from uopc.codegen.linearize import Linearized, Loop, linearize
 from uopc.renderer.attention import render_attention
 from uopc.renderer.c_masked import masked_helpers
 from uopc.renderer.c_math import F32_BITS, MATH, render_math
-from uopc.renderer.c_select import gated_load, gated_vector_load, render_where
+from uopc.renderer.c_select import gated_load, gated_vector_load, kept_stores, render_where
 from uopc.renderer.flags import flags_line
 from uopc.renderer.half import c_conversion, compute_in_float
 from uopc.renderer.prefetch import streamed_loads
@@ -184,7 +185,7 @@ class CRenderer:
         self.lines: list[str] = []
         self.helpers: dict[str, Helper] = {}
         self.check_oob = bool(helpers.settings().CHECK_OOB)
-        self.kept_stores = _kept_stores(lin)
+        self.kept_stores = kept_stores(lin)
         self.deferred = {ld for ld, _ in self.kept_stores.values()}
         # a streamed load -> the elements ahead it prefetches into L1, and into L2 (or 0) (renderer.prefetch)
         self.prefetched: dict[UOp, tuple[int, int]] = {}
@@ -344,34 +345,6 @@ class CRenderer:
                 self.lines.append(f"{ind}}}")
             else:
                 self.emit(x, ind)
-
-
-def _kept_stores(lin: Linearized) -> dict[UOp, tuple[UOp, UOp]]:
-    """Stores of `where(c, new, in[i])` (or `where(c, in[i], new)`) into out[i], another buffer at the same index,
-    with a condition shared by all lanes and computed outside the store's loop: {store: (the load of in[i], new)}.
-    They render as `if (c) out[i] = new; else if (out != in) out[i] = in[i];`, so where the plan writes out in
-    place (out is in: TinyJit's update of a KV cache, a masked fill of a parameter's rows) the unchanged elements
-    are neither read nor written; elsewhere it is the copy it was."""
-    found = {}
-    for u in lin.users:
-        if u.op is not Ops.STORE or (val := u.src[1]).op is not Ops.WHERE or val.src[0].dtype.count != 1:
-            continue
-        if u.src[0].arg is not None:  # a partial vector's masked store
-            continue
-        out = _base(u.src[0].src[0])
-        for ld, new in ((val.src[2], val.src[1]), (val.src[1], val.src[2])):
-            if ld.op is not Ops.LOAD or len(ld.src[0].src) != 2 or ld.src[0].src[1] is not u.src[0].src[1]:
-                continue
-            src = _base(ld.src[0].src[0])
-            if src.op is not Ops.BUFFER or out.op is not Ops.BUFFER or src is out or ld.dtype != val.dtype:
-                continue
-            # the condition computed outside the store's loop (a row's, as a KV cache position): a branch per row,
-            # which gcc unswitches; a condition per element stays a select, which vectorizes
-            hoisted = lin.scope[val.src[0]] != lin.scope[u]
-            if hoisted and lin.users[ld] == [val] and lin.users[val] == [u] and lin.scope[ld] == lin.scope[u]:
-                found[u] = (ld, new)
-                break
-    return found
 
 
 def _infix(sym: str) -> Callable[[CRenderer, UOp], str]:
@@ -535,11 +508,15 @@ def _render_function(ast: UOp, oob_param: bool = False, guarded: bool = False) -
     """One kernel as C; `oob_param`: UOPC_CHECK_OOB's error record is its last parameter (in a plan), not a global;
     `guarded`: its buffers are uopc's storage, with guard bytes around them (CRenderer.gated_load)."""
     if ast.src and ast.src[0].op in OWN_KERNEL:  # C of their own (renderer.attention, renderer.winograd)
-        own = render_attention if ast.src[0].op is Ops.ATTENTION else render_winograd
-        hs, params, body, bufs, avars, ptr_types = own(ast)
-        if helpers.settings().CHECK_OOB and oob_param:  # nothing to check (no data-dependent index), same signature
+        if ast.src[0].op is Ops.ATTENTION:
+            hs, params, body, bufs, avars, ptr_types = render_attention(ast)
+        else:  # (an output transform's epilogue is rendered by scalar_code)
+            hs, params, body, bufs, avars, ptr_types = render_winograd(ast, partial(scalar_code, guarded=guarded))
+        fhelpers = {n: Helper(Rank(h[0]), h[1]) for n, h in hs.items()}
+        if helpers.settings().CHECK_OOB and oob_param:  # (only an epilogue's reads are checked), same signature
             params.append("long long* restrict uopc_oob")
-        fhelpers = {n: Helper(Rank(rank), code) for n, (rank, code) in hs.items()}
+        elif "uopc_check" in fhelpers:  # standalone: the runtime reads the global after each call
+            fhelpers["uopc_oob"] = Helper(Rank.FUNCTIONS, _OOB_RECORD)
         return CFunction(fhelpers, tuple(params), body, bufs, avars, ptr_types)
     ast = compute_in_float(ast)  # float16 and bfloat16 only stored and converted: every op on them runs in float32
     lin = linearize(ast)
@@ -560,6 +537,28 @@ def _render_function(ast: UOp, oob_param: bool = False, guarded: bool = False) -
     elif r.check_oob:  # standalone: the runtime reads the global after each call
         r.use("uopc_oob", _OOB_RECORD)
     return CFunction(r.helpers, tuple(params), "\n".join(r.lines), bufs, tuple(u.arg for u in defs), ptr_types)
+
+
+def scalar_code(
+    values: list[UOp], names: dict[UOp, str], first: int = 0, guarded: bool = False
+) -> tuple[list[str], list[str], dict[str, Helper], int]:
+    """C for scalar `values` (lowered expressions: loads, index arithmetic and ALU ops, as rangeify makes them) inside
+    C written by another renderer (a Winograd output transform's epilogue, uopc.renderer.winograd): the nodes in
+    `names` are the C expressions given (that code's loop indices, the value it would store), each load and each value
+    used twice is a statement of its own, its variable numbered after `first`. Returns (the statements, the values'
+    C expressions, the helpers they use, the last number taken)."""
+    topo = UOp(Ops.SINK, tuple(values)).toposort(stop=names)[:-1]  # (nothing under a named node)
+    users: dict[UOp, list[UOp]] = {u: [] for u in topo}
+    for u in topo:
+        for x in dict.fromkeys(() if u in names else u.src):
+            users[x].append(u)
+    r = CRenderer(Linearized(Loop(None), dict.fromkeys(topo, ()), users), guarded)
+    r.n = first
+    r.names.update(names)
+    for u in topo:
+        if u not in r.names:
+            r.emit(u, "")
+    return r.lines, [r.expr(v) for v in values], r.helpers, r.n
 
 
 def render_c(ast: UOp, name: str, tiled: bool = False) -> str:

@@ -1,5 +1,5 @@
-"""Selects and PAD (gated) loads as C. A scalar float select is bit arithmetic, never `c ? a : b`, and so is an
-integer one against 0:
+"""Selects, PAD (gated) loads and stores that keep a copied element (kept_stores) as C. A scalar float select is
+bit arithmetic, never `c ? a : b`, and so is an integer one against 0:
 
 data4[i] = uopc_keepf(alu3 < 0.0f, val);         /* where(c, val, 0): val's bits ANDed with c's mask */
 data4[i] = uopc_selectf(6.0f < alu5, 6.0f, alu5); /* where(c, a, b): a's bits where c holds, b's elsewhere */
@@ -23,7 +23,7 @@ from uopc.codegen.vectorize import buffer_of
 from uopc.uop import Ops, UOp
 from uopc.uop.dtype import dtypes
 
-__all__ = ["gate_load", "gated_load", "gated_vector_load", "render_where"]
+__all__ = ["gate_load", "gated_load", "gated_vector_load", "kept_stores", "render_where"]
 
 # per float type: its C type, the helpers' name suffix, the unsigned integer of its size, its bit casts' width and
 # the unsigned zero that 0 - c makes all ones of
@@ -167,3 +167,31 @@ def gated_vector_load(r, u: UOp, ind: str) -> None:
     read = r.ref(base, f"{first}+{lane}")
     loop = f"for (int {lane} = 0; {lane} < {valid}; {lane}++)"
     r.lines.append(f"{ind}{loop} if ({m}[{lane}]) {name}[{lane}] = {read};")
+
+
+def kept_stores(lin) -> dict[UOp, tuple[UOp, UOp]]:
+    """Stores of `where(c, new, in[i])` (or `where(c, in[i], new)`) into out[i], another buffer at the same index,
+    with a condition shared by all lanes and computed outside the store's loop: {store: (the load of in[i], new)}.
+    They render as `if (c) out[i] = new; else if (out != in) out[i] = in[i];`, so where the plan writes out in
+    place (out is in: TinyJit's update of a KV cache, a masked fill of a parameter's rows) the unchanged elements
+    are neither read nor written; elsewhere it is the copy it was."""
+    found = {}
+    for u in lin.users:
+        if u.op is not Ops.STORE or (val := u.src[1]).op is not Ops.WHERE or val.src[0].dtype.count != 1:
+            continue
+        if u.src[0].arg is not None:  # a partial vector's masked store
+            continue
+        out = buffer_of(u.src[0])
+        for ld, new in ((val.src[2], val.src[1]), (val.src[1], val.src[2])):
+            if ld.op is not Ops.LOAD or len(ld.src[0].src) != 2 or ld.src[0].src[1] is not u.src[0].src[1]:
+                continue
+            src = buffer_of(ld.src[0])
+            if src.op is not Ops.BUFFER or out.op is not Ops.BUFFER or src is out or ld.dtype != val.dtype:
+                continue
+            # the condition computed outside the store's loop (a row's, as a KV cache position): a branch per row,
+            # which gcc unswitches; a condition per element stays a select, which vectorizes
+            hoisted = lin.scope[val.src[0]] != lin.scope[u]
+            if hoisted and lin.users[ld] == [val] and lin.users[val] == [u] and lin.scope[ld] == lin.scope[u]:
+                found[u] = (ld, new)
+                break
+    return found

@@ -12,6 +12,9 @@
                 V[c, i*alpha.., t] = (B^T d)[i, t's columns] B      for each output row of the chunk (inside OH):
                                                                         its tiles' points from st (inside OW)
 
+An output transform with an epilogue (its one reader's elementwise ops: uopc.codegen.winograd) applies it over each
+chunk's rows once they are written, in place, in one loop (_Epilogue; the few-tile form over its block's planes).
+
 Where the products would pack V into the microkernel's panels (a B larger than half of L2, uopc.opt.gemm), the
 input transform writes the panels itself (Winograd.panel: V as (alpha^2, ceil(T/NR), C, NR)), with no copy between;
 panels too large to stay in the last-level cache it writes with non-temporal stores (Winograd.stream, STREAM_HELPER).
@@ -37,9 +40,10 @@ at 14x14, against 0.17 ms for 64 channels at 56x56, three times the data).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 
-from uopc.uop import UOp
+from uopc.uop import Ops, UOp
 from uopc.uop.variable import SizeArg
 from uopc.uop.winograd import MATRICES
 
@@ -115,29 +119,99 @@ class _Sizes:
         return tuple(SizeArg(n, v) for n, v in self.values.items())
 
 
-def render_winograd(ast: UOp) -> tuple[dict[str, tuple[int, str]], list[str], str, list[UOp], tuple, tuple]:
+def render_winograd(
+    ast: UOp, scalar: Callable | None = None
+) -> tuple[dict[str, tuple[int, str]], list[str], str, list[UOp], tuple, tuple]:
     """(helpers, parameters, body, buffers by slot, variables, pointer types) of one lowered Winograd transform;
     uopc.renderer.c wraps them into its CFunction, as it does an attention kernel's. A weight transform's sizes are
-    parameters (its variables: SizeArgs, see _Sizes)."""
+    parameters (its variables: SizeArgs, see _Sizes). `scalar` renders an output transform's epilogue
+    (uopc.renderer.c.scalar_code: that renderer's C forms of the ops)."""
     node = ast.src[0]
-    src, out = node.src
+    src, out = node.src[:2]
     k = node.arg
     w = k.op
     m, (th, tw) = w.m, w.tiles
     a = m + 2
     BT, G, AT = MATRICES[m]
-    bufs = sorted({src, out}, key=lambda b: b.arg.slot)
+    bufs = sorted({b for b in node.toposort() if b.op is Ops.BUFFER}, key=lambda b: b.arg.slot)
     params = [f"float* restrict data{b.arg.slot}" for b in bufs]
     x, o = f"data{src.arg.slot}", f"data{out.arg.slot}"
     sz = _Sizes()
+    helpers: dict[str, tuple[int, str]] = {"uopc_stream_floats": (2, STREAM_HELPER)} if w.stream else {}
     if w.kind == "w":
         body = _weight(sz, k, a, G, x, o)
+    elif w.kind == "in":
+        body = _input(k, a, m, th, tw, BT, x, o)
     else:
-        out = _output_by_channel if k.strides[1] == 1 and k.src_shape[1] % CHANNEL_BLOCK == 0 else _output
-        body = _input(k, a, m, th, tw, BT, x, o) if w.kind == "in" else out(k, a, m, th, tw, AT, x, o)
+        epi = None
+        if len(node.src) > 2:
+            if scalar is None:
+                raise NotImplementedError("render_winograd: an epilogue needs the C renderer's scalar_code")
+            epi = _Epilogue(node.src[2], out, scalar)
+        by_channel = k.strides[1] == 1 and k.src_shape[1] % CHANNEL_BLOCK == 0
+        body = (_output_by_channel if by_channel else _output)(k, a, m, th, tw, AT, x, o, epi)
+        if epi is not None:
+            helpers.update(epi.helpers)
     lines = [f"  {line}" if line else "" for line in body]
-    helpers = {"uopc_stream_floats": (2, STREAM_HELPER)} if w.stream else {}
     return helpers, params + sz.params(), "\n".join(lines), bufs, sz.vars(), ("float",) * len(bufs)
+
+
+_NOT_HOISTED = (Ops.CONST, Ops.RANGE, Ops.BUFFER)
+
+
+class _Epilogue:
+    """An output transform's epilogue (uopc.codegen.winograd): the scalar value of output (n, k, p), RANGEs 0-2 of
+    `value` (p: the position in the plane), from the transform's own value there (the loads of `out`). What depends
+    on n and k alone (a BatchNorm's scale and shift, its square root) is computed once per output channel
+    (`channel`); the rest per element (`store`), over outputs the transform has just stored, in place: in one loop
+    over a chunk of rows or over a block's planes, which gcc vectorizes (applied as each output was stored, among a
+    tile's scattered stores, it stayed scalar and took up to 1.6x the time of the transform and a separate
+    elementwise kernel: ResNet-18's 28x28 layers at batch 1)."""
+
+    def __init__(self, value: UOp, out: UOp, scalar: Callable) -> None:
+        topo = value.toposort()
+        self.scalar, self.value = scalar, value
+        self.loops = {u.arg.idx: u for u in topo if u.op is Ops.RANGE}
+        self.own = [u for u in topo if u.op is Ops.LOAD and u.src[0].src[0] is out]
+        per_element = {self.loops[2]} if 2 in self.loops else set()
+        per_element |= set(self.own)
+        varies = set()
+        for u in topo:
+            if u in per_element or any(s in varies for s in u.src):
+                varies.add(u)
+        # the values computed per channel: those the per-element part reads, not constants
+        self.hoisted = list(dict.fromkeys(
+            s for u in topo if u in varies for s in u.src if s not in varies and s.op not in _NOT_HOISTED
+        ))  # fmt: skip
+        self.helpers: dict[str, tuple[int, str]] = {}
+        self.names: dict[UOp, str] = {}
+        self.first = 0
+
+    def _index(self, n: str, k: str, p: str = "") -> dict[UOp, str]:
+        """The loops' names: C expressions, parenthesized unless a name."""
+        named = zip(range(3), (n, k, p), strict=True)
+        return {self.loops[i]: c if c.isidentifier() else f"({c})" for i, c in named if i in self.loops and c}
+
+    def _take(self, hs: dict) -> None:
+        self.helpers.update({name: (int(h.rank), h.code) for name, h in hs.items()})
+
+    def channel(self, n: str, k: str) -> list[str]:
+        """Statements computing the per-channel values of output channel `k` (a C expression) of image `n`."""
+        if not self.hoisted:
+            return []
+        lines, exprs, hs, last = self.scalar(self.hoisted, self._index(n, k))
+        self._take(hs)
+        self.names = {u: f"ep{j}" for j, u in enumerate(self.hoisted)}
+        self.first = last
+        types = [u.dtype.cname for u in self.hoisted]
+        return [*lines, *(f"const {t} ep{j} = {e};" for j, (t, e) in enumerate(zip(types, exprs, strict=True)))]
+
+    def store(self, dst: str, n: str, k: str, p: str) -> str:
+        """One C statement: lvalue `dst`, output (n, k, p) as the transform stored it, = the epilogue's value there."""
+        names = {**self.names, **self._index(n, k, p), **dict.fromkeys(self.own, dst)}
+        lines, (e,), hs, _ = self.scalar([self.value], names, self.first)
+        self._take(hs)
+        return "{ " + " ".join([*lines, f"{dst} = {e};"]) + " }"
 
 
 def _weight(sz: _Sizes, k, a: int, G, x: str, o: str) -> list[str]:
@@ -378,7 +452,7 @@ def _panel_tail(points: int, blocks: int, C: int, T: int, nr: int, N: int, o: st
 OUT_RUN = 64
 
 
-def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str]:
+def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str, epi: _Epilogue | None = None) -> list[str]:
     _, K, _ = k.src_shape
     s0, s1, s2 = k.strides
     N, _, OH, OW = k.op.shape
@@ -387,10 +461,19 @@ def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str
     col = [_combo(AT[i], [f"yq[{p * a * s0}LL + t * {s2}LL]" for p in range(a)]) for i in range(m)]
     outs = [[_combo(AT[j], [f"am[{i}][{q}][t]" for q in range(a)]) for j in range(m)] for i in range(m)]
     tail = [f"        orow[{full * m + j}] = st[i * {m} + {j}][b + {full}];" for j in range(rem)]
+    chan = epi.channel("n", "kk") if epi is not None else []  # (first: the per-element part reads its names)
+    after = []
+    if epi is not None:  # over the chunk's rows just written, in L1: one contiguous loop (per row, 28 or 14
+        # outputs, the loop's ends cost more than the separate kernel saved: ResNet-18's 28x28 and 14x14 at batch 8)
+        after = [
+            f"    const int p1 = ((ty0 + nr) * {m} < {OH} ? (ty0 + nr) * {m} : {OH}) * {OW};",
+            f"    for (int p = ty0 * {m * OW}; p < p1; p++) {epi.store('os[p]', 'n', 'kk', 'p')}",
+        ]
     return [
         *_planes("kn", "kk", N, K, th * tw),
         f"  const float* restrict ys0 = {y} + {k.offset}LL + kk * {s1}LL + n * {th * tw * s2}LL;",
         f"  float* restrict os = {o} + (n * {K}LL + kk) * {OH * OW}LL;",
+        *(f"  {line}" for line in chan),
         f"  float st[{m * m}][{rows * tw}];  // a chunk of tile rows' outputs, one row per output point of a tile",
         f"  float am[{m}][{a}][{OUT_RUN}];  // A^T y of a run of tiles",
         f"  for (int ty0 = 0; ty0 < {th}; ty0 += {rows}) {{",
@@ -409,13 +492,14 @@ def _output(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str
         "    }",
         "    for (int rr = 0; rr < nr; rr++)  // each output row of the chunk, its tiles' points interleaved",
         f"      for (int i = 0; i < {m} && (ty0 + rr) * {m} + i < {OH}; i++) {{",
-        f"        float* restrict orow = os + (long long)((ty0 + rr) * {m} + i) * {OW}LL;",
-        f"        const int b = rr * {tw};",
+        f"        const int oy = (ty0 + rr) * {m} + i, b = rr * {tw};",
+        f"        float* restrict orow = os + (long long)oy * {OW}LL;",
         f"        for (int tx = 0; tx < {full}; tx++) {{",
         *(f"          orow[tx * {m} + {j}] = st[i * {m} + {j}][b + tx];" for j in range(m)),
         "        }",
         *tail,
         "      }",
+        *after,
         "  }",
         "}",
     ]
@@ -429,7 +513,9 @@ CHANNEL_BLOCK = 16
 CHANNEL_TILES = 16
 
 
-def _output_by_channel(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) -> list[str]:
+def _output_by_channel(
+    k, a: int, m: int, th: int, tw: int, AT, y: str, o: str, epi: _Epilogue | None = None
+) -> list[str]:
     """The output transform of products whose channels are contiguous (strides (s0, 1, s2)): vectorized over a block
     of channels (the tile loop would read each product at a stride of K), the outputs staged by tile and written
     out channel by channel, cut to OH x OW."""
@@ -440,6 +526,16 @@ def _output_by_channel(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) 
     ct = min(tt, CHANNEL_TILES)
     yy = [[f"ys[{(i * a + j) * s0}LL + c]" for j in range(a)] for i in range(a)]
     prods, r = _products(AT, yy, AT, "")
+    after = []
+    if epi is not None:  # the block's planes, once all their tiles are written: each in one loop
+        after = [
+            f"  for (int c = 0; c < {cb}; c++) {{",
+            f"    float* restrict oc = {o} + (n * {K}LL + k0 + c) * {OH * OW}LL;",
+            *(f"    {line}" for line in epi.channel("n", "k0 + c")),
+            f"    for (int p = 0; p < {OH * OW}; p++) {epi.store('oc[p]', 'n', 'k0 + c', 'p')}",
+            "  }",
+        ]
+
     return [
         f"#pragma omp parallel for schedule(static) if ({N * K * tt}LL > 64)",
         f"for (long long bn = 0; bn < {K // cb * N}LL; bn++) {{",
@@ -466,5 +562,6 @@ def _output_by_channel(k, a: int, m: int, th: int, tw: int, AT, y: str, o: str) 
         "      }",
         "    }",
         "  }",
+        *after,
         "}",
     ]

@@ -30,7 +30,7 @@ from typing import Any
 from uopc import helpers
 from uopc.helpers import prod
 from uopc.schedule.attention import recognize_attention
-from uopc.schedule.epilogues import epilogue_fusions, lift_epilogues
+from uopc.schedule.epilogues import epilogue_fusions, lift_epilogues, winograd_epilogues
 from uopc.schedule.fold import fold_channel_factors
 from uopc.schedule.fusion import (
     contraction,
@@ -46,6 +46,7 @@ from uopc.schedule.groups import update_groups
 from uopc.schedule.plan import Copy, Out, Ref, RefKind, Schedule, ScheduleItem, Temp
 from uopc.uop import ALU, OWN_KERNEL, Ops, ParamArg, UOp, base_buffer, sink
 from uopc.uop.rewrite import PatternMatcher, UPat, graph_rewrite_all
+from uopc.uop.winograd import winograd_of
 
 __all__ = [
     "checks_of",
@@ -65,11 +66,12 @@ __all__ = [
 
 def _materialize_points(roots: list[UOp], fuse_reduce: bool, epilogues: frozenset[UOp] = frozenset()) -> list[UOp]:
     """The nodes that get their own kernel, producers before consumers (the schedule order). A REDUCE in
-    `epilogues` is computed by the kernel that reads it (see epilogue_fusions)."""
+    `epilogues` (or Winograd output transform) is computed by the kernel that reads it (see epilogue_fusions,
+    winograd_epilogues)."""
     rootset = set(roots)
     points = []
     for u in UOp(Ops.SINK, tuple(roots)).toposort()[:-1]:
-        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM) or u.op in OWN_KERNEL:
+        if u.op in (Ops.STAGE, Ops.SCATTER, Ops.SETITEM) or (u.op in OWN_KERNEL and u not in epilogues):
             points.append(u)
         elif u.op is Ops.REDUCE and not fuse_reduce and u not in epilogues:
             points.append(u)
@@ -90,11 +92,12 @@ strip_detach = PatternMatcher(
 
 def kernel_name(body: UOp) -> str:
     """r_ for a kernel with a reduction, e_ otherwise, then the output shape (r_4_8); fa_ for fused attention, wi_
-    wo_ and ww_ for a Winograd convolution's input, output and weight transforms."""
+    wo_ and ww_ for a Winograd convolution's input, output and weight transforms (an output transform with its
+    epilogue too)."""
     if body.op is Ops.ATTENTION:
         return "fa_" + "_".join(map(str, body.shape))
-    if body.op is Ops.WINOGRAD:
-        return f"w{body.arg.kind[0]}_" + "_".join(map(str, body.shape))
+    if (w := winograd_of(body)) is not None:
+        return f"w{w.arg.kind[0]}_" + "_".join(map(str, body.shape))
     red = any(u.op is Ops.REDUCE for u in body.toposort())
     return ("r_" if red else "e_") + "_".join(map(str, body.shape or (1,)))
 
@@ -107,11 +110,12 @@ def kernel_op(body: UOp) -> str:
     if body.op is Ops.ATTENTION:
         kind = "" if body.arg.kind == "out" else f" {body.arg.kind}"
         return "attention" + kind + (" causal" if body.arg.causal else "")
-    if body.op is Ops.WINOGRAD:
-        what = {"in": "input", "out": "output", "w": "weight"}[body.arg.kind]
-        return f"winograd F({body.arg.m},3) {what} transform"
     topo = body.toposort()
     alu = list(dict.fromkeys(x.op.name.lower() for x in topo if x.op in ALU and x.op is not Ops.CAST))
+    if (w := winograd_of(body)) is not None:
+        what = {"in": "input", "out": "output", "w": "weight"}[w.arg.kind]
+        inner = f" ({' '.join(alu[:3])}{' ...' if len(alu) > 3 else ''})" if alu else ""
+        return f"winograd F({w.arg.m},3) {what} transform{inner}"
     red = [x for x in topo if x.op is Ops.REDUCE]
     if not red:
         return "elementwise " + " ".join(alu[:4]) + (" ..." if len(alu) > 4 else "") if alu else "copy"
@@ -130,15 +134,21 @@ def _flops(body: UOp) -> int:
     if body.op is Ops.ATTENTION:  # the two products q k^T and p v (the backward's: four), causal or not
         q, k = body.src[0].shape, body.src[1].shape
         return (2 if body.arg.kind in ("out", "lse") else 4) * prod(q[:-1]) * int(k[-2]) * (q[-1] + k[-1])
-    if body.op is Ops.WINOGRAD:  # per tile, B^T d B (or A^T y A) as two small products of constant matrices
-        a = body.arg.m + 2
-        if body.arg.kind == "w":  # per filter, G g (alpha x 3 x 3) then (G g) G^T (alpha x alpha x 3)
-            return prod(body.shape) // a // a * 2 * 3 * a * (3 + a)
-        tiles = prod(body.shape) // a // a if body.arg.kind == "in" else prod(body.src[0].shape) // a // a
-        return tiles * 2 * a * a * (a + (a if body.arg.kind == "in" else body.arg.m))
+    if body.op is Ops.WINOGRAD:
+        return _winograd_flops(body)
     topo = body.toposort()
     alu = sum(prod(x.shape or (1,)) for x in topo if x.op in ALU)
+    alu += sum(_winograd_flops(x) for x in topo if x.op is Ops.WINOGRAD)  # an output transform's epilogue's
     return alu + sum(prod(x.src[0].shape) for x in topo if x.op is Ops.REDUCE)
+
+
+def _winograd_flops(w: UOp) -> int:
+    """Per tile, B^T d B (or A^T y A) as two small products of constant matrices."""
+    a = w.arg.m + 2
+    if w.arg.kind == "w":  # per filter, G g (alpha x 3 x 3) then (G g) G^T (alpha x alpha x 3)
+        return prod(w.shape) // a // a * 2 * 3 * a * (3 + a)
+    tiles = prod(w.shape) // a // a if w.arg.kind == "in" else prod(w.src[0].shape) // a // a
+    return tiles * 2 * a * a * (a + (a if w.arg.kind == "in" else w.arg.m))
 
 
 def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tuple[Schedule, list[UOp]]:
@@ -186,6 +196,7 @@ def schedule(roots: list[UOp], fuse_reduce: bool = False, opt: Any = None) -> tu
             roots, points = lifted, _materialize_points(lifted, fuse_reduce)
         fused = epilogue_fusions(roots, points, getattr(opt, "epilogue", None))
         fused |= row_fusions(roots, points, getattr(opt, "row_fusion", None), fused)
+        fused |= winograd_epilogues(roots, points, getattr(opt, "epilogue", None), fused)
         if fused:
             points = _materialize_points(roots, fuse_reduce, fused)
     ref, temps, outs = _assign_refs(points, roots, in_idx)

@@ -4,6 +4,8 @@ to the register tile before the one store (a bias, an activation, a residual add
     relu(r + bias)          ->  one kernel: r's tile, then + bias, relu, store        (epilogue_fusions)
     relu(reshape(r) + b)    ->  reshape(relu(r + reshape(b)))                          (lift_epilogues)
     relu(shrink(r) * s)     ->  shrink(relu(r * s'))    (s' = s along the cut positions too)
+    relu(bn(wo) + res)      ->  one kernel: Winograd's output transform, its ops over the outputs it has just
+                                stored, in L1                                           (winograd_epilogues)
 
 Decided on the shape graph before it is cut (uopc.schedule.cut), with the optimizer's say.
 """
@@ -14,18 +16,20 @@ from typing import Any
 
 from uopc.schedule.fusion import MATERIALIZED, kernel_region
 from uopc.uop import ALU, MOVEMENT, Ops, UOp, base_buffer
+from uopc.uop.dtype import dtypes
 from uopc.uop.indexing import affine_view
 
-__all__ = ["EPILOGUE_BROADCASTS", "epilogue_fusions", "lift_epilogues"]
+__all__ = ["EPILOGUE_BROADCASTS", "epilogue_fusions", "lift_epilogues", "winograd_epilogues"]
 
 
-def _readers(points: list[UOp]) -> dict[UOp, list[UOp]]:
-    """Each REDUCE that kernels read (not one a kernel computes as its own value) -> the kernels (points) reading it."""
+def _readers(points: list[UOp], op: Ops = Ops.REDUCE) -> dict[UOp, list[UOp]]:
+    """Each node of `op` that kernels read (not one a kernel computes as its own value) -> the kernels (points)
+    reading it."""
     readers: dict[UOp, list[UOp]] = {}
     for p in points:
         body = p.src[0] if p.op is Ops.STAGE else p
         for u in kernel_region(body):
-            if u.op is Ops.REDUCE and u is not body:
+            if u.op is op and u is not body:
                 readers.setdefault(u, []).append(p)
     return readers
 
@@ -62,6 +66,67 @@ def epilogue_fusions(roots: list[UOp], points: list[UOp], accepts: Any) -> froze
             else:
                 fused[k] = r
     return frozenset(r for k, r in fused.items() if k not in taken)
+
+
+# what an output transform's epilogue may read and compute (each output's value by rangeify, rendered into the
+# transform's C: uopc.codegen.winograd): float32 and bool values, no index checks, no symbolic sizes
+_SCALAR_OPS = ALU | MOVEMENT | {Ops.CONST, Ops.BUFFER}
+_SCALAR_DTYPES = (dtypes.float32, dtypes.bool)
+
+
+def winograd_epilogues(
+    roots: list[UOp], points: list[UOp], accepts: Any, fused: frozenset[UOp] = frozenset()
+) -> frozenset[UOp]:
+    """The Winograd output transforms (WINOGRAD "out") computed by the one kernel that reads them: that kernel's
+    elementwise ops (a bias, a BatchNorm in eval mode, an activation, a residual add) applied to each output as the
+    transform stores it, one store per element instead of a store, a second kernel's read and its store. The same
+    rule as epilogue_fusions: exactly one kernel reads the transform, only through ALU ops at its own index, and
+    computes no reduce of its own (`fused`: those computed inside their readers) and no other transform; its other
+    reads are stored values and constants (the materialized nodes it reads, views of them, float32 or bool);
+    the optimizer has its say, and without one nothing fuses."""
+    if accepts is None:
+        return frozenset()
+    rootset = set(roots)
+    found: dict[UOp, UOp] = {}  # reader kernel -> the transform it computes
+    taken: set[UOp] = set()
+    for r, ks in _readers(points, Ops.WINOGRAD).items():
+        if r.arg.kind != "out" or r in rootset or len(ks) != 1 or ks[0].op not in ALU | {Ops.STAGE}:
+            continue
+        k = ks[0]
+        body = k.src[0] if k.op is Ops.STAGE else k
+        if body.op not in ALU or not _at_own_index(body, r) or body.dtype is not r.dtype:
+            continue
+        region = kernel_region(body)
+        if any(u.op in MATERIALIZED and u in fused for u in region):
+            continue
+        inner = [u for u in region if u.op not in MATERIALIZED or u is body]
+        if any(u.op not in _SCALAR_OPS for u in inner) or any(u.dtype not in _SCALAR_DTYPES for u in region):
+            continue
+        if not _along_rows(body, region):
+            continue
+        if k in found:  # two transforms read by one kernel: neither is computed there
+            taken.add(k)
+        elif accepts(r, body):
+            found[k] = r
+    return frozenset(r for k, r in found.items() if k not in taken)
+
+
+def _along_rows(body: UOp, region: list[UOp]) -> bool:
+    """Does `body` read each stored value of its own shape along the rows of its output, element by element (or one
+    value per row)? The transform applies its epilogue plane by plane, so a value read across the rows (transposed)
+    is read a cache line per element there: conv (8, 64, 28, 28) + a transposed residual, 0.59 ms as the epilogue,
+    0.12 + 0.09 ms as the transform and an elementwise kernel (which orders its loops for the transposed read).
+    Reads that are not affine (padded) count as along the rows."""
+    under = {s for u in region if u.op in MOVEMENT for s in u.src}
+    for u in region:
+        if u.op not in MOVEMENT or u in under or u.shape != body.shape:
+            continue
+        base = u
+        while base.op in MOVEMENT:
+            base = base.src[0]
+        if base.op is not Ops.CONST and (av := affine_view(u, base)) is not None and av[1][-1] not in (0, 1):
+            return False
+    return True
 
 
 _VIEWS = (Ops.RESHAPE, Ops.SHRINK)  # what may lie between a matmul and its reader (the reader's ops move below it)

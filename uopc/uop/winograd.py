@@ -17,10 +17,10 @@ from __future__ import annotations
 import math
 from fractions import Fraction as Fr
 
-from uopc.uop.ops import Ops, Winograd
+from uopc.uop.ops import ALU, Ops, Winograd
 from uopc.uop.uop import UOp
 
-__all__ = ["MATRICES", "winograd_in", "winograd_panels", "winograd_out", "winograd_weight"]
+__all__ = ["MATRICES", "winograd_in", "winograd_of", "winograd_panels", "winograd_out", "winograd_weight"]
 
 # m -> (B^T: alpha x alpha, G: alpha x 3, A^T: m x alpha), exact
 MATRICES: dict[int, tuple[tuple[tuple[Fr, ...], ...], ...]] = {
@@ -153,3 +153,13 @@ def winograd_out(y: UOp, m: int, tiles: tuple[int, int], shape: tuple[int, int, 
     if y.shape != (a * a, K, N * tiles[0] * tiles[1]) or OH > tiles[0] * m or OW > tiles[1] * m:
         raise ValueError(f"winograd: products {y.shape} with {tiles} tiles of F({m}, 3) do not make {shape}")
     return UOp(Ops.WINOGRAD, (y,), Winograd("out", m, tiles, tuple(shape)), y.dtype)
+
+
+def winograd_of(body: UOp) -> UOp | None:
+    """The WINOGRAD node a kernel body computes: the body itself, or the output transform whose epilogue the body's
+    elementwise ops are (uopc.schedule.epilogues.winograd_epilogues); None for any other body."""
+    if body.op is Ops.WINOGRAD:
+        return body
+    if body.op not in ALU:
+        return None
+    return next((u for u in body.toposort() if u.op is Ops.WINOGRAD), None)
