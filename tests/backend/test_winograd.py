@@ -149,7 +149,7 @@ def test_output_transform_computes_its_readers_elementwise_ops(m, shape, cout, a
     stats[1] = np.abs(stats[1]) + 0.5  # the variance
     res = rng.standard_normal((shape[0], cout, *shape[2:])).astype(np.float32) if residual else None
     ours, theirs = EPILOGUE_ACTS[act]
-    with Context(WINOGRAD=m), no_grad():
+    with Context(WINOGRAD=m, OPT=1), no_grad():  # (make test's second pass runs OPT=0: nothing is fused there)
         alone = _names()
         Tensor(x).conv2d(Tensor(w), padding=1).realize()
         names = _names()
@@ -190,7 +190,7 @@ def test_epilogue_reads_views_and_padded_values():
     rp = rng.standard_normal((1, 7, 10, 8)).astype(np.float32)  # padded by one on every side
     s = rng.standard_normal((12, 1)).astype(np.float32)
     names = _names()
-    with Context(WINOGRAD=2), no_grad():
+    with Context(WINOGRAD=2, OPT=1), no_grad():
         conv = Tensor(x).conv2d(Tensor(w), padding=1)
         out = (conv * Tensor(s) + Tensor(rs)[1:, 2:, 1:13, 3:] - Tensor(rp).pad((1, 1, 1, 1))).numpy()
     realize.set_kernel_hook(None)
@@ -217,7 +217,7 @@ def test_transform_read_otherwise_keeps_its_own_kernel():
     }
     for what, (ours, theirs) in cases.items():
         names = _names()
-        with Context(WINOGRAD=2), no_grad():
+        with Context(WINOGRAD=2, OPT=1), no_grad():
             outs = ours(Tensor(x).conv2d(Tensor(w), padding=1))
             Tensor.realize_all(*outs)
         realize.set_kernel_hook(None)
