@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,19 @@ def test_padded_reads_stay_unclamped_within_the_storage_guard(context, check_oob
     got = (Tensor(y).pad(((1, 1), (0, 0))) + 1).numpy()
     np.testing.assert_array_equal(got, np.pad(y, ((1, 1), (0, 0))) + 1)
     assert "<0?0:" in _plan_c()
+    # rows of padding past the guard, each row's reads within it (a stride-2 copy, ResNet's stem): the row part of the
+    # index is clamped, not the part the innermost loop changes, so the row's loads stay affine (and vectorize)
+    past = helpers.STORAGE_GUARD // 4 // 300 + 2
+    z = rng.standard_normal((4, 300)).astype(np.float32)
+    got = (Tensor(z).pad(((past, past), (0, 0)))[:, 1::2] + 1).numpy()
+    np.testing.assert_array_equal(got, np.pad(z, ((past, past), (0, 0)))[:, 1::2] + 1)
+    src = _plan_c()
+    inner = re.findall(r"for \(int (ridx\d+)", src)[-1]
+    (load,) = [line for line in src.splitlines() if "= data0[" in line]
+    if check_oob:
+        assert "<0?0:" in load, load
+    else:
+        assert "?" in load and load.endswith(f"+({inner}*2))];") and inner not in load.split("?")[0], load
     # storage handed to a kernel without a copy must have the guard too
     assert has_guard(aligned_empty(10, dtypes.float32))
     raw = np.empty(1024, np.uint8)  # aligned, but without the guard
