@@ -129,7 +129,8 @@ def gated_load(r, u: UOp, ind: str) -> None:
         return
     ie = r.expr(i)
     slack = _slack(r, base, u.dtype)
-    if (i.vmin < -slack or i.vmax > n - 1 + slack) and (split := _inner_part(r, u, i, slack)) is not None:
+    strays = i.vmin < -slack or i.vmax > n - 1 + slack
+    if strays and (split := _inner_part(r, u, i, slack)) is not None:
         outer, inner = split
         oe = r.expr(outer)
         lo, hi = -slack - inner.vmin, n - 1 + slack - inner.vmax  # (i = outer + inner stays within the guard)
@@ -138,7 +139,7 @@ def gated_load(r, u: UOp, ind: str) -> None:
         if outer.vmax > hi:
             oe = f"({oe}>{hi}?{hi}:{oe})"
         ie = f"({oe}+{r.expr(inner)})"
-    elif i.vmin < -slack or i.vmax > n - 1 + slack:
+    elif strays:
         if i not in r.names and i.op is not Ops.CONST:  # the index is used up to three times
             r.n += 1
             r.lines.append(f"{ind}{i.dtype.cname} alu{r.n} = {ie};")
@@ -168,9 +169,9 @@ def _inner_part(r, u: UOp, i: UOp, slack: int) -> tuple[UOp, UOp] | None:
     scope = r.lin.scope.get(u, ())
     if not slack or not scope or i.op is not Ops.ADD:
         return None
-    rng = scope[-1]
-    inner = [t for t in _terms(i) if rng in t.toposort()]
-    outer = [t for t in _terms(i) if rng not in t.toposort()]
+    inner, outer = [], []
+    for t in _terms(i):
+        (inner if scope[-1] in t.toposort() else outer).append(t)
     if not inner or not outer:
         return None
     ins, out = sum(inner[1:], inner[0]), sum(outer[1:], outer[0])
